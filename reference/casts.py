@@ -1,0 +1,156 @@
+"""Bit-level casts between fp32 and the narrow formats, generic in exponent/mantissa bits.
+
+Source: NUMERICS.md §0.5 (GPU semantics the reference reproduces) and §0.4 (format table).
+Every cast works on the format's row in `formats.py`; no format number appears here. The
+arithmetic is done in float64, where every step used is exact (power-of-two scaling and
+round-half-even to an integer), so CPU and CUDA give the same bits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import fp32
+from .formats import UE8M0, ScalarFormat
+
+
+def _pow2(e: torch.Tensor) -> torch.Tensor:
+    """2^e in float64 for an integer tensor e (exact in the range used here)."""
+    return torch.ldexp(torch.ones_like(e, dtype=torch.float64), e.to(torch.int32))
+
+
+def round_to_grid(a: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
+    """RNE of non-negative float64 magnitudes onto `fmt`'s grid (subnormals included), unsaturated.
+
+    NUMERICS: §0.5 sat_*: "round to nearest even on the format's grid (subnormals included)".
+    The quantum at magnitude a is 2^(max(floor(log2 a), emin) - man_bits); a / quantum is exact
+    and torch.round rounds half to even.
+    """
+    _, e = torch.frexp(a)
+    expo = torch.clamp(e.to(torch.int64) - 1, min=fmt.emin)
+    q = _pow2(expo - fmt.man_bits)
+    return torch.round(a / q) * q
+
+
+def encode_magnitude(r: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
+    """Bit pattern (int64) of a non-negative float64 value already on `fmt`'s finite grid."""
+    _, e = torch.frexp(r)
+    expo = e.to(torch.int64) - 1
+    normal = r >= fmt.min_normal
+    biased = torch.clamp(expo + fmt.bias, min=0)
+    man_norm = (r / _pow2(torch.where(normal, expo, torch.zeros_like(expo))) - 1.0) * (1 << fmt.man_bits)
+    man_sub = r / fmt.min_subnormal
+    normal_code = (biased << fmt.man_bits) | torch.where(normal, man_norm, torch.zeros_like(man_norm)).to(torch.int64)
+    return torch.where(normal, normal_code, man_sub.to(torch.int64))
+
+
+def saturating_cast(v: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
+    """fp32 values to `fmt` codes (uint8): RNE, saturate to ±max, signed zero kept, NaN to one code.
+
+    NUMERICS: §0.5 sat_e4m3/sat_e5m2/e2m1_rn - any finite |v| > max and ±inf give ±max (no cast
+    produces Inf); NaN of either sign gives the positive NaN code (0x7F) or, for a format without
+    NaN (E2M1), +max (0x7); the sign bit is copied from v, so -0.0 and negative underflow give -0.
+    """
+    v = v.to(torch.float32)
+    sign = fp32.bits(v) < 0
+    nan = torch.isnan(v)
+    a = v.abs().to(torch.float64)
+    a = torch.where(nan, torch.zeros_like(a), a)
+    r = round_to_grid(torch.where(torch.isinf(a), torch.full_like(a, fmt.max_finite), a), fmt)
+    r = torch.clamp(r, max=fmt.max_finite)
+    code = encode_magnitude(r, fmt) | torch.where(sign, fmt.sign_mask, 0)
+    nan_code = fmt.nan_code if fmt.nan_code is not None else fmt.max_code
+    code = torch.where(nan, torch.full_like(code, nan_code), code)
+    return code.to(torch.uint8)
+
+
+def decode(codes: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
+    """`fmt` codes (uint8, low `fmt.bits` bits) to their exact fp32 values (NUMERICS.md §0.4)."""
+    c = codes.to(torch.int64) & ((1 << fmt.bits) - 1)
+    neg = (c & fmt.sign_mask) != 0 if fmt.signed else torch.zeros_like(c, dtype=torch.bool)
+    mag = c & ~fmt.sign_mask if fmt.signed else c
+    ef = mag >> fmt.man_bits
+    mf = (mag & ((1 << fmt.man_bits) - 1)).to(torch.float64)
+    normal_val = (1.0 + mf / (1 << fmt.man_bits)) * _pow2(ef - fmt.bias)
+    sub_val = mf * fmt.min_subnormal
+    val = torch.where(ef == 0, sub_val, normal_val)
+    all_ones = (1 << fmt.exp_bits) - 1
+    if fmt.inf_code is not None:  # IEEE-like: exponent all ones is Inf (mantissa 0) or NaN
+        val = torch.where((ef == all_ones) & (mf == 0), torch.full_like(val, float("inf")), val)
+        val = torch.where((ef == all_ones) & (mf != 0), torch.full_like(val, float("nan")), val)
+    elif fmt.nan_code is not None:  # "fn" formats: only the all-ones pattern is NaN
+        val = torch.where(mag == fmt.nan_code, torch.full_like(val, float("nan")), val)
+    val = torch.where(neg, -val, val)
+    return val.to(torch.float32)
+
+
+# ---- E8M0 ------------------------------------------------------------------------------------
+
+
+def e8m0_up(t: torch.Tensor) -> torch.Tensor:
+    """e8m0_up(t) for fp32 t >= 0: round up to a power of two, saturating (uint8 exponent).
+
+    NUMERICS: §0.5 e8m0_up, source TE common/util/ptx_arch_spec.cuh - NaN -> 0xFF; +inf -> 0xFE;
+    +0 -> 0; otherwise e = E + 1 if F != 0 and E != 0xFE and not (E == 0 and F <= 0x400000), else E.
+    """
+    b = fp32.bits(t).to(torch.int64) & 0x7FFFFFFF
+    exp = (b >> 23) & 0xFF
+    frac = b & 0x7FFFFF
+    bump = (frac != 0) & (exp != 0xFE) & ~((exp == 0) & (frac <= 0x400000))
+    e = exp + bump.to(torch.int64)
+    e = torch.where(exp == 0xFF, torch.where(frac == 0, torch.full_like(e, 0xFE), torch.full_like(e, 0xFF)), e)
+    return e.to(torch.uint8)
+
+
+def floor_log2(a: torch.Tensor) -> torch.Tensor:
+    """floor(log2 a) for finite fp32 a > 0, read exactly from the bits (subnormals included)."""
+    _, e = torch.frexp(a.to(torch.float64))
+    return e.to(torch.int64) - 1
+
+
+def e8m0_floor(amax: torch.Tensor, elem: ScalarFormat) -> torch.Tensor:
+    """OCP MX rule: e = clamp(floor(log2 A) - emax_elem + 127, 0, 254); A = 0 -> 0, +inf -> 254.
+
+    NUMERICS: §0.5 e8m0_floor, §7.14 (OCP MX v1.0).
+    """
+    a = amax.to(torch.float32)
+    pos = (a > 0) & torch.isfinite(a)
+    safe = torch.where(pos, a, torch.ones_like(a))
+    e = floor_log2(safe) - elem.emax + UE8M0.bias
+    e = torch.clamp(e, 0, UE8M0.max_code)
+    e = torch.where(pos, e, torch.zeros_like(e))
+    e = torch.where(torch.isinf(a), torch.full_like(e, UE8M0.max_code), e)
+    e = torch.where(torch.isnan(a), torch.full_like(e, UE8M0.nan_code), e)
+    return e.to(torch.uint8)
+
+
+def e8m0_decode(e: torch.Tensor) -> torch.Tensor:
+    """D(e) = 2^(e - 127) as fp32 (D(0) is the subnormal 2^-127); 0xFF decodes to NaN (NUMERICS.md §0.5)."""
+    ei = e.to(torch.int64)
+    val = _pow2(ei - UE8M0.bias).to(torch.float32)
+    return torch.where(ei == UE8M0.nan_code, torch.full_like(val, float("nan")), val)
+
+
+def e8m0_multiplier(e: torch.Tensor) -> torch.Tensor:
+    """Quantization multiplier P(e) = 2^(127 - e) as fp32: P(0) = 2^127, P(254) = 2^-127, P(255) = NaN."""
+    ei = e.to(torch.int64)
+    val = _pow2(UE8M0.bias - ei).to(torch.float32)
+    return torch.where(ei == UE8M0.nan_code, torch.full_like(val, float("nan")), val)
+
+
+# ---- FP4 packing -----------------------------------------------------------------------------
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """[..., 2n] 4-bit codes to [..., n] bytes: even element in the low nibble (NUMERICS.md §5.4)."""
+    if codes.shape[-1] % 2:
+        raise ValueError(f"pack_nibbles needs an even last dimension, got shape {tuple(codes.shape)}")
+    c = codes.to(torch.uint8) & 0xF
+    return c[..., 0::2] | (c[..., 1::2] << 4)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """[..., n] bytes to [..., 2n] 4-bit codes (inverse of pack_nibbles)."""
+    p = packed.to(torch.uint8)
+    out = torch.stack((p & 0xF, p >> 4), dim=-1)
+    return out.reshape(*p.shape[:-1], p.shape[-1] * 2)
