@@ -44,24 +44,75 @@ def encode_magnitude(r: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
     return torch.where(normal, normal_code, man_sub.to(torch.int64))
 
 
+def _arith_cast(v: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
+    """The definition of saturating_cast, in fp32 arithmetic generic over (exp_bits, man_bits, bias).
+
+    1. a = min(|v|, max): saturation first; max is on the grid, so rounding cannot pass it.
+    2. RNE onto the grid by the fp32 unit itself: with E = floor(log2 a) read from the bits, the
+       format's quantum is Q = 2^(max(E, emin) - man), and (a + C) - C with C = Q * 2^23 rounds a to
+       a multiple of Q, ties to even (fp32's own RNE; exact for a < C, which step 1 guarantees).
+    3. Encode: r * 2^(bias - 127) maps the format's grid exactly onto fp32's layout (its emin onto
+       fp32's emin, so subnormals onto subnormals); the code is those bits >> (23 - man).
+    """
+    v = v.to(torch.float32)
+    a = torch.clamp(v.abs(), max=fmt.max_finite)  # NaN stays NaN, fixed below
+    exp_raw = fp32.bits(a) >> 23
+    c = fp32.from_bits((torch.clamp(exp_raw, min=fmt.emin + 127) + (23 - fmt.man_bits)) << 23)
+    # NUMERICS: §0.5 round to nearest even on the format's grid (subnormals included).
+    r = (a + c) - c
+    r = r * fp32.scalar(2.0 ** (fmt.bias - 127), r)
+    code = (fp32.bits(r) >> (23 - fmt.man_bits)).to(torch.uint8)
+    # NUMERICS: §0.5 the sign bit is copied from v (-0.0 and negative underflow give -0).
+    code = code | (torch.signbit(v).to(torch.uint8) << (fmt.bits - 1))
+    nan_code = fmt.nan_code if fmt.nan_code is not None else fmt.max_code
+    return torch.where(torch.isnan(v), torch.full_like(code, nan_code), code)
+
+
+_TORCH_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+_TORCH_CAST_OK: dict[str, bool] = {}
+
+
+def _torch_fp8_cast(v: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
+    """NUMERICS: §0.2.3 - clamp to ±max, then `.to(torch.float8_*)`, then overwrite NaN lanes.
+
+    After the clamp only NaN inputs can yield a code above max_code (E4M3 0x7F/0xFF, E5M2
+    0x7D-0x7F/0xFD-0xFF), so NaN lanes are found on the 1-byte codes.
+    """
+    c = torch.clamp(v.to(torch.float32), -fmt.max_finite, fmt.max_finite).to(_TORCH_FP8[fmt.name]).view(torch.uint8)
+    return torch.where((c & ~fmt.sign_mask & 0xFF) > fmt.max_code, torch.full_like(c, fmt.nan_code), c)
+
+
+def _grid_probe(fmt: ScalarFormat) -> torch.Tensor:
+    """Every finite code's value, every midpoint, and one fp32 ulp either side of each (both signs)."""
+    vals = decode(torch.arange(0, fmt.max_code + 1, dtype=torch.uint8), fmt).to(torch.float64)
+    mids = ((vals[1:] + vals[:-1]) / 2).to(torch.float32)
+    pts = torch.cat([vals.to(torch.float32), mids, torch.nextafter(mids, torch.tensor(0.0)),
+                     torch.nextafter(mids, torch.tensor(float("inf"))),
+                     torch.tensor([float("inf"), float("nan"), fmt.max_finite * 2, fmt.min_subnormal / 4])])
+    return torch.cat([pts, -pts])
+
+
+def torch_cast_agrees(fmt: ScalarFormat) -> bool:
+    """Whether this PyTorch's clamped float8 cast equals the arithmetic definition on every grid probe."""
+    if fmt.name not in _TORCH_CAST_OK:
+        p = _grid_probe(fmt)
+        _TORCH_CAST_OK[fmt.name] = bool(torch.equal(_torch_fp8_cast(p, fmt), _arith_cast(p, fmt)))
+    return _TORCH_CAST_OK[fmt.name]
+
+
 def saturating_cast(v: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
     """fp32 values to `fmt` codes (uint8): RNE, saturate to ±max, signed zero kept, NaN to one code.
 
     NUMERICS: §0.5 sat_e4m3/sat_e5m2/e2m1_rn - any finite |v| > max and ±inf give ±max (no cast
     produces Inf); NaN of either sign gives the positive NaN code (0x7F) or, for a format without
-    NaN (E2M1), +max (0x7); the sign bit is copied from v, so -0.0 and negative underflow give -0.
+    NaN (E2M1), +max (0x7); the sign bit is copied from v.
+    `_arith_cast` is the definition. For E4M3/E5M2 the faster clamped PyTorch cast is used only if
+    it equals the definition on every code, midpoint and midpoint ±1 ulp (checked once per process),
+    so the reference never depends on a PyTorch version's cast behaviour.
     """
-    v = v.to(torch.float32)
-    sign = fp32.bits(v) < 0
-    nan = torch.isnan(v)
-    a = v.abs().to(torch.float64)
-    a = torch.where(nan, torch.zeros_like(a), a)
-    r = round_to_grid(torch.where(torch.isinf(a), torch.full_like(a, fmt.max_finite), a), fmt)
-    r = torch.clamp(r, max=fmt.max_finite)
-    code = encode_magnitude(r, fmt) | torch.where(sign, fmt.sign_mask, 0)
-    nan_code = fmt.nan_code if fmt.nan_code is not None else fmt.max_code
-    code = torch.where(nan, torch.full_like(code, nan_code), code)
-    return code.to(torch.uint8)
+    if fmt.name in _TORCH_FP8 and torch_cast_agrees(fmt):
+        return _torch_fp8_cast(v, fmt)
+    return _arith_cast(v, fmt)
 
 
 def decode(codes: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
