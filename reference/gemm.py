@@ -1,5 +1,516 @@
-"""GEMM references (placeholder until the GEMM reference lands; see NUMERICS.md §6)."""
+"""GEMM references for TE's three training GEMMs (fprop TN, dgrad NN, wgrad NT) of every scheme.
+
+Source: NUMERICS.md §6 (GEMM semantics, blockwise FMA order, accumulate, exact-representable mode),
+§5.8 (NVFP4 alpha), §3/§4/§5.9 (which copy and scales a GEMM consumes); TE
+tests/pytorch/references/blockwise_fp8_gemm_reference.py (blockwise order, bias then RN_out then
+accumulate) and transformer_engine/pytorch/custom_recipes/reference_nvfp4.py `qgemm` (alpha, C
+added in fp32).
+
+Layouts (docs interfaces): out[m, n] = sum_k A[m, k] * B[n, k] over K-contiguous operand rows.
+- "TN": a logical [M, K], b logical [N, K]; both rowwise copies.
+- "NN": a logical [M, K] rowwise; b logical [K, N], its colwise copy (blocks along K).
+- "NT": a logical [K, M], b logical [K, N]; both colwise copies.
+
+Methods:
+- "exact": each consumed copy is dequantized with its block scales in fp64 (exact: a decoded
+  element times an fp32 scale has at most 24 + 4 significant bits); one fp64 matmul (fp64
+  accumulation: exact while a sum's terms span at most 53 bits, otherwise fp64 rounding);
+  then the global factors (per-tensor sinv_a * sinv_b, NVFP4 alpha); then ONE rounding RN_out.
+- "blockwise_order" (fp8_block): NUMERICS.md §6 per-128-deep-K-block FMA32 order.
+- "block_sum" (mxfp8 / nvfp4): sum over K blocks of scale_a * scale_b * (block dot product) in fp64,
+  alpha applied, one rounding.
+- "auto": per-tensor -> exact, fp8_block -> blockwise_order, mxfp8 / nvfp4 -> block_sum.
+
+Epilogue (identical for every method of a scheme, so exact-representable inputs give equal bits):
+- fp8_block: bias added in fp32, then RN_out, then D = RN_out(C + RN_out(Y)) (NUMERICS.md §6).
+- nvfp4: D = RN_out(RN(RN(Y) + C)) (C added in fp32, §6), then bias added in fp32 before RN_out.
+- per-tensor and mxfp8 (tolerance only in §6): the same fp32 epilogue as nvfp4, i.e. cuBLASLt's
+  documented D = alpha*AB + beta*C, then the BIAS epilogue, then the output conversion.
+- Without bias and C the fp64 result is rounded once to out_dtype (via round-to-odd fp32).
+
+Exact-representable mode (§6): `exact_representable_ok(a, b, layout=...)` checks the conditions
+(every scaled product a multiple of one power of two q, sum |t| <= 2^24 q per output, alpha a power
+of two, everything inside the fp32 range); when it holds, every method returns the same bits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from . import casts, fp32, layouts
+from .formats import E2M1, E4M3, FLT_MAX, FORMATS
+from .types import QuantizedTensor, SpecViolation
+
+LAYOUTS = {"TN": ("rowwise", "rowwise"), "NN": ("rowwise", "colwise"), "NT": ("colwise", "colwise")}
+METHODS = ("auto", "exact", "blockwise_order", "block_sum")
+AUTO_METHOD = {
+    "fp8_current": "exact",
+    "fp8_delayed": "exact",
+    "fp8_block": "blockwise_order",
+    "mxfp8": "block_sum",
+    "nvfp4": "block_sum",
+}
+METHODS_FOR_SCHEME = {
+    "fp8_current": ("exact",),
+    "fp8_delayed": ("exact",),
+    "fp8_block": ("exact", "blockwise_order"),
+    "mxfp8": ("exact", "block_sum"),
+    "nvfp4": ("exact", "block_sum"),
+}
+OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_PER_TENSOR = ("fp8_current", "fp8_delayed")
+
+# fp64 elements per (block, M, N) partial-product chunk: bounds memory of the per-block paths.
+_CHUNK_ELEMENTS = 1 << 23
+_F32 = torch.finfo(torch.float32)
+_F64_SIG_BITS = 1 - int(math.log2(torch.finfo(torch.float64).eps))  # 53 significant bits
+_FP32_SIG_BITS = 1 - int(math.log2(_F32.eps))  # 24
+# 2^-149: the fp32 subnormal grid, below which no partial sum is exact.
+_FP32_MIN_SUBNORMAL_EXP = int(math.log2(_F32.smallest_normal)) + int(math.log2(_F32.eps))
+# NUMERICS: §6 exact-representable mode: sum |t| <= 2^24 q (2^13 q for Hopper fast accumulation).
+EXACT_SUM_BITS = _FP32_SIG_BITS
+EXACT_SUM_BITS_FAST_ACCUM = 13
 
 
-def gemm(*args, **kwargs):
-    raise NotImplementedError("reference.gemm is being written (NUMERICS.md §6)")
+@dataclass(frozen=True)
+class Operand:
+    """One GEMM operand as consumed: K-contiguous rows and per-(row, K-block) decode scales.
+
+    `values` (R, K) fp64 are the exact decoded elements; `scale` (R, nb) fp32 the exact block decode
+    scales (None for per-tensor); `global_scale` the per-tensor sinv (fp32 [1]); `amax` the NVFP4
+    global amax of the consumed copy; `rht` whether that copy is in the Hadamard domain.
+    """
+
+    name: str
+    orientation: str
+    values: torch.Tensor
+    scale: torch.Tensor | None
+    block: int | None
+    two_d: bool
+    global_scale: torch.Tensor | None
+    amax: torch.Tensor | None
+    rht: bool
+
+    @property
+    def rows(self) -> int:
+        return self.values.shape[0]
+
+    @property
+    def depth(self) -> int:
+        return self.values.shape[1]
+
+
+# ---- operand extraction ------------------------------------------------------------------------
+
+
+def _field(q: QuantizedTensor, name: str, fld: str, layout: str, orientation: str) -> torch.Tensor:
+    t = getattr(q, fld)
+    if t is None:
+        raise SpecViolation(
+            f"{name}.{fld} is None: layout {layout} consumes {name}'s {orientation} copy "
+            f"(quantize it with {orientation}=True)"
+        )
+    return t
+
+
+def operand(q: QuantizedTensor, orientation: str, *, name: str = "a", layout: str = "TN") -> Operand:
+    """Decode the copy `orientation` of `q` into its K-contiguous GEMM form (NUMERICS.md §1, §3, §4, §5.9)."""
+    if not isinstance(q, QuantizedTensor):
+        raise SpecViolation(f"{name} must be a QuantizedTensor, got {type(q).__name__}")
+    cfg = q.config
+    m, k = q.m, q.k
+    data = _field(q, name, f"{orientation}_data", layout, orientation)
+    scale = _field(q, name, f"{orientation}_scale", layout, orientation)
+    want = layouts.data_shape(cfg, orientation, m, k)
+    if tuple(data.shape) != want:
+        raise SpecViolation(
+            f"{name}.{orientation}_data has shape {tuple(data.shape)}, expected {want} for {cfg.id} logical [{m}, {k}]"
+        )
+    padded = layouts.scale_padded_shape(cfg, orientation, m, k)
+    if tuple(scale.shape) != padded:
+        raise SpecViolation(
+            f"{name}.{orientation}_scale has shape {tuple(scale.shape)}, expected {padded} for {cfg.id} "
+            f"logical [{m}, {k}] (layouts.scale_padded_shape)"
+        )
+    rows, depth = (m, k) if orientation == "rowwise" else (k, m)  # the consumed K is the copy's block axis
+    valid = layouts.scale_valid_shape(cfg, orientation, m, k)  # (1,) per-tensor, else (rows, cols)
+    vr, vc = valid if len(valid) == 2 else (1, 1)
+    fmt = FORMATS[cfg.element]
+    blk = cfg.block
+    sc: torch.Tensor | None = None
+    gscale: torch.Tensor | None = None
+    amax: torch.Tensor | None = None
+    if cfg.scheme in _PER_TENSOR:
+        vals = casts.decode(data, fmt)  # (R, K): rowwise [M, K] or data_T [K, M]  (NUMERICS: §1)
+        gscale = scale.reshape(1).to(torch.float32)
+    elif cfg.scheme == "fp8_block":
+        vals = casts.decode(data, fmt)  # (R, K): rowwise [M, K] or colwise [K, M]  (NUMERICS: §4)
+        s = scale[:vr, :vc].to(torch.float32)
+        if cfg.is_2d:
+            # NUMERICS: §4 2-D - entry [row block, K block], shared by the tile's 128 rows.
+            sc = s.repeat_interleave(blk, dim=0)[:rows]  # (R, nb)
+        else:
+            # NUMERICS: §4 1-D - stored transposed, entry [K block, row].
+            sc = s.t()  # (R, nb)
+    elif cfg.scheme == "mxfp8":
+        v = casts.decode(data, fmt)  # [M, K] for both copies (NUMERICS: §3 colwise not transposed)
+        e = scale[:vr, :vc]
+        if orientation == "rowwise":
+            vals, sc = v, casts.e8m0_decode(e)  # (R, K), (R, nb): S_r entry [m, kb]
+        else:
+            vals, sc = v.t(), casts.e8m0_decode(e).t()  # S_c entry [mb, k] -> (R = K, nb)
+    elif cfg.scheme == "nvfp4":
+        vals = casts.decode(casts.unpack_nibbles(data), E2M1)  # (R, K)  (NUMERICS: §5.4, §5.9)
+        sc = casts.decode(scale[:vr, :vc], E4M3)  # (R, nb): UE4M3 bytes
+        amax = _field(q, name, f"{orientation}_amax", layout, orientation).reshape(1).to(torch.float32)
+    else:  # pragma: no cover - QuantConfig validates the scheme
+        raise SpecViolation(f"unknown scheme {cfg.scheme!r}")
+    vals = vals.to(torch.float64).contiguous()
+    assert vals.shape == (rows, depth), (vals.shape, rows, depth)
+    return Operand(
+        name=name,
+        orientation=orientation,
+        values=vals,
+        scale=None if sc is None else sc.to(torch.float32).contiguous(),
+        block=blk,
+        two_d=cfg.is_2d,
+        global_scale=gscale,
+        amax=amax,
+        rht=cfg.rht and orientation == "colwise",  # NUMERICS: §5.6 RHT only on the colwise copy
+    )
+
+
+def operands(a: QuantizedTensor, b: QuantizedTensor, layout: str) -> tuple[Operand, Operand, str]:
+    """Both operands of a GEMM in K-contiguous form, after the compatibility checks; and the scheme."""
+    if layout not in LAYOUTS:
+        raise SpecViolation(f"layout={layout!r} is invalid: expected one of {tuple(LAYOUTS)}")
+    for name, q in (("a", a), ("b", b)):
+        if not isinstance(q, QuantizedTensor):
+            raise SpecViolation(f"{name} must be a QuantizedTensor, got {type(q).__name__}")
+    sa, sb = a.config.scheme, b.config.scheme
+    if sa != sb:
+        raise SpecViolation(f"a.config.scheme={sa!r} and b.config.scheme={sb!r} differ: a GEMM takes one scheme")
+    oa_orient, ob_orient = LAYOUTS[layout]
+    oa = operand(a, oa_orient, name="a", layout=layout)
+    ob = operand(b, ob_orient, name="b", layout=layout)
+    if oa.depth != ob.depth:
+        raise SpecViolation(
+            f"K mismatch for layout {layout}: a (logical {tuple(a.shape)}, {oa_orient}) has K={oa.depth}, "
+            f"b (logical {tuple(b.shape)}, {ob_orient}) has K={ob.depth}"
+        )
+    if oa.block != ob.block:
+        raise SpecViolation(f"K block mismatch: a.config.tile={a.config.tile}, b.config.tile={b.config.tile}")
+    if sa == "fp8_block" and oa.two_d and ob.two_d:
+        # NUMERICS: §4 / §6 - a 2-D x 2-D blockwise GEMM is not allowed (cuBLASLt rejects it).
+        raise SpecViolation(
+            f"a.config.tile={a.config.tile} and b.config.tile={b.config.tile}: a 2-D x 2-D fp8_block GEMM is not allowed "
+            "(NUMERICS.md §6)"
+        )
+    if oa.rht != ob.rht:
+        raise SpecViolation(
+            f"a.config.rht={a.config.rht} ({oa_orient}) and b.config.rht={b.config.rht} ({ob_orient}): only one consumed "
+            "copy is in the Hadamard domain, so the product is meaningless (RHT is for the wgrad NT GEMM, both colwise)"
+        )
+    return oa, ob, sa
+
+
+# ---- arithmetic ---------------------------------------------------------------------------------
+
+
+def _expand(sc: torch.Tensor, block: int, depth: int) -> torch.Tensor:
+    """(R, nb) block scales -> (R, K) per-element scales."""
+    return sc.repeat_interleave(block, dim=1)[:, :depth]
+
+
+def _dequantized(op: Operand) -> torch.Tensor:
+    """(R, K) fp64 dec * block scale; exact (<= 4 + 24 significant bits, fp64 range)."""
+    if op.scale is None:
+        return op.values
+    return op.values * _expand(op.scale.to(torch.float64), op.block, op.depth)
+
+
+def _alpha(oa: Operand, ob: Operand) -> torch.Tensor:
+    """NVFP4 alpha from the two consumed copies' global amaxes (NUMERICS.md §5.8, reference.nvfp4)."""
+    from .nvfp4 import gemm_alpha  # the NVFP4 module owns §5.8
+
+    return gemm_alpha(oa.amax, ob.amax).reshape(()).to(torch.float32)
+
+
+def _global_factor(oa: Operand, ob: Operand, scheme: str) -> torch.Tensor | None:
+    """The factor applied after the K sum, as fp64 (exact): sinv_a * sinv_b or alpha."""
+    if scheme in _PER_TENSOR:
+        # NUMERICS: §6 per-tensor Y = sinv_a * sinv_b * sum dec*dec (product of two fp32 is exact in fp64).
+        return oa.global_scale.to(torch.float64).reshape(()) * ob.global_scale.to(torch.float64).reshape(())
+    if scheme == "nvfp4":
+        return _alpha(oa, ob).to(torch.float64)
+    return None
+
+
+def _exact(oa: Operand, ob: Operand, scheme: str) -> torch.Tensor:
+    """'exact': fp64 matmul of the dequantized copies, global factor, (M, N) fp64 (NUMERICS.md §6)."""
+    # NUMERICS: §6 pure reference - fp64 sum (no TF32, no fp32 matmul), global factor, one RN_out.
+    y = _dequantized(oa) @ _dequantized(ob).t()  # (M, N) fp64 accumulation
+    g = _global_factor(oa, ob, scheme)
+    return y if g is None else y * g
+
+
+def _blocked(op: Operand, nb: int) -> torch.Tensor:
+    """(R, K) values -> (R, nb, block), zero-padding a partial last K block (NUMERICS.md §4 edge blocks)."""
+    pad = nb * op.block - op.depth
+    v = op.values if pad == 0 else torch.nn.functional.pad(op.values, (0, pad))
+    return v.reshape(op.rows, nb, op.block)
+
+
+def _block_chunks(nb: int, m: int, n: int):
+    step = max(1, _CHUNK_ELEMENTS // max(1, m * n))
+    for b0 in range(0, nb, step):
+        yield b0, min(nb, b0 + step)
+
+
+def _block_partials(va: torch.Tensor, vb: torch.Tensor, b0: int, b1: int) -> torch.Tensor:
+    """(b1-b0, M, N) fp64 per-K-block dot products of unscaled decoded values."""
+    return torch.einsum("mbk,nbk->bmn", va[:, b0:b1], vb[:, b0:b1])
+
+
+def _block_sum(oa: Operand, ob: Operand, scheme: str) -> torch.Tensor:
+    """'block_sum': sum over K blocks of s_a * s_b * sum_k dec_a * dec_b in fp64, then alpha (NUMERICS.md §6).
+
+    MXFP8: 32-wide blocks, D(e_a) * D(e_b); NVFP4: 16-wide blocks, s_a * s_b, alpha (§5.8). Every
+    block term is exact in fp64; their fp64 sum is exact unless the terms span more than 53 bits.
+    """
+    if oa.depth % oa.block:
+        raise SpecViolation(f"{scheme}: K={oa.depth} is not a multiple of the block {oa.block}")
+    nb = oa.depth // oa.block
+    va, vb = _blocked(oa, nb), _blocked(ob, nb)  # (M, nb, blk), (N, nb, blk)
+    sa, sb = oa.scale.to(torch.float64), ob.scale.to(torch.float64)  # (M, nb), (N, nb)
+    m, n = oa.rows, ob.rows
+    y = torch.zeros((m, n), dtype=torch.float64, device=va.device)
+    for b0, b1 in _block_chunks(nb, m, n):  # memory chunks only, in increasing K order
+        p = _block_partials(va, vb, b0, b1)  # (nbc, M, N)
+        p = p * (sa[:, b0:b1].t()[:, :, None] * sb[:, b0:b1].t()[:, None, :])  # exact: pow2 / 4-bit scales
+        y = y + p.sum(dim=0)  # NUMERICS: §6 "the pure reference sums in fp64"
+    g = _global_factor(oa, ob, scheme)
+    return y if g is None else y * g  # NUMERICS: §6 alpha applied after the sum; RN_out once (epilogue)
+
+
+def _blockwise_order(oa: Operand, ob: Operand) -> torch.Tensor:
+    """'blockwise_order' for fp8_block, fp32 (M, N) before the epilogue (NUMERICS.md §6 Blockwise FP8).
+
+    y = 0; for kb = 0, 1, ... (128-deep K blocks, increasing):
+      p = RN(exact block sum)   (the block sum is formed in fp64: exact for E4M3, and for E5M2 unless
+                                 one block's products span more than 53 bits)
+      1Dx1D, 1D(a)x2D(b): y <- FMA32(RN(p * sinv_a), sinv_b, y)
+      2D(a)x1D(b):        y <- FMA32(RN(p * sinv_b), sinv_a, y)
+    """
+    nb = -(-oa.depth // oa.block)
+    va, vb = _blocked(oa, nb), _blocked(ob, nb)
+    sa, sb = oa.scale, ob.scale  # (M, nb), (N, nb) fp32
+    m, n = oa.rows, ob.rows
+    # NUMERICS: §6 - the 1-D operand's scale is applied first, a's when both are 1-D.
+    b_first = oa.two_d and not ob.two_d
+    y = torch.zeros((m, n), dtype=torch.float32, device=va.device)
+    for b0, b1 in _block_chunks(nb, m, n):
+        p = _block_partials(va, vb, b0, b1).to(torch.float32)  # NUMERICS: §6 p = RN(block sum)
+        # The K blocks are a sequential dependency of the contract (FMA chain), hence this loop.
+        for j in range(b1 - b0):
+            kb = b0 + j
+            s_a = sa[:, kb : kb + 1].expand(m, n)  # (M, N)
+            s_b = sb[:, kb].reshape(1, n).expand(m, n)  # (M, N)
+            first, second = (s_b, s_a) if b_first else (s_a, s_b)
+            t = p[j] * first  # NUMERICS: §6 RN(p * sinv_first), one fp32 multiply
+            y = fp32.fma32(t, second, y)  # NUMERICS: §6 FMA32(., sinv_second, y), one rounding
+    return y
+
+
+# ---- output rounding and epilogue --------------------------------------------------------------
+
+
+def _to_fp32_round_to_odd(y: torch.Tensor) -> torch.Tensor:
+    """fp64 -> fp32 rounding to odd (truncate, then set the last bit if inexact).
+
+    Rounding to odd at >= 2 extra bits, followed by RNE to a narrower format, equals one direct
+    RNE: fp32 has 24 bits versus bf16's 8 and fp16's 11, and covers both formats' exponent ranges.
+    """
+    r = y.to(torch.float32)
+    r64 = r.to(torch.float64)
+    inexact = (r64 != y) & torch.isfinite(y)
+    toward_zero = inexact & (r64.abs() > y.abs())
+    r = torch.where(toward_zero, torch.nextafter(r, torch.zeros_like(r)), r)
+    b = fp32.bits(r)
+    b = torch.where(inexact, b | 1, b)
+    return fp32.from_bits(b)
+
+
+def round_out(y: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """RN_out: one round-to-nearest-even from fp64 or fp32 `y` to `out_dtype` (NUMERICS.md §0.1)."""
+    if y.dtype == torch.float64 and out_dtype != torch.float32:
+        # torch rounds fp64 -> bf16/fp16 through fp32 with RNE twice; round to odd first instead.
+        y = _to_fp32_round_to_odd(y)
+    return y.to(out_dtype)
+
+
+def _epilogue(
+    y: torch.Tensor, scheme: str, out_dtype: torch.dtype, bias: torch.Tensor | None, c: torch.Tensor | None
+) -> torch.Tensor:
+    """Bias, accumulate and the output rounding, per scheme (see the module docstring)."""
+    if scheme == "fp8_block":
+        if bias is not None:
+            # NUMERICS: §6 blockwise step 3 - bias added in fp32, then RN_out (TE reference: y += bias).
+            y = y.to(torch.float32) + bias[None, :]
+        z = round_out(y, out_dtype)
+        if c is not None:
+            # NUMERICS: §6 D = RN_out(C + RN_out(Y)); the sum of two out-dtype values is exact in fp64.
+            z = round_out(c.to(torch.float64) + z.to(torch.float64), out_dtype)
+        return z
+    if c is not None:
+        # NUMERICS: §6 NVFP4 D = RN_out(C + Y) added in fp32 (TE reference_nvfp4 qgemm: y += out.float()).
+        y = y.to(torch.float32) + c.to(torch.float32)
+    if bias is not None:
+        # Bias in fp32 before the final rounding (cuBLASLt BIAS epilogue after alpha*AB + beta*C).
+        y = y.to(torch.float32) + bias[None, :]
+    return round_out(y, out_dtype)
+
+
+def _check_extra(
+    bias: torch.Tensor | None, c: torch.Tensor | None, m: int, n: int, device: torch.device, out_dtype
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    if out_dtype not in OUT_DTYPES:
+        raise SpecViolation(f"out_dtype={out_dtype} is invalid: expected one of {OUT_DTYPES}")
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (n,) or bias.dtype not in OUT_DTYPES:
+            got = (tuple(bias.shape), bias.dtype) if isinstance(bias, torch.Tensor) else type(bias).__name__
+            raise SpecViolation(f"bias must be a float32/bfloat16/float16 tensor of shape [N] = [{n}], got {got}")
+        bias = bias.to(device=device, dtype=torch.float32)  # exact widening
+    if c is not None:
+        if not isinstance(c, torch.Tensor) or tuple(c.shape) != (m, n) or c.dtype not in OUT_DTYPES:
+            got = (tuple(c.shape), c.dtype) if isinstance(c, torch.Tensor) else type(c).__name__
+            raise SpecViolation(f"c must be a float32/bfloat16/float16 tensor of shape [M, N] = [{m}, {n}], got {got}")
+        c = c.to(device=device)
+    return bias, c
+
+
+def _resolve_method(method: str, scheme: str) -> str:
+    if method not in METHODS:
+        raise SpecViolation(f"method={method!r} is invalid: expected one of {METHODS}")
+    if method == "auto":
+        return AUTO_METHOD[scheme]
+    if method not in METHODS_FOR_SCHEME[scheme]:
+        raise SpecViolation(
+            f"method={method!r} does not apply to {scheme}: expected one of {('auto',) + METHODS_FOR_SCHEME[scheme]}"
+        )
+    return method
+
+
+def gemm(
+    a: QuantizedTensor,
+    b: QuantizedTensor,
+    *,
+    layout: str = "TN",
+    out_dtype: torch.dtype = torch.bfloat16,
+    bias: torch.Tensor | None = None,
+    c: torch.Tensor | None = None,
+    method: str = "auto",
+) -> torch.Tensor:
+    """out[m, n] = sum_k A[m, k] * B[n, k] (+ bias[n]) (+ c[m, n]) as [M, N] in out_dtype (NUMERICS.md §6).
+
+    See the module docstring for layouts, methods and the epilogue order.
+    """
+    oa, ob, scheme = operands(a, b, layout)
+    meth = _resolve_method(method, scheme)
+    dev = oa.values.device
+    if ob.values.device != dev:
+        raise SpecViolation(f"a is on {dev} and b on {ob.values.device}: both operands must be on one device")
+    bias, c = _check_extra(bias, c, oa.rows, ob.rows, dev, out_dtype)
+    if meth == "exact":
+        y = _exact(oa, ob, scheme)
+    elif meth == "block_sum":
+        y = _block_sum(oa, ob, scheme)
+    else:
+        y = _blockwise_order(oa, ob)
+    return _epilogue(y, scheme, out_dtype, bias, c)
+
+
+# ---- exact-representable mode -----------------------------------------------------------------
+
+
+def _lsb_exponent(u: torch.Tensor) -> torch.Tensor:
+    """For finite non-zero fp64 u: the exponent of its lowest set significand bit (u = odd * 2^e)."""
+    mant, e = torch.frexp(u)  # u = mant * 2^e, 0.5 <= |mant| < 1
+    i = torch.ldexp(mant.abs(), torch.full_like(e, _F64_SIG_BITS)).to(torch.int64)  # exact integer significand
+    low = i & (-i)  # lowest set bit, a power of two
+    _, el = torch.frexp(low.to(torch.float64))
+    return e.to(torch.int64) - _F64_SIG_BITS + (el.to(torch.int64) - 1)
+
+
+def _min_lsb(u: torch.Tensor) -> int | None:
+    nz = u[u != 0]
+    if nz.numel() == 0:
+        return None
+    return int(_lsb_exponent(nz).min())
+
+
+def exact_representable_ok(
+    a: QuantizedTensor, b: QuantizedTensor, *, layout: str = "TN", fast_accum: bool = False
+) -> tuple[bool, str]:
+    """Whether (a, b) meet NUMERICS.md §6's exact-representable conditions: (ok, reason).
+
+    Checks, with t = dec(a) * dec(b) * scale_a * scale_b (per-tensor: sinv; fp8_block: block sinv;
+    MXFP8: D(e); NVFP4: s_blk) and q = 2^(min lsb of the scaled a values + min lsb of the scaled b
+    values), a common power of two dividing every t:
+      1. sum_k |t_k| <= 2^24 q for every output (2^13 q with `fast_accum`, Hopper FP8 fast accumulation);
+      2. NVFP4: alpha is a power of two;
+      3. fp32 range: q (times alpha) >= 2^-149 and 2^24 q (times alpha) <= FLT_MAX; per-tensor:
+         sinv_a * sinv_b is exact in fp32 (cuBLASLt may pre-multiply them); per-tensor and fp8_block:
+         a partial sum times one scale stays in [2^-149 grid, FLT_MAX].
+    Then every partial sum in any order or blocking is exact, and every method of `gemm` (and every
+    correct kernel) returns RN_out(Y) bit for bit. Non-finite values fail the check.
+    """
+    oa, ob, scheme = operands(a, b, layout)
+    ua, ub = _dequantized(oa), _dequantized(ob)
+    if scheme in _PER_TENSOR:
+        ua = ua * oa.global_scale.to(torch.float64)
+        ub = ub * ob.global_scale.to(torch.float64)
+    if not (bool(torch.isfinite(ua).all()) and bool(torch.isfinite(ub).all())):
+        return False, "an operand holds a non-finite value (NaN/Inf code or scale)"
+    la, lb = _min_lsb(ua), _min_lsb(ub)
+    if la is None or lb is None:
+        return True, "an operand is all zero: Y = 0 exactly"
+    q_exp = la + lb
+    sum_bits = EXACT_SUM_BITS_FAST_ACCUM if fast_accum else EXACT_SUM_BITS
+    bound = math.ldexp(1.0, q_exp + sum_bits)
+    s = (ua.abs() @ ub.abs().t()).max().item()  # exact when within the bound (all multiples of q)
+    if s > bound:
+        return False, f"max_n sum_k |t_k| = {s!r} exceeds 2^{sum_bits} q = 2^{q_exp + sum_bits}"
+    g_exp = 0
+    if scheme == "nvfp4":
+        alpha = float(_alpha(oa, ob))
+        mant, g_exp = math.frexp(alpha)
+        if alpha <= 0 or mant != 0.5:
+            return False, f"alpha = {alpha!r} is not a power of two (NUMERICS.md §6: use A_g = 2688 or 21504)"
+        g_exp -= 1
+    if q_exp + g_exp < _FP32_MIN_SUBNORMAL_EXP or q_exp < _FP32_MIN_SUBNORMAL_EXP:
+        return False, f"q = 2^{q_exp} (alpha 2^{g_exp}) is below the fp32 grid 2^{_FP32_MIN_SUBNORMAL_EXP}"
+    if max(bound, math.ldexp(bound, g_exp)) > FLT_MAX:
+        return False, f"2^{sum_bits} q = 2^{q_exp + sum_bits} (alpha 2^{g_exp}) exceeds the fp32 range"
+    if scheme in _PER_TENSOR:
+        sa, sb = oa.global_scale.to(torch.float64), ob.global_scale.to(torch.float64)
+        prod = sa * sb
+        if bool((prod.to(torch.float32).to(torch.float64) != prod).any()):
+            return False, "sinv_a * sinv_b is not exact in fp32"
+        scales = torch.cat([sa, sb])
+    elif scheme == "fp8_block":
+        scales = torch.cat([oa.scale.reshape(-1), ob.scale.reshape(-1)]).to(torch.float64)
+    else:
+        scales = None
+    if scales is not None:
+        smin, smax = float(scales.min()), float(scales.max())
+        if (
+            smin <= 0
+            or bound / smin > FLT_MAX
+            or math.ldexp(1.0, q_exp) / smax < math.ldexp(1.0, _FP32_MIN_SUBNORMAL_EXP)
+        ):
+            return False, "a partial sum times one scale leaves the fp32 range (scales too small or too large)"
+    return True, f"q = 2^{q_exp}, max sum |t| = {s!r} <= 2^{q_exp + sum_bits}"
