@@ -1,0 +1,290 @@
+// Shared device helpers of the native quantizers: input widening, vector loads, the saturating FP8
+// cast, E8M0 rules, NaN-ignoring amax, compute_scale, and the 128x128 tile geometry.
+// Source: NUMERICS.md §0.1, §0.3, §0.5, §1; TE common/util/ptx_arch_spec.cuh (e8m0_up),
+// common/recipe/recipe_common.cuh (compute_scale), common/utils.cuh (amax reductions).
+// Format numbers arrive only as -D defines from native/_compile.py::defines_for (DESIGN.md §2).
+// Compiled ONLY through native/_compile.py (-ftz=false -prec-div=true -prec-sqrt=true -fmad=false).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#ifndef ELEM_MAX
+#error "common.cuh needs the defines of native/_compile.py::defines_for(config)"
+#endif
+
+namespace nh {
+
+// IEEE binary32 layout facts (not formats.py rows: the fp32 container itself).
+constexpr unsigned int kF32ManBits = 23;
+constexpr int kF32Bias = 127;
+constexpr unsigned int kF32ExpMask = 0xFFu;
+constexpr unsigned int kF32ManMask = (1u << kF32ManBits) - 1u;
+constexpr unsigned int kF32AbsMask = 0x7FFFFFFFu;
+constexpr unsigned int kF32Pow2Mask = 0xFF800000u;  // sign + exponent: 2^floor(log2 s) for normal s
+
+typedef unsigned long long u64;
+typedef long long i64;
+
+// ---------------------------------------------------------------------------------------------
+// Input widening (exact: NUMERICS §0.1 "widening bf16/fp16 -> fp32" is not a rounding point)
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+
+// v_inf of blockwise scaling = the input dtype's max finite (NUMERICS §4), from defines.
+template <typename T> struct InputMax;
+template <> struct InputMax<float> { static constexpr float value = INPUT_MAX_FLOAT32; };
+template <> struct InputMax<__nv_bfloat16> { static constexpr float value = INPUT_MAX_BFLOAT16; };
+template <> struct InputMax<__half> { static constexpr float value = INPUT_MAX_FLOAT16; };
+
+// 8 consecutive elements from a 16-byte aligned address (fp32: two 16-byte loads).
+__device__ __forceinline__ void load8_vec(const float* p, float v[8]) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  const float4 b = *reinterpret_cast<const float4*>(p + 4);
+  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+  v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ __forceinline__ void unpack_pair(unsigned int w, float* v, const __nv_bfloat16*) {
+  v[0] = __uint_as_float(w << 16);           // bf16 -> fp32 is a shift (exact)
+  v[1] = __uint_as_float(w & 0xFFFF0000u);
+}
+__device__ __forceinline__ void unpack_pair(unsigned int w, float* v, const __half*) {
+  v[0] = __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xFFFFu)));
+  v[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+}
+template <typename T>
+__device__ __forceinline__ void load8_vec(const T* p, float v[8]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  unpack_pair(u.x, v + 0, p);
+  unpack_pair(u.y, v + 2, p);
+  unpack_pair(u.z, v + 4, p);
+  unpack_pair(u.w, v + 6, p);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Saturating FP8 cast (NUMERICS §0.3, §0.5)
+// ---------------------------------------------------------------------------------------------
+// NUMERICS: §0.3/§0.5 - __nv_cvt_float_to_fp8(v, __NV_SATFINITE, .) is cvt.rn.satfinite on sm_89+:
+// RNE on the format grid (subnormals included), |v| > max and +-inf -> +-max, -0.0 kept; NaN of
+// either sign is forced to the positive NaN code (0x7F) here.
+template <int NAN_CODE>
+__device__ __forceinline__ unsigned char sat_fp8(float v, __nv_fp8_interpretation_t interp) {
+  const unsigned char q = static_cast<unsigned char>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, interp));
+  return isnan(v) ? static_cast<unsigned char>(NAN_CODE) : q;
+}
+
+#ifdef ELEM_FP8_INTERP
+static_assert((ELEM_FP8_INTERP == __NV_E4M3) == (ELEM_EXP_BITS == 4 && ELEM_MAN_BITS == 3),
+              "ELEM_FP8_INTERP does not match the element format's bit fields");
+static_assert((ELEM_FP8_INTERP == __NV_E5M2) == (ELEM_EXP_BITS == 5 && ELEM_MAN_BITS == 2),
+              "ELEM_FP8_INTERP does not match the element format's bit fields");
+__device__ __forceinline__ unsigned char sat_elem(float v) { return sat_fp8<ELEM_NAN_CODE>(v, ELEM_FP8_INTERP); }
+
+// Exact fp32 value of an element code (NaN codes decode to NaN): fp8 -> fp16 is exact.
+__device__ __forceinline__ float decode_elem(unsigned char q) {
+  const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(q), ELEM_FP8_INTERP);
+  return __half2float(__half(h));
+}
+#endif
+
+#ifdef SCALE_FP8_INTERP
+__device__ __forceinline__ unsigned char sat_scale(float v) { return sat_fp8<SCALE_NAN_CODE>(v, SCALE_FP8_INTERP); }
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// E8M0 (NUMERICS §0.5)
+// ---------------------------------------------------------------------------------------------
+// NUMERICS: §0.5 e8m0_up - software bit rule (TE ptx_arch_spec.cuh): NaN -> 0xFF; +inf -> 0xFE;
+// otherwise E + 1 if F != 0 and E != 0xFE and not (E == 0 and F <= 0x400000 (= 2^-127)), else E.
+__device__ __forceinline__ unsigned int e8m0_up_sw(float t) {
+  const unsigned int b = __float_as_uint(t) & kF32AbsMask;
+  const unsigned int E = b >> kF32ManBits;
+  const unsigned int F = b & kF32ManMask;
+  if (E == kF32ExpMask) return F ? E8M0_NAN_CODE : E8M0_MAX_CODE;
+  const bool bump = (F != 0u) && (E != E8M0_MAX_CODE) && !(E == 0u && F <= (1u << (kF32ManBits - 1)));
+  return E + (bump ? 1u : 0u);
+}
+
+// The arch-specific sm_100+ instruction rounds up (rp) and saturates exactly like e8m0_up_sw.
+__device__ __forceinline__ unsigned int e8m0_up(float t) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 1000) && \
+    (defined(__CUDA_ARCH_SPECIFIC__) || defined(__CUDA_ARCH_FAMILY_SPECIFIC__))
+  unsigned short r;
+  // NUMERICS: §0.3 - cvt.rp.satfinite.ue8m0x2 exists only on sm_100+ (a/f targets); b -> low byte.
+  asm("cvt.rp.satfinite.ue8m0x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.0f), "f"(t));
+  return static_cast<unsigned int>(r & 0xFFu);
+#else
+  return e8m0_up_sw(t);
+#endif
+}
+
+// floor(log2 a) for finite a > 0, read exactly from the bits (subnormals included).
+__device__ __forceinline__ int floor_log2(float a) {
+  const unsigned int b = __float_as_uint(a) & kF32AbsMask;
+  const int E = static_cast<int>(b >> kF32ManBits);
+  if (E != 0) return E - kF32Bias;
+  // subnormal: value = F * 2^(1 - bias - 23); its top set bit gives the exponent
+  return (31 - __clz(static_cast<int>(b & kF32ManMask))) + (1 - kF32Bias - static_cast<int>(kF32ManBits));
+}
+
+// NUMERICS: §0.5 e8m0_floor (OCP MX) - clamp(floor(log2 A) - emax_elem + 127, 0, 254); A = 0 -> 0;
+// A = +inf -> 254 (NaN cannot reach it: amax ignores NaN; mapped to the NaN code for completeness).
+__device__ __forceinline__ unsigned int e8m0_floor(float A) {
+  if (isnan(A)) return E8M0_NAN_CODE;
+  if (A == 0.0f) return 0u;
+  if (isinf(A)) return E8M0_MAX_CODE;
+  int e = floor_log2(A) - ELEM_EMAX + E8M0_BIAS;
+  e = e < 0 ? 0 : (e > E8M0_MAX_CODE ? E8M0_MAX_CODE : e);
+  return static_cast<unsigned int>(e);
+}
+
+// 2^n as fp32 for -149 <= n <= 127, exact (subnormal powers included).
+__device__ __forceinline__ float exact_pow2(int n) {
+  const int biased = n + kF32Bias;
+  if (biased > 0) return __uint_as_float(static_cast<unsigned int>(biased) << kF32ManBits);
+  return __uint_as_float(1u << (static_cast<int>(kF32ManBits) - 1 + biased));
+}
+
+// NUMERICS: §0.5 - quantization multiplier P(e) = 2^(127 - e) (P(254) = 2^-127 subnormal, P(255) = NaN).
+__device__ __forceinline__ float e8m0_multiplier(unsigned int e) {
+  if (e == E8M0_NAN_CODE) return __uint_as_float(0x7FC00000u);
+  return exact_pow2(E8M0_BIAS - static_cast<int>(e));
+}
+
+// NUMERICS: §0.5 - decode D(e) = 2^(e - 127) (D(0) = 2^-127 subnormal, 0xFF = NaN).
+__device__ __forceinline__ float e8m0_decode(unsigned int e) {
+  if (e == E8M0_NAN_CODE) return __uint_as_float(0x7FC00000u);
+  return exact_pow2(static_cast<int>(e) - E8M0_BIAS);
+}
+
+// ---------------------------------------------------------------------------------------------
+// amax and the scale rule
+// ---------------------------------------------------------------------------------------------
+// NUMERICS: §0.1 amax - fmax over |v| from +0: fmaxf ignores NaN, lets +inf through, exact.
+__device__ __forceinline__ float amax_step(float acc, float v) { return fmaxf(acc, fabsf(v)); }
+
+// Max over `width` consecutive lanes (width a power of two <= 32): fmaxf, NaN-free inputs.
+template <int WIDTH>
+__device__ __forceinline__ float group_max(float a) {
+#pragma unroll
+  for (int o = WIDTH / 2; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+  return a;
+}
+
+// NUMERICS: §0.1 - partial amaxes are >= +0, so an integer max on their bit patterns is exact.
+__device__ __forceinline__ void atomic_amax(float* dst, float a) {
+  atomicMax(reinterpret_cast<unsigned int*>(dst), __float_as_uint(a));
+}
+
+// NUMERICS: §1 compute_scale (TE recipe_common.cuh), every step fp32:
+// 1. A < eps -> eps (NaN kept); 2. A in {0, inf, NaN} -> 1; 3. s = RN(fp8_max / A), a true division;
+// 4. s = +inf -> v_inf; 5. pow2: keep sign+exponent bits. The caller stores sinv = RN(1/s).
+__device__ __forceinline__ float compute_scale(float A, float fp8_max, bool pow2, float eps, float v_inf) {
+  if (A < eps) A = eps;
+  if (A == 0.0f || isinf(A) || isnan(A)) return 1.0f;
+  float s = __fdiv_rn(fp8_max, A);
+  if (isinf(s)) s = v_inf;
+  if (pow2) s = __uint_as_float(__float_as_uint(s) & kF32Pow2Mask);
+  return s;
+}
+
+// NUMERICS: §1 step 6 - sinv = RN(1/s), correctly rounded, subnormal results kept (-ftz=false).
+__device__ __forceinline__ float scale_inverse(float s) { return __frcp_rn(s); }
+
+// ---------------------------------------------------------------------------------------------
+// 128 x 128 tile geometry shared by the FP8 kernels
+// ---------------------------------------------------------------------------------------------
+// 256 threads; lane group of 16 covers a 128-wide row (8 consecutive elements per lane, one
+// 16-byte load for 2-byte inputs); a warp covers 2 rows per pass, the block 16 rows per pass,
+// 8 passes cover 128 rows. Thread (warp w, lane l): rsub = l / 16, cl = l % 16;
+// tile row r(p) = 16 p + 2 w + rsub, tile columns 8 cl .. 8 cl + 7.
+constexpr int kTile = 128;
+constexpr int kThreads = 256;
+constexpr int kVec = 8;
+constexpr int kLanesPerRow = kTile / kVec;        // 16
+constexpr int kRowsPerPass = kThreads / kLanesPerRow;  // 16
+constexpr int kPasses = kTile / kRowsPerPass;     // 8
+constexpr int kWarps = kThreads / 32;             // 8
+
+struct TileThread {
+  int w, rsub, cl;
+  __device__ __forceinline__ TileThread() {
+    const int t = static_cast<int>(threadIdx.x);
+    w = t >> 5;
+    rsub = (t & 31) >> 4;
+    cl = t & 15;
+  }
+  __device__ __forceinline__ int row(int p) const { return p * kRowsPerPass + 2 * w + rsub; }
+  __device__ __forceinline__ int col0() const { return cl * kVec; }
+};
+
+// Load this thread's 8 x 8 values of the tile at (m0, k0) of the row-major [M, K] input `x`.
+// Out-of-range elements are 0 (zero padding; they never change an amax). `vec_ok`: the base is
+// 16-byte aligned and K * sizeof(T) is a multiple of 16, so full 8-element rows load as vectors.
+template <typename T>
+__device__ __forceinline__ void load_tile(const T* __restrict__ x, i64 M, i64 K, i64 m0, i64 k0, bool vec_ok,
+                                          const TileThread& th, float v[kPasses][kVec]) {
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const i64 m = m0 + th.row(p);
+    const i64 k = k0 + th.col0();
+    if (m < M && k + kVec <= K && vec_ok) {
+      load8_vec(x + m * K + k, v[p]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) v[p][j] = (m < M && k + j < K) ? to_f32(x[m * K + k + j]) : 0.0f;
+    }
+  }
+}
+
+// Store 8 consecutive bytes (8-byte aligned when `vec_ok`), only the in-range ones otherwise.
+__device__ __forceinline__ void store8(unsigned char* __restrict__ dst, const unsigned char q[8], i64 valid,
+                                       bool vec_ok) {
+  if (vec_ok && valid >= 8) {
+    uint2 u;
+    u.x = q[0] | (q[1] << 8) | (q[2] << 16) | (static_cast<unsigned int>(q[3]) << 24);
+    u.y = q[4] | (q[5] << 8) | (q[6] << 16) | (static_cast<unsigned int>(q[7]) << 24);
+    *reinterpret_cast<uint2*>(dst) = u;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      if (j < valid) dst[j] = q[j];
+  }
+}
+
+// Transposed tile buffer (bytes): qT[c][r] holds the colwise code of tile element (r, c).
+constexpr int kTransposePitch = kTile + 16;  // keeps each row 16-byte aligned
+
+// Write the transposed tile qT ([kTile][kTransposePitch] bytes in shared memory) to the row-major
+// [K, M] output `out` at (k0, m0): row c of qT is out[k0 + c, m0 .. m0 + 127].
+__device__ __forceinline__ void store_transposed(const unsigned char* __restrict__ qT, unsigned char* __restrict__ out,
+                                                 i64 M, i64 K, i64 m0, i64 k0, bool vec_ok) {
+  // 256 threads x 64 bytes: thread t writes row t / 2, bytes 64 (t % 2) .. + 63.
+  const int t = static_cast<int>(threadIdx.x);
+  const int c = t >> 1;
+  const int r0 = (t & 1) * 64;
+  const i64 k = k0 + c;
+  if (k >= K) return;
+  const i64 valid = M - (m0 + r0);
+  if (valid <= 0) return;
+  unsigned char* dst = out + k * M + m0 + r0;
+  const unsigned char* src = qT + c * kTransposePitch + r0;
+  if (vec_ok && valid >= 64) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      *reinterpret_cast<uint4*>(dst + 16 * i) = *reinterpret_cast<const uint4*>(src + 16 * i);
+  } else {
+    for (int i = 0; i < 64; ++i)
+      if (i < valid) dst[i] = src[i];
+  }
+}
+
+// RN to the output dtype (NUMERICS §0.1 RN_out).
+__device__ __forceinline__ void store_out(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_out(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store_out(__half* p, float v) { *p = __float2half_rn(v); }
+
+}  // namespace nh

@@ -1,0 +1,164 @@
+// FP8 blockwise quantization (1x128 and 128x128 tiles, fp32 scales) and its dequantization.
+// Source: NUMERICS.md §4 (scale rule, layouts), §1 compute_scale; TE
+// common/transpose/quantize_transpose_{vector,square}_blockwise.cu.
+// schemes: fp8_block
+#include "common.cuh"
+
+#ifndef SCHEME_FP8_BLOCK
+#error "fp8_block.cu needs the defines of an fp8_block config"
+#endif
+
+using namespace nh;
+
+// One CTA quantizes one 128x128 tile (partial at the edges) of x [M, K], both orientations in one pass.
+// Rowwise: data [M, K]; sinv 1-D [ceil(K/128), ld_sr = roundup(M,4)] entry [kb, m] (stored TRANSPOSED),
+//          2-D [ceil(M/128), ld_sr = roundup(ceil(K/128),4)] entry [mb, kb].
+// Colwise: data [K, M] (transposed); sinv 1-D [ceil(M/128), ld_sc = roundup(K,4)] entry [mb, k],
+//          2-D [ceil(K/128), ld_sc = roundup(ceil(M/128),4)] entry [kb, mb].
+template <typename T>
+__device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i64 K, int vec_in, int vec_row,
+                                               int vec_col, unsigned char* __restrict__ q_row,
+                                               float* __restrict__ s_row, i64 ld_sr,
+                                               unsigned char* __restrict__ q_col, float* __restrict__ s_col,
+                                               i64 ld_sc) {
+  __shared__ __align__(16) unsigned char qT[kTile * kTransposePitch];
+  __shared__ float col_part[kWarps][kTile];
+  __shared__ float col_scale[kTile];
+
+  const i64 n_kt = (K + kTile - 1) / kTile;
+  const i64 mt = static_cast<i64>(blockIdx.x) / n_kt;
+  const i64 kt = static_cast<i64>(blockIdx.x) % n_kt;
+  const i64 m0 = mt * kTile, k0 = kt * kTile;
+  const TileThread th;
+  float v[kPasses][kVec];
+  load_tile(x, M, K, m0, k0, vec_in != 0, th, v);
+
+  const float fp8_max = ELEM_MAX;
+  const float v_inf = InputMax<T>::value;  // NUMERICS: §4 v_inf = max finite of the INPUT dtype
+  const i64 kcol = k0 + th.col0();
+
+#if IS_2D
+  // NUMERICS: §4 2-D - one amax, one scale per 128x128 tile; colwise data is the exact transpose.
+  float a = 0.0f;
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p)
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) a = amax_step(a, v[p][j]);
+  a = group_max<32>(a);
+  if ((threadIdx.x & 31) == 0) col_part[0][th.w] = a;
+  __syncthreads();
+  float A = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) A = fmaxf(A, col_part[0][w]);
+  const float s = compute_scale(A, fp8_max, POW2 != 0, EPS, v_inf);
+  if (threadIdx.x == 0) {
+    const float sinv = scale_inverse(s);
+    if (s_row) s_row[mt * ld_sr + kt] = sinv;
+    if (s_col) s_col[kt * ld_sc + mt] = sinv;
+  }
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    unsigned char q[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) q[j] = sat_elem(__fmul_rn(v[p][j], s));  // NUMERICS: §4 q = sat(RN(x*s))
+    const i64 m = m0 + th.row(p);
+    if (q_row && m < M && kcol < K) store8(q_row + m * K + kcol, q, K - kcol, vec_row != 0);
+    if (q_col) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) qT[(th.col0() + j) * kTransposePitch + th.row(p)] = q[j];
+    }
+  }
+#else
+  if (q_row) {
+    // NUMERICS: §4 1-D rowwise - block (m, kb) = x[m, 128 kb .. +127], amax over the valid elements.
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      float a = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) a = amax_step(a, v[p][j]);
+      a = group_max<kLanesPerRow>(a);
+      const float s = compute_scale(a, fp8_max, POW2 != 0, EPS, v_inf);
+      unsigned char q[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) q[j] = sat_elem(__fmul_rn(v[p][j], s));  // multiply by s, never / sinv
+      const i64 m = m0 + th.row(p);
+      if (m < M) {
+        if (kcol < K) store8(q_row + m * K + kcol, q, K - kcol, vec_row != 0);
+        if (th.cl == 0) s_row[kt * ld_sr + m] = scale_inverse(s);
+      }
+    }
+  }
+  if (q_col) {
+    // NUMERICS: §4 1-D colwise - row k of the [K, M] output quantizes column k in blocks of 128 rows.
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      float a = 0.0f;
+#pragma unroll
+      for (int p = 0; p < kPasses; ++p) a = amax_step(a, v[p][j]);
+      a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 16));  // the other row of the warp's pair
+      if (th.rsub == 0) col_part[th.w][th.col0() + j] = a;
+    }
+    __syncthreads();
+    if (threadIdx.x < kTile) {
+      float A = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) A = fmaxf(A, col_part[w][threadIdx.x]);
+      const float s = compute_scale(A, fp8_max, POW2 != 0, EPS, v_inf);
+      col_scale[threadIdx.x] = s;
+      if (k0 + threadIdx.x < K) s_col[mt * ld_sc + k0 + threadIdx.x] = scale_inverse(s);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p)
+#pragma unroll
+      for (int j = 0; j < kVec; ++j)
+        qT[(th.col0() + j) * kTransposePitch + th.row(p)] = sat_elem(__fmul_rn(v[p][j], col_scale[th.col0() + j]));
+  }
+#endif
+  if (q_col) {
+    __syncthreads();
+    store_transposed(qT, q_col, M, K, m0, k0, vec_col != 0);
+  }
+}
+
+#define NH_BLOCK_QUANTIZE(SUFFIX, T)                                                                         \
+  extern "C" __global__ void __launch_bounds__(kThreads)                                                     \
+      fp8_block_quantize_##SUFFIX(const T* x, i64 M, i64 K, int vec_in, int vec_row, int vec_col,          \
+                                  unsigned char* q_row, float* s_row, i64 ld_sr, unsigned char* q_col,     \
+                                  float* s_col, i64 ld_sc) {                                               \
+    block_quantize<T>(x, M, K, vec_in, vec_row, vec_col, q_row, s_row, ld_sr, q_col, s_col, ld_sc);        \
+  }
+NH_BLOCK_QUANTIZE(f32, float)
+NH_BLOCK_QUANTIZE(bf16, __nv_bfloat16)
+NH_BLOCK_QUANTIZE(f16, __half)
+
+// NUMERICS: §4 dequantization - x_hat = RN_out(RN(dec(q) * sinv)), in the logical [M, K] orientation.
+// colwise != 0 reads the [K, M] copy and its scales.
+template <typename O>
+__device__ __forceinline__ void block_dequantize(const unsigned char* __restrict__ q, const float* __restrict__ sinv,
+                                                 i64 ld_s, i64 M, i64 K, int colwise, O* __restrict__ out) {
+  const i64 n = M * K;
+  for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 m = i / K, k = i % K;
+    unsigned char code;
+    float s;
+    if (!colwise) {
+      code = q[m * K + k];
+      s = IS_2D ? sinv[(m / kTile) * ld_s + k / kTile] : sinv[(k / kTile) * ld_s + m];
+    } else {
+      code = q[k * M + m];
+      s = IS_2D ? sinv[(k / kTile) * ld_s + m / kTile] : sinv[(m / kTile) * ld_s + k];
+    }
+    store_out(out + i, __fmul_rn(decode_elem(code), s));
+  }
+}
+
+#define NH_BLOCK_DEQUANTIZE(SUFFIX, O)                                                                       \
+  extern "C" __global__ void fp8_block_dequantize_##SUFFIX(const unsigned char* q, const float* sinv,        \
+                                                           i64 ld_s, i64 M, i64 K, int colwise, O* out) {   \
+    block_dequantize<O>(q, sinv, ld_s, M, K, colwise, out);                                                  \
+  }
+NH_BLOCK_DEQUANTIZE(f32, float)
+NH_BLOCK_DEQUANTIZE(bf16, __nv_bfloat16)
+NH_BLOCK_DEQUANTIZE(f16, __half)

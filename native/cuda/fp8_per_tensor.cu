@@ -1,0 +1,201 @@
+// Per-tensor FP8: current scaling (amax pass, scale, cast + transpose) and delayed scaling (cast with a
+// stored scale that accumulates the step amax, and the fused amax-history update).
+// Source: NUMERICS.md §1 (current), §2 (delayed); TE common/recipe/current_scaling.cu,
+// common/recipe/delayed_scaling.cu, common/cast/fp8/quantize_fp8.cuh.
+// schemes: fp8_current fp8_delayed
+#include "common.cuh"
+
+#if !defined(SCHEME_FP8_CURRENT) && !defined(SCHEME_FP8_DELAYED)
+#error "fp8_per_tensor.cu needs the defines of an fp8_current or fp8_delayed config"
+#endif
+
+using namespace nh;
+
+// ---------------------------------------------------------------------------------------------
+// amax over the whole tensor (fp8_current pass 1)
+// ---------------------------------------------------------------------------------------------
+// NUMERICS: §0.1 amax - any order/tree; partials combined by an integer max on the bit patterns.
+// `amax` must hold +0 before the launch. vec_ok: base 16-byte aligned (8 elements per vector step).
+template <typename T>
+__device__ __forceinline__ void tensor_amax(const T* __restrict__ x, i64 n, int vec_ok, float* __restrict__ amax) {
+  __shared__ float warp_part[32];
+  float a = 0.0f;
+  const i64 tid = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  i64 n_vec = 0;
+  if (vec_ok) {
+    n_vec = n / kVec;
+    for (i64 i = tid; i < n_vec; i += stride) {
+      float v[kVec];
+      load8_vec(x + i * kVec, v);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) a = amax_step(a, v[j]);
+    }
+  }
+  for (i64 i = n_vec * kVec + tid; i < n; i += stride) a = amax_step(a, to_f32(x[i]));
+  a = group_max<32>(a);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) warp_part[warp] = a;
+  __syncthreads();
+  if (warp == 0) {
+    a = lane < static_cast<int>(blockDim.x >> 5) ? warp_part[lane] : 0.0f;
+    a = group_max<32>(a);
+    if (lane == 0) atomic_amax(amax, a);
+  }
+}
+
+#define NH_AMAX(SUFFIX, T)                                                                          \
+  extern "C" __global__ void tensor_amax_##SUFFIX(const T* x, i64 n, int vec_ok, float* amax) {   \
+    tensor_amax<T>(x, n, vec_ok, amax);                                                             \
+  }
+NH_AMAX(f32, float)
+NH_AMAX(bf16, __nv_bfloat16)
+NH_AMAX(f16, __half)
+
+// NUMERICS: §1 - s = compute_scale(A, fp8_max, pow2, eps, v_inf = FLT_MAX); sinv = RN(1/s).
+extern "C" __global__ void current_scale(const float* amax, float* scale, float* sinv) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) {
+    const float s = compute_scale(amax[0], ELEM_MAX, POW2 != 0, EPS, FP32_MAX);
+    scale[0] = s;
+    sinv[0] = scale_inverse(s);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cast with a per-tensor scale (+ transposed copy), optionally accumulating the amax (delayed)
+// ---------------------------------------------------------------------------------------------
+// q = sat(RN(x * scale)) (one fp32 multiply, no FMA) into q_row [M, K] and/or q_col [K, M]
+// (byte-exact transpose). sinv (if non-null) receives RN(1/scale). amax_acc (if non-null) receives
+// fmax(amax_acc, amax(x)) (NUMERICS §2: H[0] <- fmax(H[0], amax(x)), amax of the UNSCALED input).
+template <typename T>
+__device__ __forceinline__ void per_tensor_cast(const T* __restrict__ x, i64 M, i64 K, int vec_in, int vec_row,
+                                                int vec_col, const float* __restrict__ scale,
+                                                float* __restrict__ sinv, float* __restrict__ amax_acc,
+                                                unsigned char* __restrict__ q_row, unsigned char* __restrict__ q_col) {
+  __shared__ __align__(16) unsigned char qT[kTile * kTransposePitch];
+  __shared__ float warp_part[kWarps];
+  const i64 n_kt = (K + kTile - 1) / kTile;
+  const i64 m0 = (static_cast<i64>(blockIdx.x) / n_kt) * kTile;
+  const i64 k0 = (static_cast<i64>(blockIdx.x) % n_kt) * kTile;
+  const TileThread th;
+  float v[kPasses][kVec];
+  load_tile(x, M, K, m0, k0, vec_in != 0, th, v);
+  const float s = scale[0];
+  if (sinv && blockIdx.x == 0 && threadIdx.x == 0) sinv[0] = scale_inverse(s);  // NUMERICS: §1/§2 sinv = RN(1/s)
+
+  if (amax_acc) {
+    float a = 0.0f;
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p)
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) a = amax_step(a, v[p][j]);
+    a = group_max<32>(a);
+    if ((threadIdx.x & 31) == 0) warp_part[th.w] = a;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float A = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) A = fmaxf(A, warp_part[w]);
+      atomic_amax(amax_acc, A);
+    }
+  }
+
+  const i64 kcol = k0 + th.col0();
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    unsigned char q[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) q[j] = sat_elem(__fmul_rn(v[p][j], s));  // NUMERICS: §1 q = sat(RN(x*s))
+    const i64 m = m0 + th.row(p);
+    if (q_row && m < M && kcol < K) store8(q_row + m * K + kcol, q, K - kcol, vec_row != 0);
+    if (q_col) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) qT[(th.col0() + j) * kTransposePitch + th.row(p)] = q[j];
+    }
+  }
+  if (q_col) {
+    __syncthreads();
+    store_transposed(qT, q_col, M, K, m0, k0, vec_col != 0);
+  }
+}
+
+#define NH_CAST(SUFFIX, T)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(kThreads)                                                    \
+      per_tensor_cast_##SUFFIX(const T* x, i64 M, i64 K, int vec_in, int vec_row, int vec_col,            \
+                               const float* scale, float* sinv, float* amax_acc, unsigned char* q_row,    \
+                               unsigned char* q_col) {                                                    \
+    per_tensor_cast<T>(x, M, K, vec_in, vec_row, vec_col, scale, sinv, amax_acc, q_row, q_col);           \
+  }
+NH_CAST(f32, float)
+NH_CAST(bf16, __nv_bfloat16)
+NH_CAST(f16, __half)
+
+// ---------------------------------------------------------------------------------------------
+// Delayed scaling: fused amax-history update (one CTA)
+// ---------------------------------------------------------------------------------------------
+#ifdef SCHEME_FP8_DELAYED
+// NUMERICS: §2 update (TE delayed_scaling.cu fused kernel):
+// 1. S_max = RN(fp8_max * 2^-margin) (define); 2. last = R if a reduced R exists and R != 0, else H[0];
+// 3. last == 0: nothing changes; 4. a_i = H[i+1] (i < L-1), a_{L-1} = last, A_max = fmax_i a_i,
+//    new H = [0, a_1, ..., a_{L-1}]; 5. A = A_max (max) or last (most_recent);
+// 6. A finite and > 0: s = RN(S_max / A) (true division), s = +inf -> FLT_MAX; else keep the scale.
+// The new history goes to h_out (out of place: no read/write race); the caller copies it back.
+extern "C" __global__ void delayed_update(const float* __restrict__ hist, float* __restrict__ h_out,
+                                          float* __restrict__ scale, const float* __restrict__ reduced,
+                                          int has_reduced) {
+  __shared__ float warp_part[32];
+  constexpr int L = AMAX_HISTORY_LEN;
+  const float r = has_reduced ? reduced[0] : 0.0f;
+  const float last = (has_reduced && r != 0.0f) ? r : hist[0];
+  if (last == 0.0f) {  // NUMERICS: §2 step 3 - no roll, scale kept
+    for (int i = threadIdx.x; i < L; i += blockDim.x) h_out[i] = hist[i];
+    return;
+  }
+  float a_max = 0.0f;
+  for (int i = threadIdx.x; i < L; i += blockDim.x) {
+    const float a = (i < L - 1) ? hist[i + 1] : last;
+    a_max = fmaxf(a_max, a);  // NUMERICS: §2 fmax ignores NaN entries
+    h_out[i] = (i == 0) ? 0.0f : a;
+  }
+  a_max = group_max<32>(a_max);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) warp_part[warp] = a_max;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float A_max = 0.0f;
+    for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) A_max = fmaxf(A_max, warp_part[w]);
+    const float A = AMAX_ALGO_MAX ? A_max : last;
+    if (isfinite(A) && A > 0.0f) {
+      float s = __fdiv_rn(__uint_as_float(static_cast<unsigned int>(DELAYED_SCALE_MAX_BITS)), A);
+      if (isinf(s)) s = FP32_MAX;
+      scale[0] = s;
+    }
+  }
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Dequantization: x_hat = RN_out(RN(dec(q) * sinv)) in the logical [M, K] orientation
+// ---------------------------------------------------------------------------------------------
+template <typename O>
+__device__ __forceinline__ void per_tensor_dequantize(const unsigned char* __restrict__ q,
+                                                      const float* __restrict__ sinv, i64 M, i64 K, int colwise,
+                                                      O* __restrict__ out) {
+  const float s = sinv[0];
+  const i64 n = M * K;
+  for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 m = i / K, k = i % K;
+    const unsigned char code = colwise ? q[k * M + m] : q[i];
+    store_out(out + i, __fmul_rn(decode_elem(code), s));  // NUMERICS: §1 x_hat = RN_out(RN(dec(q)*sinv))
+  }
+}
+
+#define NH_DEQUANT(SUFFIX, O)                                                                                \
+  extern "C" __global__ void per_tensor_dequantize_##SUFFIX(const unsigned char* q, const float* sinv, i64 M, \
+                                                            i64 K, int colwise, O* out) {                    \
+    per_tensor_dequantize<O>(q, sinv, M, K, colwise, out);                                                   \
+  }
+NH_DEQUANT(f32, float)
+NH_DEQUANT(bf16, __nv_bfloat16)
+NH_DEQUANT(f16, __half)

@@ -1,0 +1,177 @@
+// MXFP8 quantization (E4M3/E5M2 data, UE8M0 scale per 32 elements; 1x32 or 32x32 tiles) and its
+// dequantization. Source: NUMERICS.md §3, §0.5 (e8m0_up / e8m0_floor, P(e), D(e)); TE
+// common/cast/mxfp8/quantize_mxfp8.cuh.
+// schemes: mxfp8
+#include "common.cuh"
+
+#ifndef SCHEME_MXFP8
+#error "mxfp8.cu needs the defines of an mxfp8 config"
+#endif
+
+using namespace nh;
+
+constexpr int kMx = 32;                    // MX block length (NUMERICS §3)
+constexpr int kMxPerTile = kTile / kMx;    // 4 blocks per tile side
+constexpr int kLanesPerMx = kMx / kVec;    // 4 lanes cover one 1x32 block
+static_assert(BLOCK == kMx, "mxfp8 blocks are 32 long");
+
+// NUMERICS: §3 - the block exponent from the block amax A:
+// ceil (default): e = e8m0_up(RN(A * fl(1/fp8_max))), a multiply by the rounded constant;
+// floor (OCP MX): e = e8m0_floor(A).
+__device__ __forceinline__ unsigned int mx_exponent(float A) {
+#if E8M0_CEIL
+  return e8m0_up(__fmul_rn(A, ELEM_RECIP_MAX));
+#else
+  return e8m0_floor(A);
+#endif
+}
+
+// One CTA quantizes one 128x128 tile (M, K multiples of 32; partial tiles in whole 32-blocks).
+// Rowwise data [M, K], scales S_r [roundup(M,128), ld_r = roundup(K/32,4)] entry [m, kb].
+// Colwise data [M, K] (NOT transposed), scales S_c [roundup(M/32,4), ld_c = roundup(K,128)] entry [mb, k].
+template <typename T>
+__device__ __forceinline__ void mx_quantize(const T* __restrict__ x, i64 M, i64 K, int vec_in, int vec_out,
+                                            unsigned char* __restrict__ q_row, unsigned char* __restrict__ s_r,
+                                            i64 ld_r, unsigned char* __restrict__ q_col,
+                                            unsigned char* __restrict__ s_c, i64 ld_c) {
+  __shared__ float col_part[kWarps][kMxPerTile][kTile];  // per-warp column amax of each 32-row block
+  __shared__ unsigned int col_e[kMxPerTile][kTile];      // colwise exponent of block (b, column)
+#if IS_2D
+  __shared__ unsigned int tile_e[kMxPerTile][kMxPerTile];  // 32x32 tile exponents [row block][col block]
+#endif
+  const i64 n_kt = (K + kTile - 1) / kTile;
+  const i64 mt = static_cast<i64>(blockIdx.x) / n_kt;
+  const i64 m0 = mt * kTile;
+  const i64 k0 = (static_cast<i64>(blockIdx.x) % n_kt) * kTile;
+  const TileThread th;
+  float v[kPasses][kVec];
+  load_tile(x, M, K, m0, k0, vec_in != 0, th, v);
+  const i64 kcol = k0 + th.col0();
+
+  // Column amax per 32-row block b: rows 32b..32b+31 of the tile are passes 2b and 2b+1.
+  const bool need_cols = (q_col != nullptr) || IS_2D;
+  if (need_cols) {
+#pragma unroll
+    for (int b = 0; b < kMxPerTile; ++b)
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        float a = amax_step(amax_step(0.0f, v[2 * b][j]), v[2 * b + 1][j]);
+        a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 16));
+        if (th.rsub == 0) col_part[th.w][b][th.col0() + j] = a;
+      }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < kMxPerTile * kTile; idx += kThreads) {
+      const int b = idx / kTile, c = idx % kTile;
+      float A = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) A = fmaxf(A, col_part[w][b][c]);
+      col_part[0][b][c] = A;  // warp 0's slot now holds the block amax (read below after a barrier)
+    }
+    __syncthreads();
+#if IS_2D
+    // NUMERICS: §3 2-D - one exponent per 32x32 tile, used by both copies (identical data).
+    if (threadIdx.x < kMxPerTile * kMxPerTile) {
+      const int b = threadIdx.x / kMxPerTile, g = threadIdx.x % kMxPerTile;
+      float A = 0.0f;
+      for (int c = 0; c < kMx; ++c) A = fmaxf(A, col_part[0][b][g * kMx + c]);
+      tile_e[b][g] = mx_exponent(A);
+    }
+#else
+    for (int idx = threadIdx.x; idx < kMxPerTile * kTile; idx += kThreads) {
+      const int b = idx / kTile, c = idx % kTile;
+      col_e[b][c] = mx_exponent(col_part[0][b][c]);
+    }
+#endif
+    __syncthreads();
+  }
+
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const i64 m = m0 + th.row(p);
+    const bool in = m < M && kcol < K;
+#if IS_2D
+    const unsigned int e = tile_e[p / 2][th.cl / kLanesPerMx];
+    const float P = e8m0_multiplier(e);
+    unsigned char q[kVec];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) q[j] = sat_elem(__fmul_rn(v[p][j], P));  // NUMERICS: §3 q = sat(RN(x*P(e)))
+    if (in) {
+      if (q_row) store8(q_row + m * K + kcol, q, K - kcol, vec_out != 0);
+      if (q_col) store8(q_col + m * K + kcol, q, K - kcol, vec_out != 0);
+      if (q_row && (th.cl % kLanesPerMx) == 0) s_r[m * ld_r + kcol / kMx] = static_cast<unsigned char>(e);
+    }
+#else
+    if (q_row) {
+      // NUMERICS: §3 rowwise 1x32 - block (m, kb) = x[m, 32 kb .. +31].
+      float a = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) a = amax_step(a, v[p][j]);
+      a = group_max<kLanesPerMx>(a);
+      const unsigned int e = mx_exponent(a);
+      const float P = e8m0_multiplier(e);
+      unsigned char q[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) q[j] = sat_elem(__fmul_rn(v[p][j], P));
+      if (in) {
+        store8(q_row + m * K + kcol, q, K - kcol, vec_out != 0);
+        if ((th.cl % kLanesPerMx) == 0) s_r[m * ld_r + kcol / kMx] = static_cast<unsigned char>(e);
+      }
+    }
+    if (q_col) {
+      // NUMERICS: §3 colwise 32x1 - block (mb, k) = x[32 mb .. +31, k], same [M, K] layout.
+      unsigned char q[kVec];
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) q[j] = sat_elem(__fmul_rn(v[p][j], e8m0_multiplier(col_e[p / 2][th.col0() + j])));
+      if (in) store8(q_col + m * K + kcol, q, K - kcol, vec_out != 0);
+    }
+#endif
+  }
+
+  // Colwise scales S_c[mb, k]: 4 row blocks x 128 columns of this tile.
+  if (q_col) {
+    for (int idx = threadIdx.x; idx < kMxPerTile * kTile; idx += kThreads) {
+      const int b = idx / kTile, c = idx % kTile;
+      const i64 mb = m0 / kMx + b, k = k0 + c;
+      if (mb * kMx < M && k < K) {
+#if IS_2D
+        s_c[mb * ld_c + k] = static_cast<unsigned char>(tile_e[b][c / kMx]);
+#else
+        s_c[mb * ld_c + k] = static_cast<unsigned char>(col_e[b][c]);
+#endif
+      }
+    }
+  }
+}
+
+#define NH_MX_QUANTIZE(SUFFIX, T)                                                                            \
+  extern "C" __global__ void __launch_bounds__(kThreads)                                                     \
+      mxfp8_quantize_##SUFFIX(const T* x, i64 M, i64 K, int vec_in, int vec_out, unsigned char* q_row,      \
+                              unsigned char* s_r, i64 ld_r, unsigned char* q_col, unsigned char* s_c,      \
+                              i64 ld_c) {                                                                  \
+    mx_quantize<T>(x, M, K, vec_in, vec_out, q_row, s_r, ld_r, q_col, s_c, ld_c);                           \
+  }
+NH_MX_QUANTIZE(f32, float)
+NH_MX_QUANTIZE(bf16, __nv_bfloat16)
+NH_MX_QUANTIZE(f16, __half)
+
+// NUMERICS: §3 dequantization - x_hat = RN_out(RN(D(e) * dec(q))); both copies are [M, K].
+template <typename O>
+__device__ __forceinline__ void mx_dequantize(const unsigned char* __restrict__ q, const unsigned char* __restrict__ s,
+                                              i64 ld_s, i64 M, i64 K, int colwise, O* __restrict__ out) {
+  const i64 n = M * K;
+  for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 m = i / K, k = i % K;
+    const unsigned int e = colwise ? s[(m / kMx) * ld_s + k] : s[m * ld_s + k / kMx];
+    store_out(out + i, __fmul_rn(e8m0_decode(e), decode_elem(q[i])));
+  }
+}
+
+#define NH_MX_DEQUANTIZE(SUFFIX, O)                                                                          \
+  extern "C" __global__ void mxfp8_dequantize_##SUFFIX(const unsigned char* q, const unsigned char* s,       \
+                                                       i64 ld_s, i64 M, i64 K, int colwise, O* out) {       \
+    mx_dequantize<O>(q, s, ld_s, M, K, colwise, out);                                                        \
+  }
+NH_MX_DEQUANTIZE(f32, float)
+NH_MX_DEQUANTIZE(bf16, __nv_bfloat16)
+NH_MX_DEQUANTIZE(f16, __half)
