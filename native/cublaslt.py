@@ -1,0 +1,271 @@
+"""cuBLASLt scaled GEMMs through `nvmath.bindings.cublasLt` (no hand-written ctypes).
+
+Source: NUMERICS.md §6 (scale modes, arch / cuBLAS table), TE `common/gemm/cublaslt_gemm.cu`
+(scale pointers, modes, fast-accumulation flag), PyTorch `aten/src/ATen/cuda/CUDABlas.cpp`
+`scaled_gemm` (the descriptor set that `torch._scaled_mm` uses, mirrored here so that per-tensor FP8
+results are bit-identical to it).
+
+Column-major mapping. Our GEMM is row-major: out[m, n] = sum_k a[m, k] * b[n, k], out [M, N]
+row-major. cuBLASLt is column-major, so we ask it for D = out^T (an N x M column-major matrix, ld N,
+which is the same memory as row-major [M, N]):
+
+    D (N x M) = op(A_cublas) (N x K) . op(B_cublas) (K x M),   m = N, n = M, k = K
+    A_cublas = our b:  K-contiguous storage [N, K] (ld) -> column-major K x N, TRANSA = T
+                       N-contiguous storage [K, N] (ld) -> column-major N x K, TRANSA = N
+    B_cublas = our a:  K-contiguous storage [M, K] (ld) -> column-major K x M, TRANSB = N
+                       M-contiguous storage [K, M] (ld) -> column-major M x K, TRANSB = T
+    A_SCALE = b's scales, B_SCALE = a's scales; bias (length m = N) broadcasts along our rows.
+
+"TN" in cuBLAS terms (TRANSA = T, TRANSB = N) is therefore the K-contiguous case for both operands,
+the only one FP8 supports on sm_89/sm_90 and NVFP4 everywhere; this is exactly what
+`torch._scaled_mm(a [M, K], b.t())` passes (mat2 -> A, mat1 -> B), hence the bit equality.
+Accumulation (beta = 1) runs in place: C = D = out, pre-filled with C.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from reference.types import Unsupported
+
+# cudaDataType_t values (CUDA library_types.h; nvmath._utils.CudaDataType mirrors them).
+CUDA_R_32F = 0
+CUDA_R_16BF = 14
+CUDA_R_8F_E4M3 = 28
+CUDA_R_8F_E5M2 = 29
+CUDA_R_4F_E2M1 = 33
+
+ELEMENT_CUDA_TYPE = {"e4m3": CUDA_R_8F_E4M3, "e5m2": CUDA_R_8F_E5M2, "e2m1": CUDA_R_4F_E2M1}
+OUT_CUDA_TYPE = {torch.bfloat16: CUDA_R_16BF, torch.float32: CUDA_R_32F}
+
+# Scale-mode names (cublasLtMatmulMatrixScale_t), resolved to the nvmath enum lazily.
+SCALAR_32F = "SCALAR_32F"
+VEC128_32F = "VEC128_32F"
+BLK128x128_32F = "BLK128x128_32F"
+VEC32_UE8M0 = "VEC32_UE8M0"
+VEC16_UE4M3 = "VEC16_UE4M3"
+
+# cuBLASLt workspace: the size PyTorch's cuBLASLt path uses on Hopper (32 MiB), so the heuristic
+# sees the same limit as torch._scaled_mm (the algorithm choice can depend on it).
+WORKSPACE_BYTES = 32 * 1024 * 1024
+
+_LOCK = threading.RLock()
+_HANDLES: dict[int, int] = {}
+_WORKSPACES: dict[int, torch.Tensor] = {}
+
+
+def _lt():
+    """The nvmath cuBLASLt binding module, or Unsupported saying why it cannot be imported."""
+    try:
+        from nvmath.bindings import cublasLt
+    except Exception as e:  # ImportError, or a missing libcublasLt at load time
+        raise Unsupported(
+            f"cuBLASLt GEMMs need nvmath-python (nvmath.bindings.cublasLt): import failed ({e!r}); "
+            "install the 'gpu' extra or use method='portable'"
+        ) from e
+    return cublasLt
+
+
+def available() -> tuple[bool, str]:
+    """(True, version string) if nvmath's cuBLASLt binding loads and a CUDA device is visible."""
+    if not torch.cuda.is_available():
+        return False, "no CUDA device visible (torch.cuda.is_available() is False)"
+    try:
+        lt = _lt()
+        v = int(lt.get_version())
+    except Unsupported as e:
+        return False, str(e)
+    except Exception as e:  # the library itself failed to load
+        return False, f"cuBLASLt could not be loaded through nvmath ({e!r})"
+    return True, f"cuBLASLt {version_string(v)}"
+
+
+def version() -> int:
+    """cublasLtGetVersion(), e.g. 130100 for 13.1.0 (raises Unsupported without nvmath)."""
+    return int(_lt().get_version())
+
+
+def version_string(v: int) -> str:
+    return f"{v // 10000}.{(v // 100) % 100}.{v % 100}"
+
+
+def _handle(device: int) -> int:
+    lt = _lt()
+    with _LOCK:
+        h = _HANDLES.get(device)
+        if h is None:
+            with torch.cuda.device(device):
+                h = int(lt.create())
+            _HANDLES[device] = h
+        return h
+
+
+def _workspace(device: int) -> torch.Tensor:
+    with _LOCK:
+        ws = _WORKSPACES.get(device)
+        if ws is None:
+            ws = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=torch.device("cuda", device))
+            _WORKSPACES[device] = ws
+        return ws
+
+
+def _set_attr(setter, dtype_of, obj: int, attr, value) -> None:
+    """Set one descriptor attribute from a Python value, typed by the binding's own dtype table."""
+    buf = np.asarray([value], dtype=dtype_of(attr))
+    setter(obj, attr, buf.ctypes.data, buf.itemsize)
+
+
+@dataclass
+class LtOperand:
+    """One GEMM operand as cuBLASLt sees it.
+
+    `data` holds codes (uint8; FP4 packed along K). `k_contiguous`: storage [outer, K] with row
+    stride `ld` elements; else storage [K, outer] with row stride `ld`. `scale` is the scale tensor
+    in the layout cuBLASLt expects for `scale_mode` (fp32 [1], fp32 blockwise, swizzled bytes).
+    """
+
+    data: torch.Tensor
+    element: str  # "e4m3" | "e5m2" | "e2m1"
+    outer: int  # M for a, N for b
+    k_contiguous: bool
+    ld: int
+    scale: torch.Tensor
+    scale_mode: str
+
+
+def _check_status(lt, fn, *args) -> None:
+    try:
+        fn(*args)
+    except lt.cuBLASLtError as e:
+        raise Unsupported(f"cuBLASLt refused the GEMM: {e}") from e
+
+
+@dataclass
+class _Plan:
+    """Descriptors and the heuristic's algorithm for one GEMM shape/type/mode combination."""
+
+    desc: int
+    layouts: tuple[int, int, int]
+    heur: object  # nvmath MatmulHeuristicResult (its first member is the algo struct)
+
+
+_PLANS: dict[tuple, _Plan] = {}
+
+
+def _plan(lt, key: tuple, a: LtOperand, b: LtOperand, k: int, out_dtype, bias_dtype, fast_accum: bool, device: int):
+    """Build (or reuse) the descriptor set and algorithm for `key`; pointers are set per call."""
+    plan = _PLANS.get(key)
+    if plan is not None:
+        return plan
+    from nvmath.bindings import cublas  # ComputeType / Operation enums
+
+    D = lt.MatmulDescAttribute
+    scale_enum = lt.MatmulMatrixScale
+    op_t, op_n = int(cublas.Operation.T), int(cublas.Operation.N)
+    # NUMERICS: §6 - fp32 accumulation (CUBLAS_COMPUTE_32F), fp32 scale type, like TE and torch.
+    desc = lt.matmul_desc_create(int(cublas.ComputeType.COMPUTE_32F), CUDA_R_32F)
+    layouts: list[int] = []
+    pref = 0
+    ok = False
+    try:
+        _set_desc(lt, desc, D.TRANSA, op_t if b.k_contiguous else op_n)
+        _set_desc(lt, desc, D.TRANSB, op_n if a.k_contiguous else op_t)
+        _set_desc(lt, desc, D.A_SCALE_MODE, int(getattr(scale_enum, b.scale_mode)))
+        _set_desc(lt, desc, D.B_SCALE_MODE, int(getattr(scale_enum, a.scale_mode)))
+        # The heuristic sees real scale pointers (set again on every call).
+        _set_desc(lt, desc, D.A_SCALE_POINTER, b.scale.data_ptr())
+        _set_desc(lt, desc, D.B_SCALE_POINTER, a.scale.data_ptr())
+        # NUMERICS: §6 - fast accumulation exists for FP8 only; FP4 and block scaling keep it off.
+        _set_desc(lt, desc, D.FAST_ACCUM, 1 if fast_accum else 0)
+        if bias_dtype is not None:
+            _set_desc(lt, desc, D.BIAS_DATA_TYPE, OUT_CUDA_TYPE[bias_dtype])
+            _set_desc(lt, desc, D.EPILOGUE, int(lt.Epilogue.BIAS))
+        # cuBLAS A (our b) and B (our a) layouts, column-major; C = D = out^T (N x M, ld N).
+        a_rows, a_cols = (k, b.outer) if b.k_contiguous else (b.outer, k)
+        b_rows, b_cols = (k, a.outer) if a.k_contiguous else (a.outer, k)
+        layouts.append(lt.matrix_layout_create(ELEMENT_CUDA_TYPE[b.element], a_rows, a_cols, b.ld))
+        layouts.append(lt.matrix_layout_create(ELEMENT_CUDA_TYPE[a.element], b_rows, b_cols, a.ld))
+        layouts.append(lt.matrix_layout_create(OUT_CUDA_TYPE[out_dtype], b.outer, a.outer, b.outer))
+        pref = lt.matmul_preference_create()
+        _set_attr(lt.matmul_preference_set_attribute, lt.get_matmul_preference_attribute_dtype, pref,
+                  lt.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES, WORKSPACE_BYTES)
+        heur = lt.MatmulHeuristicResult()
+        count = np.zeros(1, dtype=np.int32)
+        lay_a, lay_b, lay_c = layouts
+        _check_status(lt, lt.matmul_algo_get_heuristic, _handle(device), desc, lay_a, lay_b, lay_c, lay_c, pref, 1,
+                      heur.ptr, count.ctypes.data)
+        if int(count[0]) == 0:
+            raise Unsupported(
+                f"cuBLASLt found no algorithm for {a.element} x {b.element} scales "
+                f"{a.scale_mode}/{b.scale_mode}, M={a.outer} N={b.outer} K={k}, out {out_dtype}"
+            )
+        plan = _Plan(desc, (lay_a, lay_b, lay_c), heur)
+        _PLANS[key] = plan
+        ok = True
+        return plan
+    finally:
+        if pref:
+            lt.matmul_preference_destroy(pref)
+        if not ok:
+            for lay in layouts:
+                lt.matrix_layout_destroy(lay)
+            lt.matmul_desc_destroy(desc)
+
+
+def _set_desc(lt, desc: int, attr, value) -> None:
+    _set_attr(lt.matmul_desc_set_attribute, lt.get_matmul_desc_attribute_dtype, desc, attr, value)
+
+
+def scaled_matmul(
+    a: LtOperand,
+    b: LtOperand,
+    k: int,
+    out: torch.Tensor,
+    *,
+    accumulate: bool = False,
+    bias: torch.Tensor | None = None,
+    alpha: float = 1.0,
+    fast_accum: bool = False,
+) -> torch.Tensor:
+    """out[M, N] (=) a . b^T with block/tensor scales, in one cublasLtMatmul (see module docstring).
+
+    `out` is a contiguous row-major [M, N] bf16/fp32 tensor; with `accumulate` it already holds C
+    (beta = 1, C = D in place). `bias` is a [N] tensor (bf16, or fp32 where cuBLASLt takes it).
+    `alpha` is a host fp32 value (NVFP4's global alpha, NUMERICS §5.8). `fast_accum` sets
+    CUBLASLT_MATMUL_DESC_FAST_ACCUM (Hopper FP8 fast accumulation; TE uses it for fprop).
+    Descriptors and the heuristic's algorithm are cached per shape/type/mode (like a plan); the
+    data, scale and bias pointers are set on every call.
+    """
+    lt = _lt()
+    device = out.device.index if out.device.index is not None else torch.cuda.current_device()
+    m_, n_ = out.shape
+    if (m_, n_) != (a.outer, b.outer) or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [{a.outer}, {b.outer}] tensor, got {tuple(out.shape)}")
+    if out.dtype not in OUT_CUDA_TYPE:
+        raise Unsupported(f"cuBLASLt path supports out_dtype bfloat16 or float32, got {out.dtype}")
+    bias_dtype = None if bias is None else bias.dtype
+    key = (device, a.element, b.element, a.outer, b.outer, k, a.k_contiguous, b.k_contiguous, a.ld, b.ld,
+           a.scale_mode, b.scale_mode, fast_accum, bias_dtype, out.dtype)
+    D = lt.MatmulDescAttribute
+    alpha_h = np.asarray([alpha], dtype=np.float32)
+    beta_h = np.asarray([1.0 if accumulate else 0.0], dtype=np.float32)
+    ws = _workspace(device)
+    stream = torch.cuda.current_stream(device).cuda_stream
+    with _LOCK:
+        plan = _plan(lt, key, a, b, k, out.dtype, bias_dtype, fast_accum, device)
+        _set_desc(lt, plan.desc, D.A_SCALE_POINTER, b.scale.data_ptr())
+        _set_desc(lt, plan.desc, D.B_SCALE_POINTER, a.scale.data_ptr())
+        if bias is not None:
+            _set_desc(lt, plan.desc, D.BIAS_POINTER, bias.data_ptr())
+        lay_a, lay_b, lay_c = plan.layouts
+        # The cuBLASLt algo struct is the first member of cublasLtMatmulHeuristicResult_t.
+        _check_status(
+            lt, lt.matmul, _handle(device), plan.desc, alpha_h.ctypes.data, b.data.data_ptr(), lay_a,
+            a.data.data_ptr(), lay_b, beta_h.ctypes.data, out.data_ptr(), lay_c, out.data_ptr(), lay_c,
+            plan.heur.ptr, ws.data_ptr(), WORKSPACE_BYTES, stream,
+        )
+    return out
