@@ -1,0 +1,139 @@
+"""FP8 blockwise scaling (`fp8_block`): 1x128 and 128x128 blocks with fp32 scales.
+
+Source: NUMERICS.md §4; TE common/transpose/quantize_transpose_vector_blockwise.cu (1x128),
+quantize_transpose_square_blockwise.cu (128x128), common/recipe/recipe_common.cuh (compute_scale).
+
+Per block: A = amax(block) over the valid elements (edge blocks zero-padded, any shape);
+(s, sinv) = compute_scale(A, fp8_max, pow2, eps, v_inf = max finite of the INPUT dtype);
+q = sat_fp8(RN(x*s)). Layouts (padding zero):
+- 1-D rowwise: data [M, K]; sinv stored TRANSPOSED [ceil(K/128), roundup(M,4)], entry [kb, m].
+- 1-D colwise: data [K, M] (row k = 1x128 quantization of column k of x); sinv [ceil(M/128), roundup(K,4)],
+  entry [mb, k].
+- 2-D: rowwise sinv [ceil(M/128), roundup(ceil(K/128),4)], entry [mb, kb]; colwise data [K, M] is exactly
+  the transpose of the rowwise data, colwise sinv [ceil(K/128), roundup(ceil(M/128),4)] the transpose of
+  the rowwise sinv.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import casts, layouts, scaling
+from .formats import INPUT_DTYPE_MAX, QuantConfig
+from .quantization import DTYPE_NAMES
+from .types import QuantizedTensor
+
+# Elements per row chunk: bounds the fp32 temporaries (a few chunk-sized tensors at a time).
+CHUNK_ELEMENTS = 1 << 22
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _roundup(a: int, b: int) -> int:
+    return _ceil_div(a, b) * b
+
+
+def _row_chunks(m: int, k: int, rows_multiple: int):
+    """(m0, m1) row ranges of about CHUNK_ELEMENTS elements, m0 a multiple of `rows_multiple`."""
+    rows = max(1, CHUNK_ELEMENTS // max(k, 1) // rows_multiple) * rows_multiple
+    for m0 in range(0, m, rows):
+        yield m0, min(m, m0 + rows)
+
+
+def _scale(a: torch.Tensor, config: QuantConfig, v_inf: float) -> tuple[torch.Tensor, torch.Tensor]:
+    # NUMERICS: §4 s = compute_scale(A, fp8_max, pow2, eps, v_inf = max finite of the input dtype).
+    fp8_max = config.element_format.max_finite
+    return scaling.compute_scale(a, fp8_max, pow2=config.pow2_scales, eps=config.eps, v_inf=v_inf)
+
+
+def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, rng=None, state=None) -> dict:
+    """fp8_block quantization of a contiguous [M, K] tensor of any shape (NUMERICS.md §4).
+
+    `rng` and `state` are unused (no stochastic rounding, no history).
+    """
+    fmt = config.element_format
+    b = config.block  # 128
+    assert b is not None
+    m, k = x2d.shape
+    kb = _ceil_div(k, b)
+    v_inf = INPUT_DTYPE_MAX[DTYPE_NAMES[x2d.dtype]]
+    two_d = config.is_2d
+    dev = x2d.device
+    f32 = dict(dtype=torch.float32, device=dev)
+    data = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None  # (M, K)
+    data_t = torch.empty((k, m), dtype=torch.uint8, device=dev) if colwise else None  # (K, M)
+    # NUMERICS: §4 layouts (1-D rowwise sinv transposed [kb, m]); padding zero.
+    sinv_r = torch.zeros(layouts.scale_padded_shape(config, "rowwise", m, k), **f32) if rowwise else None
+    sinv_c = torch.zeros(layouts.scale_padded_shape(config, "colwise", m, k), **f32) if colwise else None
+    kp = kb * b
+    for m0, m1 in _row_chunks(m, kp, b):
+        r = m1 - m0
+        rp = _roundup(r, b)
+        xc = x2d[m0:m1].to(torch.float32)  # (r, K), exact widening
+        if rp != r or kp != k:
+            # NUMERICS: §4 edge blocks are zero-padded; +0 never raises an amax, so A is over the valid elements.
+            xc = F.pad(xc, (0, kp - k, 0, rp - r))  # (rp, kp)
+        if two_d:
+            tiles = xc.view(rp // b, b, kb, b)
+            s, sinv = _scale(scaling.amax(tiles, dim=(1, 3)), config, v_inf)  # (rp/b, kb)
+            # NUMERICS: §4 q = sat_fp8(RN(x*s)): multiply by s, never divide by sinv.
+            q = casts.saturating_cast(tiles * s[:, None, :, None], fmt).view(rp, kp)[:r, :k]
+            if rowwise:
+                data[m0:m1] = q
+                sinv_r[m0 // b : m0 // b + rp // b, :kb] = sinv
+            if colwise:
+                # NUMERICS: §4 2-D colwise data and sinv are exactly the transposes of the rowwise ones.
+                data_t[:, m0:m1] = q.T.contiguous()  # blocked transpose, then row-contiguous stores
+                sinv_c[:kb, m0 // b : m0 // b + rp // b] = sinv.T
+            continue
+        if rowwise:
+            rows = xc.view(rp, kb, b)
+            s, sinv = _scale(scaling.amax(rows, dim=2), config, v_inf)  # (rp, kb)
+            q = casts.saturating_cast(rows * s[:, :, None], fmt).view(rp, kp)[:r, :k]
+            data[m0:m1] = q
+            # NUMERICS: §4 1-D rowwise sinv is stored transposed: entry [kb, m].
+            sinv_r[:kb, m0:m1] = sinv[:r].T
+        if colwise:
+            cols = xc.view(rp // b, b, kp)
+            s, sinv = _scale(scaling.amax(cols, dim=1), config, v_inf)  # (rp/b, kp)
+            q = casts.saturating_cast(cols * s[:, None, :], fmt).view(rp, kp)[:r, :k]
+            # NUMERICS: §4 1-D colwise data is [K, M]: row k = 1x128 blocks of column k of x.
+            data_t[:, m0:m1] = q.T.contiguous()  # blocked transpose, then row-contiguous stores
+            sinv_c[m0 // b : m0 // b + rp // b, :k] = sinv[:, :k]
+    out: dict = {}
+    if rowwise:
+        out.update(rowwise_data=data, rowwise_scale=sinv_r, rowwise_amax=None)
+    if colwise:
+        out.update(colwise_data=data_t, colwise_scale=sinv_c, colwise_amax=None)
+    return out
+
+
+def _expand(sinv: torch.Tensor, b_rows: int, b_cols: int, rows: int, cols: int) -> torch.Tensor:
+    """Per-block values [ceil(rows/b_rows), ceil(cols/b_cols)] repeated over their blocks -> [rows, cols]."""
+    return sinv.repeat_interleave(b_rows, dim=0).repeat_interleave(b_cols, dim=1)[:rows, :cols]
+
+
+def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:
+    """x_hat = RN_out(RN(dec(q) * sinv)) as [M, K] (the colwise copy is transposed back). NUMERICS.md §4."""
+    cfg = q.config
+    b = cfg.block
+    assert b is not None
+    m, k = q.m, q.k
+    mb, kb = _ceil_div(m, b), _ceil_div(k, b)
+    codes = getattr(q, f"{orientation}_data")
+    sinv = getattr(q, f"{orientation}_scale").to(torch.float32)
+    # The copy's own [rows, cols] orientation: rowwise [M, K], colwise [K, M].
+    rows, cols = (m, k) if orientation == "rowwise" else (k, m)
+    if cfg.is_2d:
+        tiles = sinv[: _ceil_div(rows, b), : _ceil_div(cols, b)]  # both orientations store entry [row tile, col tile]
+        per_elem = _expand(tiles, b, b, rows, cols)
+    elif orientation == "rowwise":
+        per_elem = _expand(sinv[:kb, :m].T, 1, b, m, k)  # stored [kb, m]
+    else:
+        per_elem = _expand(sinv[:mb, :k].T, 1, b, k, m)  # stored [mb, k]; the copy is [K, M]
+    # NUMERICS: §4 dequantization - one fp32 multiply, then one rounding to the output dtype.
+    x = (casts.decode(codes, cfg.element_format) * per_elem).to(dtype)
+    return x if orientation == "rowwise" else x.T.contiguous()
