@@ -1,9 +1,10 @@
 """Bit-level casts between fp32 and the narrow formats, generic in exponent/mantissa bits.
 
 Source: NUMERICS.md §0.5 (GPU semantics the reference reproduces) and §0.4 (format table).
-Every cast works on the format's row in `formats.py`; no format number appears here. The
-arithmetic is done in float64, where every step used is exact (power-of-two scaling and
-round-half-even to an integer), so CPU and CUDA give the same bits.
+Every cast works on the format's row in `formats.py`; no format number appears here. The element
+cast has one rounding step, done by the fp32 unit (IEEE RNE on CPU and CUDA alike); every other
+step here (bit shifts, power-of-two scaling, float64 decode) is exact, so CPU and CUDA give the
+same bits.
 """
 
 from __future__ import annotations
@@ -17,31 +18,6 @@ from .formats import UE8M0, ScalarFormat
 def _pow2(e: torch.Tensor) -> torch.Tensor:
     """2^e in float64 for an integer tensor e (exact in the range used here)."""
     return torch.ldexp(torch.ones_like(e, dtype=torch.float64), e.to(torch.int32))
-
-
-def round_to_grid(a: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
-    """RNE of non-negative float64 magnitudes onto `fmt`'s grid (subnormals included), unsaturated.
-
-    NUMERICS: §0.5 sat_*: "round to nearest even on the format's grid (subnormals included)".
-    The quantum at magnitude a is 2^(max(floor(log2 a), emin) - man_bits); a / quantum is exact
-    and torch.round rounds half to even.
-    """
-    _, e = torch.frexp(a)
-    expo = torch.clamp(e.to(torch.int64) - 1, min=fmt.emin)
-    q = _pow2(expo - fmt.man_bits)
-    return torch.round(a / q) * q
-
-
-def encode_magnitude(r: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
-    """Bit pattern (int64) of a non-negative float64 value already on `fmt`'s finite grid."""
-    _, e = torch.frexp(r)
-    expo = e.to(torch.int64) - 1
-    normal = r >= fmt.min_normal
-    biased = torch.clamp(expo + fmt.bias, min=0)
-    man_norm = (r / _pow2(torch.where(normal, expo, torch.zeros_like(expo))) - 1.0) * (1 << fmt.man_bits)
-    man_sub = r / fmt.min_subnormal
-    normal_code = (biased << fmt.man_bits) | torch.where(normal, man_norm, torch.zeros_like(man_norm)).to(torch.int64)
-    return torch.where(normal, normal_code, man_sub.to(torch.int64))
 
 
 def _arith_cast(v: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
@@ -69,7 +45,6 @@ def _arith_cast(v: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
 
 
 _TORCH_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
-_TORCH_CAST_OK: dict[str, bool] = {}
 
 
 def _torch_fp8_cast(v: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
@@ -82,22 +57,26 @@ def _torch_fp8_cast(v: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
     return torch.where((c & ~fmt.sign_mask & 0xFF) > fmt.max_code, torch.full_like(c, fmt.nan_code), c)
 
 
-def _grid_probe(fmt: ScalarFormat) -> torch.Tensor:
+def _grid_probe(fmt: ScalarFormat, device: torch.device | str = "cpu") -> torch.Tensor:
     """Every finite code's value, every midpoint, and one fp32 ulp either side of each (both signs)."""
     vals = decode(torch.arange(0, fmt.max_code + 1, dtype=torch.uint8), fmt).to(torch.float64)
     mids = ((vals[1:] + vals[:-1]) / 2).to(torch.float32)
     pts = torch.cat([vals.to(torch.float32), mids, torch.nextafter(mids, torch.tensor(0.0)),
                      torch.nextafter(mids, torch.tensor(float("inf"))),
                      torch.tensor([float("inf"), float("nan"), fmt.max_finite * 2, fmt.min_subnormal / 4])])
-    return torch.cat([pts, -pts])
+    return torch.cat([pts, -pts]).to(device)
 
 
-def torch_cast_agrees(fmt: ScalarFormat) -> bool:
-    """Whether this PyTorch's clamped float8 cast equals the arithmetic definition on every grid probe."""
-    if fmt.name not in _TORCH_CAST_OK:
-        p = _grid_probe(fmt)
-        _TORCH_CAST_OK[fmt.name] = bool(torch.equal(_torch_fp8_cast(p, fmt), _arith_cast(p, fmt)))
-    return _TORCH_CAST_OK[fmt.name]
+_TORCH_CAST_OK: dict[tuple[str, str], bool] = {}
+
+
+def torch_cast_agrees(fmt: ScalarFormat, device: torch.device | str = "cpu") -> bool:
+    """Whether PyTorch's clamped float8 cast on this device type equals the arithmetic definition on every probe."""
+    key = (fmt.name, torch.device(device).type)
+    if key not in _TORCH_CAST_OK:
+        p = _grid_probe(fmt, device)
+        _TORCH_CAST_OK[key] = bool(torch.equal(_torch_fp8_cast(p, fmt), _arith_cast(p, fmt)))
+    return _TORCH_CAST_OK[key]
 
 
 def saturating_cast(v: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
@@ -107,10 +86,10 @@ def saturating_cast(v: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
     produces Inf); NaN of either sign gives the positive NaN code (0x7F) or, for a format without
     NaN (E2M1), +max (0x7); the sign bit is copied from v.
     `_arith_cast` is the definition. For E4M3/E5M2 the faster clamped PyTorch cast is used only if
-    it equals the definition on every code, midpoint and midpoint ±1 ulp (checked once per process),
-    so the reference never depends on a PyTorch version's cast behaviour.
+    it equals the definition on every code, midpoint and midpoint ±1 ulp (checked once per process
+    and device type), so the reference never depends on a PyTorch version's cast behaviour.
     """
-    if fmt.name in _TORCH_FP8 and torch_cast_agrees(fmt):
+    if fmt.name in _TORCH_FP8 and torch_cast_agrees(fmt, v.device):
         return _torch_fp8_cast(v, fmt)
     return _arith_cast(v, fmt)
 
