@@ -1,0 +1,237 @@
+"""Native NVFP4 quantize / dequantize: the kernels of native/cuda/nvfp4.cu driven from torch CUDA tensors.
+
+Source: NUMERICS.md §5 (NVFP4: 5.1-5.4 scale chain and codes, 5.5 copies and 2-D tiles, 5.6 RHT,
+5.7 SR, 5.8 dequantization, 5.9 layouts), §0.3 (kernel rules). Same fields and bits as
+`reference.nvfp4`; kernels are built only through `native._compile` and run on torch's current
+stream, reading and writing torch tensors through DLPack (zero copy).
+
+Passes per call (grid-stride kernels, a thread per GROUP 16-element blocks; the copy
+modes RHT / SR / 2-D are compile-time, from defines_for(config)):
+1. amax(X) (the rowwise copy's A_g; also the columnwise one's without RHT), or, when the
+   columnwise copy uses RHT, one pass giving both amax(X) and the post-RHT amax (the RHT is
+   recomputed in pass 3, not stored);
+2. 2-D only: the 16x16 tile amaxes;
+3. quantize the rowwise copy (X read along rows) and/or the columnwise copy (X^T read in place).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from reference import layouts
+from reference.formats import QuantConfig
+from reference.types import QuantizedTensor, SpecViolation, SRSeed
+
+CU_FILE = "nvfp4.cu"
+
+# NUMERICS: §5.6 - 16-point Sylvester Hadamard transform, scale 1/sqrt(16), fixed sign vector
+# sigma = (+,+,+,-,+,-,-,-,-,-,-,+,-,+,-,-) as a mask (bit i set <=> sigma_i = -1).
+RHT_SIZE = 16
+RHT_SIGN_MASK = 0xD7E8
+RHT_SCALE = 1.0 / math.sqrt(RHT_SIZE)
+
+THREADS = 256  # a multiple of 32: the amax reductions use full-warp shuffles
+MAX_BLOCKS = 1 << 20  # kernels are grid-stride loops; this only caps the launch size
+REDUCE_BLOCKS = 1024  # amax kernels: few blocks, one atomic each
+GROUP = 4  # 16-element blocks per thread (nvfp4.cu GROUP)
+WARP = 32
+
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+_MASK32 = 0xFFFFFFFF
+
+# A launcher runs kernel `name` over `n_units` work units with positional `args`: torch tensors
+# (passed as device pointers), None (a null pointer) or numpy scalars (their C type is the param's);
+# `max_blocks` caps the grid (the kernels are grid-stride loops).
+Launcher = Callable[..., None]
+
+
+def _extra_defines() -> dict[str, int | float | str]:
+    """Defines nvfp4.cu needs beyond `defines_for(config)` (NUMERICS.md §5.6 RHT constants)."""
+    return {"NVFP4_RHT_SIZE": RHT_SIZE, "NVFP4_RHT_SIGN_MASK": RHT_SIGN_MASK, "NVFP4_RHT_SCALE": RHT_SCALE}
+
+
+def module_defines(config: QuantConfig) -> dict[str, int | float | str]:
+    """The complete define set nvfp4.cu is compiled with for `config`."""
+    from . import _compile
+
+    return {**_compile.defines_for(config), **_extra_defines()}
+
+
+class CupyLauncher:
+    """Launches nvfp4.cu kernels on torch's current stream; tensors cross over by DLPack (zero copy)."""
+
+    def __init__(self, config: QuantConfig, device: torch.device):
+        import cupy
+
+        from . import _compile
+
+        self._cp = cupy
+        self._device_index = device.index if device.index is not None else torch.cuda.current_device()
+        with cupy.cuda.Device(self._device_index):
+            self._module = _compile.load_module(CU_FILE, module_defines(config))
+
+    def _arg(self, a):
+        if a is None:
+            return np.uint64(0)
+        if isinstance(a, torch.Tensor):
+            if a.dtype in (torch.bfloat16, torch.float16):
+                a = a.view(torch.int16)  # CuPy has no bfloat16; the kernel reads raw 16-bit words
+            return self._cp.from_dlpack(a)
+        if isinstance(a, np.generic):
+            return a
+        raise TypeError(f"kernel argument {a!r}: expected a torch tensor, None or a numpy scalar")
+
+    def __call__(self, name: str, n_units: int, args: Sequence, max_blocks: int = MAX_BLOCKS) -> None:
+        if n_units <= 0:
+            return
+        cp = self._cp
+        grid = min(-(-n_units // THREADS), max_blocks)
+        stream = torch.cuda.current_stream(self._device_index)
+        with cp.cuda.Device(self._device_index), cp.cuda.ExternalStream(stream.cuda_stream, self._device_index):
+            kernel = self._module.get_function(name)
+            kernel((grid,), (THREADS,), tuple(self._arg(a) for a in args))
+
+
+def _launcher(config: QuantConfig, device: torch.device) -> Launcher:
+    return CupyLauncher(config, device)
+
+
+def _check(x2d: torch.Tensor, config: QuantConfig) -> None:
+    if config.scheme != "nvfp4":
+        raise SpecViolation(f"native.nvfp4 quantizes nvfp4 configs, got {config.id}")
+    if x2d.dtype not in _SUFFIX:
+        raise SpecViolation(
+            f"{config.id}: input dtype {x2d.dtype} is not allowed; expected float32, bfloat16 or float16"
+        )
+    blk = config.block
+    if x2d.dim() != 2 or x2d.shape[0] % blk or x2d.shape[1] % blk or x2d.numel() == 0:
+        raise SpecViolation(
+            f"{config.id}: NVFP4 needs a 2-D [M, K] input with M and K multiples of {blk} (NUMERICS.md §5.5); "
+            f"got shape {tuple(x2d.shape)}"
+        )
+    if config.rht and x2d.dtype != torch.bfloat16:
+        raise SpecViolation(f"{config.id}: RHT needs a bfloat16 input (NUMERICS.md §5.6), got {x2d.dtype}")
+    if RHT_SIZE != blk:
+        raise SpecViolation(f"{config.id}: the RHT chunk ({RHT_SIZE}) must equal the NVFP4 block ({blk})")
+
+
+def _i64(v: int) -> np.int64:
+    return np.int64(v)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _contiguous_units(n_blocks: int) -> int:
+    """Threads covering n_blocks consecutive blocks: whole warps of GROUP-block units (nvfp4.cu contiguous_units)."""
+    return _cdiv(n_blocks, GROUP * WARP) * WARP
+
+
+def quantize_with(
+    launch: Launcher, x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, seed: SRSeed | None
+) -> dict:
+    """QuantizedTensor fields of NVFP4(x2d), every kernel run through `launch` (NUMERICS.md §5).
+
+    Without RHT both copies use A_g = amax(X) (§5.1); with RHT the columnwise copy uses the amax of
+    the bf16 RHT(X^T) (§5.6). SR: rowwise stream, columnwise stream + 1 (§5.7).
+    """
+    m, k = x2d.shape
+    blk = config.block
+    dev = x2d.device
+    sfx = _SUFFIX[x2d.dtype]
+    sr = seed is not None
+    seed_u64 = np.uint64(seed.seed if sr else 0)
+    stream_row = np.uint32(seed.stream & _MASK32 if sr else 0)
+    stream_col = np.uint32((seed.stream + 1) & _MASK32 if sr else 0)  # NUMERICS: §5.7 colwise stream + 1
+    out: dict = {}
+
+    # NUMERICS: §0.1 amax, combined with an integer max on the fp32 bits (all values >= +0).
+    a_x = a_c = None
+    if colwise and config.rht:
+        # NUMERICS: §5.6 - the columnwise A_g is the amax of the bf16 RHT output; the same pass
+        # gives amax(X), the rowwise copy's A_g.
+        bits = torch.zeros(2, dtype=torch.int32, device=dev)
+        launch("nvfp4_rht_amax", _cdiv(m // blk, GROUP) * k, [x2d, _i64(m), _i64(k), bits[0:1], bits[1:2]],
+               max_blocks=REDUCE_BLOCKS)  # fmt: skip
+        a_c, a_x = bits[0:1].view(torch.float32), bits[1:2].view(torch.float32)
+    else:
+        bits = torch.zeros(1, dtype=torch.int32, device=dev)
+        n_blocks = m * k // blk
+        launch(f"nvfp4_amax_{sfx}", _contiguous_units(n_blocks), [x2d, _i64(n_blocks), bits], max_blocks=REDUCE_BLOCKS)
+        a_x = a_c = bits.view(torch.float32)
+
+    tile = None
+    if config.is_2d:
+        # NUMERICS: §5.5 - one amax per 16x16 tile, shared by its 16 rows and by the colwise copy.
+        tile = torch.empty((m // blk, k // blk), dtype=torch.float32, device=dev)
+        launch(f"nvfp4_tile_amax_{sfx}", tile.numel(), [x2d, _i64(k), _i64(tile.numel()), tile])
+
+    if rowwise:
+        data = torch.empty(layouts.data_shape(config, "rowwise", m, k), dtype=torch.uint8, device=dev)
+        scale = torch.zeros(layouts.scale_padded_shape(config, "rowwise", m, k), dtype=torch.uint8, device=dev)
+        launch(
+            f"nvfp4_quantize_rowwise_{sfx}",
+            _contiguous_units(m * (k // blk)),
+            [x2d, _i64(m), _i64(k), a_x, tile, seed_u64, stream_row, data, scale, _i64(scale.shape[1])],
+        )
+        out.update(rowwise_data=data, rowwise_scale=scale, rowwise_amax=a_x.clone())
+
+    if colwise:
+        data = torch.empty(layouts.data_shape(config, "colwise", m, k), dtype=torch.uint8, device=dev)
+        scale = torch.zeros(layouts.scale_padded_shape(config, "colwise", m, k), dtype=torch.uint8, device=dev)
+        # The copy is X^T [K, M], read in place from X (the kernel applies the RHT in RHT builds).
+        launch(
+            f"nvfp4_quantize_colwise_{sfx}",
+            k * _cdiv(m // blk, GROUP),
+            [x2d, _i64(k), _i64(m), a_c, tile, seed_u64, stream_col, data, scale, _i64(scale.shape[1])],
+        )
+        out.update(colwise_data=data, colwise_scale=scale, colwise_amax=a_c.clone())
+    return out
+
+
+def quantize_2d(
+    x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, rng: SRSeed | None = None, state=None
+) -> dict:
+    """NVFP4 copies of a CUDA [M, K] tensor as QuantizedTensor fields (NUMERICS.md §5; `state` unused)."""
+    _check(x2d, config)
+    if not x2d.is_cuda:
+        raise SpecViolation(f"{config.id}: native.nvfp4 needs a CUDA tensor, got device {x2d.device}")
+    if not (rowwise or colwise):
+        raise SpecViolation("quantize needs rowwise=True or colwise=True; both were False")
+    seed = SRSeed.coerce(rng) if config.stochastic else None
+    if config.stochastic and seed is None:
+        raise SpecViolation(f"{config.id}: stochastic rounding needs rng=(seed, stream) (NUMERICS.md §5.7)")
+    x2d = x2d.contiguous()
+    if x2d.data_ptr() % 16:  # the kernels use 16-byte vector loads along rows
+        x2d = x2d.clone()
+    return quantize_with(_launcher(config, x2d.device), x2d, config, rowwise=rowwise, colwise=colwise, seed=seed)
+
+
+def dequantize_with(launch: Launcher, q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:
+    """x_hat = RN_out(RN(v * g)) of one copy as [M, K] (NUMERICS.md §5.8); colwise transposed back."""
+    data = getattr(q, f"{orientation}_data").contiguous()
+    scale = getattr(q, f"{orientation}_scale").contiguous()
+    a_g = getattr(q, f"{orientation}_amax").to(device=data.device, dtype=torch.float32).contiguous()
+    blk = q.config.block
+    rows, cols = data.shape[0], data.shape[1] * 2
+    out = torch.empty((rows, cols), dtype=torch.float32, device=data.device)
+    launch(
+        "nvfp4_dequantize", rows * (cols // blk), [data, scale, _i64(scale.shape[1]), a_g, _i64(rows), _i64(cols), out]
+    )
+    xh = out.to(dtype)  # NUMERICS: §5.8 - RN(v * g) in fp32 by the kernel, then one RN_out
+    return xh if orientation == "rowwise" else xh.t().contiguous()
+
+
+def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:
+    """TE's dequantization of one NVFP4 copy of a CUDA QuantizedTensor, as [M, K] (NUMERICS.md §5.8)."""
+    data = getattr(q, f"{orientation}_data")
+    if data is None:
+        raise ValueError(f"this QuantizedTensor has no {orientation} copy (quantize with {orientation}=True)")
+    if not data.is_cuda:
+        raise SpecViolation(f"native.nvfp4.dequantize needs CUDA tensors, got device {data.device}")
+    return dequantize_with(_launcher(q.config, data.device), q, orientation, dtype)
