@@ -1,0 +1,426 @@
+"""Backends under test: the golden reference, the native GPU backend, PyTorch's own ops, third-party adapters.
+
+Source: DESIGN.md §4. A backend is anything with `name`, `supports(op, config, device) -> (bool,
+reason)` and some of `quantize`, `dequantize`, `gemm` with the reference's signatures
+(DESIGN.md §3). Registered by name (`reference`, `native`, `torch`), through the entry-point group
+`numerics_harness.backends`, or named as `package.module:object` (an instance, a class, or a
+zero-argument factory). A hardware or feature gap raises `Unsupported` (a skip with its reason),
+never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+from typing import Any, Callable, Protocol, runtime_checkable
+
+import torch
+
+import reference
+from reference.formats import QuantConfig
+from reference.types import QuantizedTensor, Unsupported
+
+ENTRY_POINT_GROUP = "numerics_harness.backends"
+OPS = ("quantize", "dequantize", "gemm")
+PER_TENSOR_SCHEMES = ("fp8_current", "fp8_delayed")
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class UnknownBackend(ValueError):
+    """A backend name or spec that names nothing loadable."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the runner needs from a backend; `quantize`/`dequantize`/`gemm` are optional per op.
+
+    quantize(x, config, *, rowwise=True, colwise=False, rng=None, state=None) -> QuantizedTensor
+    dequantize(q, orientation="rowwise", dtype=torch.float32) -> Tensor [M, K]
+    gemm(a, b, *, layout="TN", out_dtype=torch.bfloat16, bias=None, c=None) -> Tensor [M, N]
+    update_amax_history(state, reduced_amax=None)   optional: the backend's own fp8_delayed
+        end-of-step update of a reference.per_tensor.AmaxHistory (else the reference's is used)
+    """
+
+    name: str
+
+    def supports(self, op: str, config: QuantConfig, device: str | torch.device) -> tuple[bool, str]: ...
+
+
+def device_type(device: str | torch.device) -> str:
+    return torch.device(device).type
+
+
+def default_device() -> str:
+    """`cuda` when PyTorch sees a GPU, else `cpu`."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def torch_dtype(name: str | torch.dtype | None, default: torch.dtype = torch.float32) -> torch.dtype:
+    """A dtype from its DESIGN.md spelling ("float32", "bfloat16", "float16")."""
+    if name is None:
+        return default
+    if isinstance(name, torch.dtype):
+        return name
+    try:
+        return _TORCH_DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype {name!r} is invalid: expected one of {sorted(_TORCH_DTYPES)}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# reference
+# ----------------------------------------------------------------------------------------------
+
+
+class ReferenceBackend:
+    """The golden pure-PyTorch reference run as a backend (on CPU or, for the CPU/CUDA bit check, CUDA)."""
+
+    name = "reference"
+
+    def supports(self, op, config, device):
+        if op not in OPS:
+            return False, f"reference: unknown op {op!r} (expected one of {OPS})"
+        return True, ""
+
+    def quantize(self, x, config, *, rowwise=True, colwise=False, rng=None, state=None):
+        return reference.quantize(x, config, rowwise=rowwise, colwise=colwise, rng=rng, state=state)
+
+    def dequantize(self, q, orientation="rowwise", dtype=torch.float32):
+        return reference.dequantize(q, orientation, dtype)
+
+    def gemm(self, a, b, *, layout="TN", out_dtype=torch.bfloat16, bias=None, c=None):
+        return reference.gemm(a, b, layout=layout, out_dtype=out_dtype, bias=bias, c=c, method="auto")
+
+
+# ----------------------------------------------------------------------------------------------
+# native (imported lazily: it needs CuPy and a GPU)
+# ----------------------------------------------------------------------------------------------
+
+
+class NativeBackend:
+    """The project's CuPy/cuBLASLt backend (`native/`), imported on first use."""
+
+    name = "native"
+
+    def __init__(self) -> None:
+        self._mod = None
+        self._import_error: str | None = None
+
+    def _native(self):
+        if self._mod is None and self._import_error is None:
+            try:
+                self._mod = importlib.import_module("native")
+            except Exception as e:  # noqa: BLE001 - any import failure is a reason to skip
+                self._import_error = f"{type(e).__name__}: {e}"
+        return self._mod
+
+    def supports(self, op, config, device):
+        if device_type(device) != "cuda":
+            return False, f"native: runs on CUDA only (device is {device})"
+        mod = self._native()
+        if mod is None:
+            return False, f"native: the backend cannot be imported ({self._import_error})"
+        if not hasattr(mod, "supports"):
+            return False, "native: the package has no supports() yet"
+        return mod.supports(op, config, device)
+
+    def _call(self, fn: str, *args, **kwargs):
+        mod = self._native()
+        if mod is None:
+            raise Unsupported(f"native: the backend cannot be imported ({self._import_error})")
+        if not hasattr(mod, fn):
+            raise Unsupported(f"native: {fn} is not implemented")
+        return getattr(mod, fn)(*args, **kwargs)
+
+    def quantize(self, x, config, *, rowwise=True, colwise=False, rng=None, state=None):
+        return self._call("quantize", x, config, rowwise=rowwise, colwise=colwise, rng=rng, state=state)
+
+    def dequantize(self, q, orientation="rowwise", dtype=torch.float32):
+        return self._call("dequantize", q, orientation, dtype)
+
+    def gemm(self, a, b, *, layout="TN", out_dtype=torch.bfloat16, bias=None, c=None):
+        return self._call("gemm", a, b, layout=layout, out_dtype=out_dtype, bias=bias, c=c)
+
+    def update_amax_history(self, state, reduced_amax=None):
+        """The native fused delayed-scaling update (NUMERICS.md §2) on an AmaxHistory."""
+        return self._call("update_amax_history", state, reduced_amax)
+
+
+# ----------------------------------------------------------------------------------------------
+# torch: PyTorch's own float8 casts and scaled-mm kernels
+# ----------------------------------------------------------------------------------------------
+
+_FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+def _scaling_type(name: str):
+    st = getattr(torch.nn.functional, "ScalingType", None)
+    return None if st is None else getattr(st, name, None)
+
+
+class TorchBackend:
+    """PyTorch's own ops: per-tensor FP8 through torch float8 casts, GEMMs through `_scaled_mm`/`F.scaled_mm`.
+
+    Quantize: fp8_current (scale from the NaN-ignoring amax) and fp8_delayed (scale from the state),
+    data = clamp(x*s, ±max).to(float8) with NaN lanes set to the NaN code (NUMERICS.md §0.2.3).
+    Other schemes are Unsupported. GEMM: per-tensor FP8 through `torch._scaled_mm`, FP8 blockwise
+    through `torch.nn.functional.scaled_mm` (BlockWise1x128 / BlockWise128x128) where this torch
+    has it, on CUDA only.
+    """
+
+    name = "torch"
+
+    def supports(self, op, config, device):
+        if op in ("quantize", "dequantize"):
+            if config.scheme in PER_TENSOR_SCHEMES:
+                return True, ""
+            return False, f"torch: no PyTorch {op} op for {config.scheme} (only per-tensor fp8_current / fp8_delayed)"
+        if op != "gemm":
+            return False, f"torch: unknown op {op!r}"
+        if device_type(device) != "cuda":
+            return False, (f"torch: GEMMs run through torch._scaled_mm / F.scaled_mm, which need a CUDA device "
+                           f"(device is {device})")
+        cap = torch.cuda.get_device_capability(torch.device(device))
+        if config.scheme in PER_TENSOR_SCHEMES:
+            if not hasattr(torch, "_scaled_mm"):
+                return False, f"torch: this torch {torch.__version__} has no torch._scaled_mm"
+            if cap < (8, 9):
+                return False, f"torch: FP8 _scaled_mm needs sm_89+, this GPU is sm_{cap[0]}{cap[1]}"
+            return True, ""
+        if config.scheme == "fp8_block":
+            if not hasattr(torch.nn.functional, "scaled_mm") or _scaling_type("BlockWise1x128") is None:
+                return False, f"torch: this torch {torch.__version__} has no F.scaled_mm with BlockWise1x128"
+            if cap != (9, 0):
+                return False, f"torch: blockwise FP8 scaled_mm runs on sm_90 only (cuBLAS), this GPU is sm_{cap[0]}{cap[1]}"
+            return True, ""
+        return False, f"torch: no PyTorch GEMM wired for {config.scheme} (sm_100+ block-scaled kernels are not used here)"
+
+    # ---- quantize ---------------------------------------------------------------------------
+    @staticmethod
+    def _amax(x32: torch.Tensor) -> torch.Tensor:
+        # NUMERICS: §0.1 amax ignores NaN, keeps +inf (§0.2.5: |x| with NaN lanes zeroed, then max).
+        a = x32.abs()
+        a = torch.where(torch.isnan(a), torch.zeros_like(a), a)
+        return a.amax().reshape(1)
+
+    @staticmethod
+    def _scale(amax: torch.Tensor, fp8_max: torch.Tensor, config: QuantConfig) -> torch.Tensor:
+        # NUMERICS: §1 compute_scale, per-tensor current scaling (v_inf = FLT_MAX).
+        eps = torch.full_like(amax, config.eps)
+        a = torch.where(amax < eps, eps, amax)  # NaN compares false and is kept
+        special = (a == 0) | torch.isinf(a) | torch.isnan(a)
+        s = torch.div(fp8_max, a)  # NUMERICS: §0.2.2 true division, tensor by tensor
+        s = torch.where(torch.isinf(s), torch.full_like(s, torch.finfo(torch.float32).max), s)
+        if config.pow2_scales:
+            # NUMERICS: §1 step 5 - clear the 23 fp32 mantissa bits: 2^floor(log2 s).
+            s = (s.view(torch.int32) & ~((1 << 23) - 1)).view(torch.float32)
+        return torch.where(special, torch.ones_like(s), s)
+
+    def quantize(self, x, config, *, rowwise=True, colwise=False, rng=None, state=None):
+        if config.scheme not in PER_TENSOR_SCHEMES:
+            raise Unsupported(self.supports("quantize", config, x.device)[1])
+        if not (rowwise or colwise):
+            raise ValueError("quantize needs rowwise=True or colwise=True")
+        fmt = config.element_format
+        f8 = _FP8_DTYPES[config.element]
+        fp8_max = torch.full((1,), torch.finfo(f8).max, dtype=torch.float32, device=x.device)
+        x32 = x.reshape(-1, x.shape[-1]).to(torch.float32)  # (M, K)
+        amax = self._amax(x32)
+        if config.scheme == "fp8_current":
+            s = self._scale(amax, fp8_max, config)
+        elif state is not None:
+            s = state.scale.to(device=x.device, dtype=torch.float32).reshape(1)
+            # NUMERICS: §2 H[0] <- fmax(H[0], amax(x)) for every quantization in the step (AmaxHistory.record).
+            state.record(amax)
+        else:
+            s = torch.ones_like(amax)  # a fresh DelayedScaling state has scale 1
+        sinv = torch.reciprocal(s)  # NUMERICS: §1 step 6, sinv = RN(1/s)
+        y = x32 * s  # NUMERICS: §1 one fp32 multiply, no FMA
+        # NUMERICS: §0.2.3 clamp to ±max before the float8 cast, then NaN lanes -> the NaN code.
+        q = torch.clamp(y, -fp8_max, fp8_max).to(f8).view(torch.uint8)
+        q = torch.where(torch.isnan(y), torch.full_like(q, fmt.nan_code), q)
+        out = QuantizedTensor(config=config, shape=tuple(x.shape), hp_dtype=str(x.dtype).replace("torch.", ""))
+        if rowwise:
+            out.rowwise_data, out.rowwise_scale, out.rowwise_amax = q, sinv, amax.clone()
+        if colwise:
+            # NUMERICS: §1 layout - data_T [K, M] is the byte-exact transpose and shares sinv.
+            out.colwise_data, out.colwise_scale, out.colwise_amax = q.t().contiguous(), sinv.clone(), amax.clone()
+        return out
+
+    def dequantize(self, q, orientation="rowwise", dtype=torch.float32):
+        if q.config.scheme not in PER_TENSOR_SCHEMES:
+            raise Unsupported(self.supports("dequantize", q.config, "cpu")[1])
+        data, sinv = getattr(q, f"{orientation}_data"), getattr(q, f"{orientation}_scale")
+        if data is None:
+            raise ValueError(f"this QuantizedTensor has no {orientation} copy")
+        # NUMERICS: §1 x_hat = RN_out(RN(dec(q) * sinv)); float8 -> fp32 widening is exact.
+        d = data.view(_FP8_DTYPES[q.config.element]).to(torch.float32)
+        # A NaN code decodes to the quiet NaN with the code's sign (torch's cast keeps an fp8 payload).
+        d = torch.where(torch.isnan(d), torch.copysign(torch.full_like(d, float("nan")), d), d)
+        v = d * sinv.to(torch.float32)
+        if orientation == "colwise":
+            v = v.t()
+        return v.contiguous().to(dtype)
+
+    # ---- gemm --------------------------------------------------------------------------------
+    @staticmethod
+    def _operand(q: QuantizedTensor, colwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(fp8 data [rows, K] K-contiguous, its scale) of the copy a TN GEMM consumes."""
+        o = "colwise" if colwise else "rowwise"
+        data, scale = getattr(q, f"{o}_data"), getattr(q, f"{o}_scale")
+        if data is None:
+            raise ValueError(f"gemm operand has no {o} copy (quantize it with {o}=True)")
+        return data.view(_FP8_DTYPES[q.config.element]), scale
+
+    @staticmethod
+    def _block_scale(q: QuantizedTensor, scale: torch.Tensor, rows: int):
+        """(scale, recipe) in F.scaled_mm's layout for TE's compact blockwise sinv."""
+        if q.config.is_2d:
+            # TE 2-D sinv [ceil(rows/128), roundup(ceil(K/128), 4)] -> its transpose view (torch's layout).
+            return scale.t(), _scaling_type("BlockWise128x128")
+        # TE 1-D sinv [ceil(K/128), roundup(rows, 4)] entry [kb, row] -> (rows, K/128), outer-dim-major.
+        return scale[:, :rows].contiguous().t(), _scaling_type("BlockWise1x128")
+
+    def gemm(self, a, b, *, layout="TN", out_dtype=torch.bfloat16, bias=None, c=None):
+        if layout not in ("TN", "NN", "NT"):
+            raise ValueError(f"layout={layout!r} is invalid: expected TN, NN or NT")
+        # Copies consumed (DESIGN interfaces): TN a, b rowwise; NN a rowwise, b colwise; NT both colwise.
+        a_col, b_col = layout == "NT", layout in ("NN", "NT")
+        a8, sa = self._operand(a, a_col)  # (M, K)
+        b8, sb = self._operand(b, b_col)  # (N, K)
+        for q in (a, b):
+            ok, why = self.supports("gemm", q.config, a8.device)
+            if not ok:
+                raise Unsupported(why)
+        schemes = {a.config.scheme in PER_TENSOR_SCHEMES, b.config.scheme in PER_TENSOR_SCHEMES}
+        if len(schemes) != 1:
+            raise Unsupported(f"torch: mixed GEMM {a.config.id} x {b.config.id} has no PyTorch kernel")
+        if a.config.element == "e5m2" and b.config.element == "e5m2":
+            raise Unsupported("torch: cuBLAS FP8 GEMMs need at least one e4m3 operand (e5m2 x e5m2 given)")
+        m, n = a8.shape[0], b8.shape[0]
+        epilogue = bias is not None or c is not None
+        mm_dtype = torch.float32 if epilogue else out_dtype
+        if a.config.scheme in PER_TENSOR_SCHEMES:
+            y = torch._scaled_mm(a8, b8.t(), scale_a=sa.reshape(()), scale_b=sb.reshape(()), out_dtype=mm_dtype,
+                                 use_fast_accum=False)
+        else:
+            if a.config.is_2d and b.config.is_2d:
+                raise Unsupported("torch: a 2-D x 2-D blockwise GEMM is not allowed (NUMERICS.md §4, §6)")
+            scale_a, rec_a = self._block_scale(a, sa, m)
+            scale_b, rec_b = self._block_scale(b, sb, n)
+            y = torch.nn.functional.scaled_mm(a8, b8.t(), scale_a, rec_a, scale_b, rec_b, output_dtype=mm_dtype,
+                                              use_fast_accum=False)
+        if not epilogue:
+            return y
+        b32 = None if bias is None else bias.to(torch.float32)
+        if a.config.scheme == "fp8_block":
+            # NUMERICS: §6 blockwise - bias added in fp32, RN_out, then D = RN_out(C + RN_out(Y)).
+            y = (y if b32 is None else y + b32).to(out_dtype)
+            return y if c is None else (c.to(torch.float32) + y.to(torch.float32)).to(out_dtype)
+        # Per-tensor (tolerance only, NUMERICS.md §6): cuBLASLt's D = AB + C in fp32, then the bias epilogue.
+        if c is not None:
+            y = y + c.to(torch.float32)
+        if b32 is not None:
+            y = y + b32
+        return y.to(out_dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Registry
+# ----------------------------------------------------------------------------------------------
+
+BUILTIN: dict[str, Callable[[], Any]] = {
+    "reference": ReferenceBackend,
+    "native": NativeBackend,
+    "torch": TorchBackend,
+}
+
+
+def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    try:
+        eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    except TypeError:  # pragma: no cover - Python < 3.10 API
+        eps = importlib.metadata.entry_points().get(ENTRY_POINT_GROUP, [])
+    return {ep.name: ep for ep in eps}
+
+
+def backend_names() -> list[str]:
+    """Built-in names, then entry-point names (sorted)."""
+    return list(BUILTIN) + sorted(n for n in _entry_points() if n not in BUILTIN)
+
+
+def _coerce(obj: Any, spec: str) -> Any:
+    """A backend instance from what a spec names: an instance, a class, or a zero-argument factory."""
+    if isinstance(obj, type) or (not hasattr(obj, "supports") and callable(obj)):
+        obj = obj()
+    name = getattr(obj, "name", None)
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"backend {spec!r} is not a Backend: it has no string `name` attribute")
+    if not callable(getattr(obj, "supports", None)):
+        raise TypeError(f"backend {spec!r} is not a Backend: it has no supports(op, config, device) method")
+    if not any(callable(getattr(obj, op, None)) for op in OPS):
+        raise TypeError(f"backend {spec!r} is not a Backend: it implements none of {', '.join(OPS)}")
+    return obj
+
+
+def load_spec(spec: str) -> Any:
+    """`package.module:object` (dots after the colon walk attributes) to a backend instance."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UnknownBackend(f"backend spec {spec!r} is invalid: expected 'package.module:object'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UnknownBackend(f"backend spec {spec!r}: cannot import module {module_name!r} ({e})") from e
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UnknownBackend(f"backend spec {spec!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return _coerce(obj, spec)
+
+
+def get_backend(name_or_spec: Any) -> Any:
+    """The backend a name or spec denotes; a ready backend object is returned unchanged.
+
+    Order: built-in names, entry points of `numerics_harness.backends`, `package.module:object`.
+    The resolved spec is kept on the instance as `spec` (used in repro commands) when settable.
+    """
+    if not isinstance(name_or_spec, str):
+        return _coerce(name_or_spec, repr(name_or_spec))
+    spec = name_or_spec.strip()
+    if spec in BUILTIN:
+        backend = BUILTIN[spec]()
+    elif ":" in spec:
+        backend = load_spec(spec)
+    else:
+        eps = _entry_points()
+        if spec not in eps:
+            raise UnknownBackend(
+                f"unknown backend {spec!r}: expected one of {', '.join(backend_names())} "
+                f"(entry-point group {ENTRY_POINT_GROUP!r}) or 'package.module:object'"
+            )
+        backend = _coerce(eps[spec].load(), spec)
+    try:
+        if getattr(backend, "spec", None) is None:
+            backend.spec = spec
+    except AttributeError:  # frozen/slotted third-party objects keep no spec
+        pass
+    return backend
+
+
+def backend_spec(backend: Any) -> str:
+    """The string that reloads `backend` through get_backend (its spec, else its name)."""
+    return getattr(backend, "spec", None) or backend.name
+
+
+def parse_backend_list(text: str) -> list[str]:
+    """`reference,torch` -> ['reference', 'torch'] (order kept, duplicates dropped)."""
+    out: list[str] = []
+    for part in text.split(","):
+        part = part.strip()
+        if part and part not in out:
+            out.append(part)
+    if not out:
+        raise UnknownBackend(f"--backend {text!r} names no backend")
+    return out

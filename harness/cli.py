@@ -1,0 +1,441 @@
+"""`python -m harness run|list|repro|report|diff|merge|bench`: the command-line face of the harness.
+
+Source: DESIGN.md §5-§6 and the issue's CLI requirements. Exit codes: 0 success; 1 a case failed
+or errored (run, repro) or a regression was found (diff); 2 bad usage (unknown backend, missing
+file or bench script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BENCH_DIR = REPO_ROOT / "benchmarks"
+
+
+class UsageError(Exception):
+    """A bad argument; printed without a traceback, exit code 2."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Case selection
+# ----------------------------------------------------------------------------------------------
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """'i/n' (0-based i) -> (i, n)."""
+    if not text:
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    if not m or int(m.group(2)) < 1 or int(m.group(1)) >= int(m.group(2)):
+        raise UsageError(f"--shard {text!r} is invalid: expected i/n with 0 <= i < n (e.g. 0/4 .. 3/4)")
+    return int(m.group(1)), int(m.group(2))
+
+
+def filter_ids(ids: Sequence[str], pattern: str | None) -> list[bool]:
+    """Which ids match `pattern`: a regular expression searched in the id, or a plain substring."""
+    if not pattern:
+        return [True] * len(ids)
+    try:
+        rx = re.compile(pattern)
+    except re.error:
+        return [pattern in i for i in ids]
+    return [bool(rx.search(i)) or pattern in i for i in ids]
+
+
+def select_cases(tier: str | None, cases_file: str | None, pattern: str | None, shard: str | None) -> list:
+    """Cases of a tier or file, filtered by --filter, then the --shard slice (round robin)."""
+    from . import cases as cases_mod  # noqa: PLC0415
+
+    source = cases_file or tier or "smoke"
+    if cases_file and not Path(cases_file).exists():
+        raise UsageError(f"--cases {cases_file!r}: no such file")
+    try:
+        all_cases = cases_mod.load_cases(source)
+    except cases_mod.CaseFileError as e:
+        raise UsageError(str(e)) from e
+    keep = filter_ids([c.id for c in all_cases], pattern)
+    picked = [c for c, k in zip(all_cases, keep, strict=True) if k]
+    sh = parse_shard(shard)
+    if sh:
+        i, n = sh
+        picked = picked[i::n]
+    return picked
+
+
+def resolve_backends(text: str, cases: Sequence, device: str) -> list:
+    """Backend objects for --backend (comma list); `auto` = every backend supporting some case."""
+    from . import backends as b  # noqa: PLC0415
+
+    names = b.parse_backend_list(text)
+    out = []
+    for name in names:
+        if name == "auto":
+            for cand in b.backend_names():
+                try:
+                    be = b.get_backend(cand)
+                except Exception as e:  # noqa: BLE001 - a broken plug-in does not stop `auto`
+                    print(f"auto: skipping backend {cand!r}: {e}", file=sys.stderr)
+                    continue
+                if cand == "reference" or any(_supports(be, c, device) for c in cases):
+                    out.append(be)
+                else:
+                    print(f"auto: backend {cand!r} supports none of the selected cases on {device}", file=sys.stderr)
+        else:
+            try:
+                out.append(b.get_backend(name))
+            except b.UnknownBackend as e:
+                raise UsageError(str(e)) from e
+    seen, uniq = set(), []
+    for be in out:
+        if be.name not in seen:
+            seen.add(be.name)
+            uniq.append(be)
+    return uniq
+
+
+def _supports(backend, case, device) -> bool:
+    try:
+        return all(backend.supports(case.op, cfg, device)[0]
+                   for cfg in (case.config, getattr(case, "b_config", None)) if cfg is not None)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _device(arg: str | None) -> str:
+    import torch  # noqa: PLC0415
+
+    from .backends import default_device  # noqa: PLC0415
+
+    if arg and arg != "auto":
+        try:
+            dev = torch.device(arg)
+        except RuntimeError as e:
+            raise UsageError(f"--device {arg!r} is invalid: {e}") from e
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise UsageError(f"--device {arg!r}: no CUDA GPU is visible (torch.cuda.is_available() is False)")
+        return arg
+    return default_device()
+
+
+# ----------------------------------------------------------------------------------------------
+# Commands
+# ----------------------------------------------------------------------------------------------
+
+
+def cmd_run(args) -> int:
+    from . import report, runner  # noqa: PLC0415
+    from .meta import run_meta  # noqa: PLC0415
+    from .progress import Progress  # noqa: PLC0415
+
+    device = _device(args.device)
+    cases = select_cases(args.tier, args.cases, args.filter, args.shard)
+    if not cases:
+        print("no cases selected (check --tier/--cases/--filter/--shard)", file=sys.stderr)
+        return 2
+    backends = resolve_backends(args.backend, cases, device)
+    out = Path(args.out or Path("reports") / (Path(args.cases).stem if args.cases else (args.tier or "smoke")))
+    options = {k: v for k, v in vars(args).items() if k != "func"}
+    options.update(device=device, backends=[b.name for b in backends], n_cases=len(cases))
+    meta = run_meta(options)
+    writer = report.ReportWriter(out, meta, resume=args.resume)
+    todo = sum(1 for c in cases for b in backends if not writer.is_complete(c.id, b.name))
+    skipped = len(cases) * len(backends) - todo
+    print(f"harness: {len(cases)} cases x {len(backends)} backends ({', '.join(b.name for b in backends)}) "
+          f"on {device} -> {out}" + (f" (resume: {skipped} already done)" if skipped else ""), file=sys.stderr)
+    progress = Progress(todo, force=args.progress, label="run")
+    try:
+        if args.workers and args.workers > 1:
+            from .backends import backend_spec  # noqa: PLC0415
+
+            res = runner.sweep_parallel(cases, [backend_spec(b) for b in backends], args.workers,
+                                        device=args.device if args.device not in (None, "auto") else None,
+                                        writer=writer, out_dir=out, progress=progress)
+        else:
+            res = runner.sweep(cases, backends, device=device, writer=writer, out_dir=out, progress=progress)
+    finally:
+        progress.close()
+        writer.close()
+    writer.write_meta(finished=True, counts=res.counts)
+    df = report.read_results(out)
+    print(report.format_table(report.summary(df)))
+    c = res.counts
+    print(f"\n{res.n_rows} rows written to {out / report.RESULTS}; pass {c.get('pass', 0)}, fail {c.get('fail', 0)}, "
+          f"skip {c.get('skip', 0)}, error {c.get('error', 0)}")
+    if res.failures:
+        print(f"failing cases keep their inputs and a repro.sh under {out / report.FAILURES}/")
+        from .backends import backend_spec  # noqa: PLC0415
+
+        specs = {b.name: backend_spec(b) for b in backends}
+        for cid, name in res.failures[:10]:
+            print(f"  {runner.repro_command(cid, specs.get(name, name))}")
+        if len(res.failures) > 10:
+            print(f"  ... and {len(res.failures) - 10} more")
+    return 0 if res.ok else 1
+
+
+def cmd_list(args) -> int:
+    from . import backends as b  # noqa: PLC0415
+
+    if args.backends:
+        device = _device(args.device)
+        for name in b.backend_names():
+            try:
+                be = b.get_backend(name)
+                ok, why = be.supports("quantize", _probe_config(), device)
+                state = "ok" if ok else f"quantize(fp8_current): {why}"
+            except Exception as e:  # noqa: BLE001
+                state = f"cannot load: {e}"
+            print(f"{name:12s} {state}")
+        return 0
+    cases = select_cases(args.tier, args.cases, args.filter, args.shard)
+    device = _device(args.device) if args.backend else None
+    bes = resolve_backends(args.backend, cases, device) if args.backend else []
+    for c in cases:
+        if bes:
+            marks = []
+            for be in bes:
+                ok = _supports(be, c, device)
+                marks.append(f"{be.name}:{'yes' if ok else 'skip'}")
+            print(f"{c.id}  {' '.join(marks)}")
+        else:
+            print(c.id)
+    print(f"{len(cases)} cases", file=sys.stderr)
+    return 0
+
+
+def _probe_config():
+    from reference.formats import QuantConfig  # noqa: PLC0415
+
+    return QuantConfig("fp8_current")
+
+
+def cmd_repro(args) -> int:
+    import torch  # noqa: PLC0415
+
+    from . import runner  # noqa: PLC0415
+    from .backends import UnknownBackend, get_backend  # noqa: PLC0415
+    from .cases import Case  # noqa: PLC0415
+
+    try:
+        case = Case.from_id(args.case_id)
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"cannot parse case id {args.case_id!r}: {e}") from e
+    device = _device(args.device)
+    inputs = None
+    if args.inputs:
+        if not Path(args.inputs).exists():
+            raise UsageError(f"--inputs {args.inputs!r}: no such file")
+        inputs = torch.load(args.inputs, weights_only=False)
+    worst = "pass"
+    for name in args.backend.split(","):
+        try:
+            be = get_backend(name.strip())
+        except UnknownBackend as e:
+            raise UsageError(str(e)) from e
+        rows = runner.run_case(case, be, device, inputs=inputs, worker="repro")
+        print(f"== {case.id} [{be.name} on {device}]")
+        for r in rows:
+            metrics = " ".join(f"{k}={r[k]:.6g}" for k in ("max_abs", "max_rel", "sqnr_db")
+                               if isinstance(r.get(k), (int, float)))
+            mm = f" {r.get('n_mismatch')}/{r.get('n')} mismatched" if r.get("n_mismatch") else ""
+            print(f"  {r['status']:5s} {r['kind']:11s} {r['tensor']:16s}{mm} {metrics}".rstrip())
+            if r.get("reason"):
+                print(f"        {r['reason']}")
+            if r.get("first_mismatch"):
+                print("        first mismatch:\n" + runner.format_first_mismatch(r["first_mismatch"], " " * 10))
+        v = runner.case_verdict(rows)
+        worst = v if runner.worst_status([worst, v]) == v else worst
+        if args.out and v in ("fail", "error"):
+            d = runner.save_failure(args.out, case, name.strip(), rows, inputs=inputs)
+            print(f"  saved to {d}")
+    return 1 if worst in ("fail", "error") else 0
+
+
+def cmd_report(args) -> int:
+    from . import report  # noqa: PLC0415
+
+    try:
+        df = report.read_results(args.dir)
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from e
+    print(report.format_table(report.summary(df)))
+    cs = report.case_status(df)
+    print(f"\n{len(df)} rows, {len(cs)} (case, backend) pairs in {report.results_path(args.dir)}")
+    bad = df[df["status"].isin(["fail", "error"])]
+    for r in bad.drop_duplicates(["case_id", "backend"]).head(args.show).itertuples(index=False):
+        print(f"  {r.status:5s} {r.case_id} [{r.backend}] {r.tensor}: {r.reason}")
+    if not args.no_plots:
+        from . import plots  # noqa: PLC0415
+
+        out = Path(args.plots_dir) if args.plots_dir else Path(args.dir) / "plots"
+        written, message = plots.write_plots(df, out)
+        if message:
+            print(message)
+        for p in written:
+            print(f"plot: {p}")
+    return 0
+
+
+def cmd_diff(args) -> int:
+    from . import report  # noqa: PLC0415
+
+    try:
+        old, new = report.read_results(args.old), report.read_results(args.new)
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from e
+    regressions, notes = report.diff(old, new, sqnr_drop_db=args.sqnr_db)
+    for n in notes:
+        print(f"note: {n}")
+    for r in regressions:
+        print(f"REGRESSION: {r}")
+    print(f"{len(regressions)} regression(s) between {args.old} and {args.new}")
+    return 1 if regressions else 0
+
+
+def cmd_merge(args) -> int:
+    from . import report  # noqa: PLC0415
+
+    try:
+        df = report.merge(args.out, args.shards)
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from e
+    print(report.format_table(report.summary(df)))
+    print(f"\nmerged {len(args.shards)} shard(s), {len(df)} rows -> {report.results_path(args.out)}")
+    return 0
+
+
+def bench_scripts(bench_dir: Path = BENCH_DIR) -> dict[str, Path]:
+    """name -> script for every benchmarks/bench_*.py (the native engineers ship them)."""
+    if not bench_dir.is_dir():
+        return {}
+    return {p.stem: p for p in sorted(bench_dir.glob("bench_*.py"))}
+
+
+def cmd_bench(args) -> int:
+    scripts = bench_scripts(Path(args.bench_dir))
+    if args.list or not scripts:
+        if not scripts:
+            print(f"no benchmark scripts in {args.bench_dir}/ (benchmarks/bench_*.py come with the native backend)",
+                  file=sys.stderr)
+            return 2
+        for name, p in scripts.items():
+            print(f"{name:28s} {p}")
+        return 0
+    names = [n.removesuffix(".py") for n in args.names] or list(scripts)
+    names = [n if n in scripts or f"bench_{n}" not in scripts else f"bench_{n}" for n in names]
+    missing = [n for n in names if n not in scripts]
+    if missing:
+        where = ", ".join(f"{args.bench_dir}/{n}.py" for n in missing)
+        print(f"benchmark script(s) missing: {where}; available: {', '.join(scripts)}", file=sys.stderr)
+        return 2
+    print("bench: will run " + ", ".join(names), flush=True)
+    rc = 0
+    for n in names:
+        cmd = [sys.executable, str(scripts[n]), *args.bench_args]
+        print("bench: running " + " ".join(cmd), flush=True)
+        r = subprocess.run(cmd, cwd=REPO_ROOT)
+        if r.returncode != 0:
+            print(f"bench: {n} exited with {r.returncode}", file=sys.stderr)
+            rc = 1
+    return rc
+
+
+# ----------------------------------------------------------------------------------------------
+# Parser
+# ----------------------------------------------------------------------------------------------
+
+
+def _selection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tier", default=None, help="case tier (a file in cases/; default smoke)")
+    p.add_argument("--cases", default=None, metavar="FILE", help="a cases TOML file instead of a tier")
+    p.add_argument("--filter", default=None, metavar="PATTERN", help="regex (or substring) searched in case ids")
+    p.add_argument("--shard", default=None, metavar="I/N", help="run the I-th of N round-robin slices (0-based)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if visible, else cpu)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m harness", description="Low-precision numerics verification harness")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run a sweep and write results.csv + run_meta.json")
+    _selection(p)
+    p.add_argument("--backend", default="reference",
+                   help="comma list: reference, native, torch, entry-point names, package.module:object, or auto")
+    p.add_argument("--out", default=None, help="report directory (default reports/<tier>)")
+    p.add_argument("--resume", action="store_true", help="keep the CSV and skip (case, backend) pairs already in it")
+    p.add_argument("--workers", type=int, default=1, help="worker processes (each pinned to one GPU; CPU without GPUs)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--progress", dest="progress", action="store_true", default=None, help="force the progress bar")
+    g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("list", help="list the selected case ids (or --backends)")
+    _selection(p)
+    p.add_argument("--backend", default=None, help="also show which of these backends support each case")
+    p.add_argument("--backends", action="store_true", help="list the registered backends")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("repro", help="re-run one case by id and print every row in full")
+    p.add_argument("case_id")
+    p.add_argument("--backend", default="reference", help="backend name or spec (comma list allowed)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--inputs", default=None, help="inputs.pt saved by a failing run (default: regenerate)")
+    p.add_argument("--out", default=None, help="save a failure directory here")
+    p.set_defaults(func=cmd_repro)
+
+    p = sub.add_parser("report", help="summary table and plots of a report directory")
+    p.add_argument("dir")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--plots-dir", default=None, help="where to write PNGs (default DIR/plots)")
+    p.add_argument("--show", type=int, default=20, help="failing cases to list")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("diff", help="regressions from OLD to NEW (exit 1 if any)")
+    p.add_argument("old")
+    p.add_argument("new")
+    p.add_argument("--sqnr-db", type=float, default=0.5, help="SQNR drop counted as a regression (dB)")
+    p.set_defaults(func=cmd_diff)
+
+    p = sub.add_parser("merge", help="join shard reports into OUT")
+    p.add_argument("out")
+    p.add_argument("shards", nargs="+")
+    p.set_defaults(func=cmd_merge)
+
+    p = sub.add_parser("bench", help="run benchmarks/bench_*.py scripts (args after -- are passed through)")
+    p.add_argument("names", nargs="*", help="script names, e.g. bench_native or native (default: all)")
+    p.add_argument("--list", action="store_true", help="list the scripts that would run")
+    p.add_argument("--bench-dir", default=str(BENCH_DIR))
+    p.set_defaults(func=cmd_bench, bench_args=[])
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, passthrough = argv[:i], argv[i + 1:]
+    args = build_parser().parse_args(argv)
+    if args.command == "bench":
+        args.bench_args = passthrough
+    elif passthrough:
+        print(f"unexpected arguments after --: {passthrough}", file=sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; rows of finished cases are in the report (use --resume to continue)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

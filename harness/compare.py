@@ -1,0 +1,845 @@
+"""Comparison of a candidate against the golden reference: exact bytes, located and classified mismatches, metrics.
+
+Source: DESIGN.md §5 (quantizers compare bytes exactly; every mismatch located with the input
+block and the scale-chain intermediates, and classified; GEMMs against a tolerance or bit for bit
+in the exact-representable mode), NUMERICS.md §1-§5 (layouts and scale chains used to locate a
+mismatch), §6 (GEMM modes). Scales are compared on their valid region only
+(`reference.layouts.scale_valid_shape`); padding is compared separately and is informational
+unless the candidate claims to zero-fill it (`candidate.extra["zero_fills_padding"]`).
+
+Mismatch classes, in priority order for one element:
+  nan_sign              both codes are NaN encodings (0x7F vs 0xFF, ...)
+  layout_transposition  the whole candidate equals the golden transposed or the other orientation
+  block_scale_cascade   the element's scale (or a global scale/amax it depends on) differs too
+  scale_off_by_one      (scale tensors) codes one step apart: E8M0/E4M3 ±1, fp32 1 ulp or x2
+  tie_flip              the scaled input is exactly a rounding midpoint and the codes are adjacent
+  padding               (scale tensors) padding differs and the candidate claims zero padding
+  other                 anything else
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from reference import casts, fp32
+from reference.formats import E4M3, FLT_MAX, INPUT_DTYPE_MAX, UE8M0, QuantConfig
+from reference.types import QuantizedTensor
+
+from . import tolerance
+
+MISMATCH_CLASSES = (
+    "nan_sign",
+    "layout_transposition",
+    "block_scale_cascade",
+    "scale_off_by_one",
+    "tie_flip",
+    "padding",
+    "other",
+)
+ULP_BUCKETS = ("0", "0*", "1", "2", "3-4", "5-16", "17+", "nan")  # "0*": same value, other bits (±0)
+PER_TENSOR = ("fp8_current", "fp8_delayed")
+_BLOCK_WINDOW = 32  # input values shown around a mismatch (per-tensor schemes: a window of the row)
+
+
+@dataclass
+class TensorResult:
+    """The comparison of one tensor (a QuantizedTensor field, a dequantized or GEMM output)."""
+
+    tensor: str
+    status: str  # "pass" | "fail"
+    n: int
+    n_mismatch: int
+    mismatch_classes: dict = field(default_factory=dict)
+    first_mismatch: dict | None = None
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    rmse: float = 0.0
+    sqnr_db: float = math.inf
+    ulp_hist: dict = field(default_factory=dict)
+    detail: dict = field(default_factory=dict)
+
+    @property
+    def mismatch_frac(self) -> float:
+        return self.n_mismatch / self.n if self.n else 0.0
+
+    mismatch_fraction = mismatch_frac
+
+
+# ----------------------------------------------------------------------------------------------
+# Metrics
+# ----------------------------------------------------------------------------------------------
+
+
+def metrics(approx: torch.Tensor, truth: torch.Tensor) -> dict:
+    """max_abs, max_rel, rmse, sqnr_db of `approx` against `truth` (fp64), plus counts.
+
+    Non-finite values never raise: positions where either side is NaN/Inf are left out of the
+    error statistics and counted (`n_nonfinite`); `n_nonfinite_mismatch` counts those where the two
+    sides disagree (NaN vs number, +Inf vs -Inf, ...). max_rel skips truth == 0. sqnr_db =
+    10 log10(Σ truth² / Σ err²): +inf for zero error, -inf for zero signal with non-zero error.
+    """
+    a = approx.detach().to("cpu", torch.float64).reshape(-1)
+    t = truth.detach().to("cpu", torch.float64).reshape(-1)
+    if a.shape != t.shape:
+        raise ValueError(f"metrics: shapes differ ({tuple(approx.shape)} vs {tuple(truth.shape)})")
+    fin = torch.isfinite(a) & torch.isfinite(t)
+    same_nonfinite = (torch.isnan(a) & torch.isnan(t)) | (torch.isinf(a) & torch.isinf(t) & (a == t))
+    out = {
+        "n": int(a.numel()),
+        "n_nonfinite": int((~fin).sum()),
+        "n_nonfinite_mismatch": int((~fin & ~same_nonfinite).sum()),
+    }
+    a, t = a[fin], t[fin]
+    if a.numel() == 0:
+        out.update(max_abs=math.nan, max_rel=math.nan, rmse=math.nan, sqnr_db=math.nan)
+        return out
+    err = a - t
+    nz = t != 0
+    sig = float((t * t).sum())
+    noise = float((err * err).sum())
+    if noise == 0:
+        sqnr = math.inf
+    elif sig == 0:
+        sqnr = -math.inf
+    else:
+        sqnr = 10 * math.log10(sig / noise)
+    out.update(
+        max_abs=float(err.abs().max()),
+        max_rel=float((err[nz].abs() / t[nz].abs()).max()) if bool(nz.any()) else 0.0,
+        rmse=math.sqrt(noise / a.numel()),
+        sqnr_db=sqnr,
+    )
+    return out
+
+
+def _bucket(d: torch.Tensor) -> dict:
+    """Histogram of non-negative integer distances into ULP_BUCKETS 1..17+."""
+    edges = (("1", 1, 1), ("2", 2, 2), ("3-4", 3, 4), ("5-16", 5, 16), ("17+", 17, None))
+    out = {}
+    for name, lo, hi in edges:
+        m = d >= lo if hi is None else (d >= lo) & (d <= hi)
+        out[name] = int(m.sum())
+    return out
+
+
+def ulp_hist_codes(golden: torch.Tensor, candidate: torch.Tensor, fmt) -> dict:
+    """Distances in code units (adjacent representable values) for sign-magnitude codes of `fmt`."""
+    g = golden.to(torch.int64) & ((1 << fmt.bits) - 1)
+    c = candidate.to(torch.int64) & ((1 << fmt.bits) - 1)
+    hist = {k: 0 for k in ULP_BUCKETS}
+    eq = g == c
+    hist["0"] = int(eq.sum())
+    nan = (_is_nan_code(g, fmt) | _is_nan_code(c, fmt)) & ~eq
+    hist["nan"] = int(nan.sum())
+    d = (_ordered_code(g, fmt) - _ordered_code(c, fmt)).abs()
+    rest = ~eq & ~nan
+    hist["0*"] = int((rest & (d == 0)).sum())
+    hist.update(_bucket(d[rest & (d > 0)]))
+    return hist
+
+
+def _ordered_float(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ordered int64, bits) of a float tensor: adjacent values differ by 1, +0 and -0 both 0."""
+    ity = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float64: torch.int64}
+    bits = x.contiguous().view(ity[x.dtype]).to(torch.int64)
+    nbits = x.element_size() * 8
+    mag = bits & ((1 << (nbits - 1)) - 1)
+    return torch.where(bits < 0, -mag, mag), bits
+
+
+def ulp_hist_float(golden: torch.Tensor, candidate: torch.Tensor) -> dict:
+    """Distances in ULPs of the golden tensor's dtype (candidate cast to it first)."""
+    hist = {k: 0 for k in ULP_BUCKETS}
+    c = candidate.to(golden.dtype)
+    og, bg = _ordered_float(golden)
+    oc, bc = _ordered_float(c)
+    eq = bg == bc
+    hist["0"] = int(eq.sum())
+    nan = (torch.isnan(golden) | torch.isnan(c)) & ~eq
+    hist["nan"] = int(nan.sum())
+    d = (og - oc).abs()
+    rest = ~eq & ~nan
+    hist["0*"] = int((rest & (d == 0)).sum())
+    hist.update(_bucket(d[rest & (d > 0)]))
+    return hist
+
+
+# ----------------------------------------------------------------------------------------------
+# Code helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def _is_nan_code(c: torch.Tensor, fmt) -> torch.Tensor:
+    if fmt.nan_code is None:
+        return torch.zeros_like(c, dtype=torch.bool)
+    mag = c & ~fmt.sign_mask if fmt.signed else c
+    if fmt.inf_code is not None:  # IEEE-like: exponent all ones, mantissa non-zero
+        return mag > fmt.inf_code
+    return mag == fmt.nan_code
+
+
+def _ordered_code(c: torch.Tensor, fmt) -> torch.Tensor:
+    if not fmt.signed:
+        return c
+    mag = c & ~fmt.sign_mask
+    return torch.where((c & fmt.sign_mask) != 0, -mag, mag)
+
+
+def is_midpoint(y: torch.Tensor, fmt) -> torch.Tensor:
+    """|y| is exactly halfway between two adjacent finite grid values of `fmt`.
+
+    NUMERICS: §0.5 - the quantum at magnitude a is 2^(max(floor(log2 a), emin) - man_bits); a tie
+    is a / quantum = n + 1/2 exactly (float64 arithmetic, exact here). Midpoints past max (464 for
+    E4M3) are not ties a candidate could flip: both sides saturate to max.
+    """
+    a = y.to(torch.float64).abs()
+    ok = torch.isfinite(a) & (a > 0)
+    safe = torch.where(ok, a, torch.ones_like(a))
+    _, e = torch.frexp(safe)
+    expo = torch.clamp(e.to(torch.int64) - 1, min=fmt.emin)
+    q = torch.ldexp(torch.ones_like(safe), (expo - fmt.man_bits).to(torch.int32))
+    r = safe / q
+    return ok & (r - torch.floor(r) == 0.5) & (a < fmt.max_finite)
+
+
+def _scale_format(cfg: QuantConfig):
+    """The format of the stored scale bytes (None: fp32 sinv)."""
+    if cfg.scheme == "mxfp8":
+        return UE8M0
+    if cfg.scheme == "nvfp4":
+        return E4M3
+    return None
+
+
+def _hex(v: int, width: int = 2) -> str:
+    return f"0x{int(v) & ((1 << (4 * width)) - 1):0{width}X}"
+
+
+def _f32_hex(v: torch.Tensor) -> str:
+    return _hex(int(fp32.bits(v.reshape(1))[0]), 8)
+
+
+def _valid_shape(cfg: QuantConfig, orientation: str, m: int, k: int) -> tuple[int, ...]:
+    from reference import layouts  # noqa: PLC0415
+
+    return tuple(layouts.scale_valid_shape(cfg, orientation, m, k))
+
+
+# ----------------------------------------------------------------------------------------------
+# Geometry of one copy (data coordinates = the stored copy's own [rows, cols], FP4 unpacked)
+# ----------------------------------------------------------------------------------------------
+
+
+class _Copy:
+    """Where each stored element of one copy comes from, which scale entry it uses, its block."""
+
+    def __init__(self, cfg: QuantConfig, orientation: str, x2d: torch.Tensor, hp_dtype: str) -> None:
+        self.cfg, self.o = cfg, orientation
+        self.m, self.k = x2d.shape
+        self.hp_dtype = hp_dtype
+        self.transposed = orientation == "colwise" and cfg.scheme != "mxfp8"
+        self.rows, self.cols = (self.k, self.m) if self.transposed else (self.m, self.k)
+        self.x2d = x2d
+        b = cfg.block
+        if cfg.tile is None:
+            self.br, self.bc = self.rows, self.cols
+        elif cfg.is_2d:
+            self.br, self.bc = b, b
+        elif cfg.scheme == "mxfp8" and orientation == "colwise":
+            self.br, self.bc = b, 1  # NUMERICS: §3 colwise blocks along M, data not transposed
+        else:
+            self.br, self.bc = 1, b
+
+    @functools.cached_property
+    def src(self) -> torch.Tensor:
+        """The high-precision values this copy quantized, in data coordinates (fp32; computed on
+        first use, i.e. only when something differs: with RHT this is the Hadamard transform)."""
+        if self.cfg.scheme == "nvfp4":
+            from reference import nvfp4  # noqa: PLC0415
+
+            return nvfp4.copy_source(self.x2d, self.cfg, self.o).to(torch.float32)
+        x = self.x2d.to(torch.float32)
+        return x.t() if self.transposed else x
+
+    def scale_index(self, r: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(i, j) into the compact scale tensor for data positions (r, c); None for per-tensor."""
+        cfg, b = self.cfg, self.cfg.block
+        if cfg.tile is None:
+            return None
+        if cfg.scheme == "mxfp8":
+            # NUMERICS: §3 S_r [m, kb] (2-D: the tile's exponent on each row); S_c [mb, k].
+            return (r, c // b) if self.o == "rowwise" else (r // b, c)
+        if cfg.scheme == "fp8_block":
+            # NUMERICS: §4 1-D sinv stored [kb, m] (rowwise) / [mb, k] (colwise): [c // B, r] in data
+            # coordinates; 2-D [mb, kb] / its transpose: [r // B, c // B].
+            return (r // b, c // b) if cfg.is_2d else (c // b, r)
+        # NUMERICS: §5.9 NVFP4 [r, c // 16] in the copy's own layout (2-D: repeated per row).
+        return (r, c // b)
+
+    def scale_block(self, i: int, j: int) -> tuple[int, int, int, int]:
+        """Data-coordinate rectangle (r0, r1, c0, c1) governed by scale entry (i, j)."""
+        cfg, b = self.cfg, self.cfg.block
+        if cfg.scheme == "mxfp8" and self.o == "colwise":
+            return i * b, (i + 1) * b, j, j + 1
+        if cfg.scheme == "fp8_block":
+            if cfg.is_2d:
+                return i * b, min((i + 1) * b, self.rows), j * b, min((j + 1) * b, self.cols)
+            return j, j + 1, i * b, min((i + 1) * b, self.cols)
+        return i, i + 1, j * b, j * b + b  # mxfp8 rowwise, nvfp4: one row segment per entry
+
+    def logical(self, r: int, c: int) -> tuple[int, int]:
+        return (c, r) if self.transposed else (r, c)
+
+    def block_of(self, r: int, c: int) -> tuple[list[int], int]:
+        return [r // self.br, c // self.bc], (r % self.br) * self.bc + (c % self.bc)
+
+    def input_block(self, src: torch.Tensor, r: int, c: int) -> dict:
+        """The input values of the block holding (r, c) (its row segment for 2-D / per-tensor)."""
+        if self.cfg.tile is None:
+            c0 = max(0, c - _BLOCK_WINDOW // 2)
+            seg = src[r, c0 : c0 + _BLOCK_WINDOW]
+            return {"rows": [r, r + 1], "cols": [c0, c0 + seg.numel()], "values": seg.tolist()}
+        r0, c0 = r // self.br * self.br, c // self.bc * self.bc
+        if self.br > 1 and self.bc > 1:
+            seg = src[r, c0 : c0 + self.bc]
+            return {"rows": [r, r + 1], "cols": [c0, c0 + seg.numel()], "values": seg.tolist(),
+                    "note": f"row {r} of the {self.br}x{self.bc} block"}
+        blk = src[r0 : r0 + self.br, c0 : c0 + self.bc].reshape(-1)
+        return {"rows": [r0, min(r0 + self.br, self.rows)], "cols": [c0, min(c0 + self.bc, self.cols)],
+                "values": blk.tolist()}
+
+
+# ----------------------------------------------------------------------------------------------
+# Scale chains (golden: recomputed from the spec; candidate: from its stored values)
+# ----------------------------------------------------------------------------------------------
+
+
+def _block_amax(src: torch.Tensor, br: int, bc: int) -> torch.Tensor:
+    """NaN-ignoring amax per br x bc block of src [rows, cols] (edge blocks zero-padded)."""
+    from reference.scaling import amax  # noqa: PLC0415
+
+    rows, cols = src.shape
+    pr, pc = -(-rows // br) * br, -(-cols // bc) * bc
+    p = torch.zeros(pr, pc, dtype=torch.float32)
+    p[:rows, :cols] = src
+    return amax(p.reshape(pr // br, br, pc // bc, bc), dim=(1, 3))  # (rows/br, cols/bc)
+
+
+def _multiplier(q: QuantizedTensor, cp: _Copy, src: torch.Tensor, r: torch.Tensor, c: torch.Tensor
+                ) -> tuple[torch.Tensor, dict]:
+    """The encode factor the elements at data positions (r, c) were multiplied by (fp32), and notes."""
+    cfg = q.config
+    scale = getattr(q, f"{cp.o}_scale").to("cpu")
+    notes: dict[str, Any] = {}
+    if cfg.scheme in PER_TENSOR:
+        sinv = scale.reshape(-1)[0].to(torch.float32)
+        if cfg.scheme == "fp8_current":
+            from reference.scaling import compute_scale  # noqa: PLC0415
+
+            a = getattr(q, f"{cp.o}_amax").to("cpu").reshape(())
+            s, s_inv = compute_scale(a, cfg.element_format.max_finite, pow2=cfg.pow2_scales, eps=cfg.eps, v_inf=FLT_MAX)
+            if fp32.bits(s_inv.reshape(1)) != fp32.bits(sinv.reshape(1)):
+                s = fp32.div(1.0, sinv.reshape(()))
+                notes["multiplier"] = "RN(1/sinv) (stored sinv does not match compute_scale(amax))"
+        else:
+            s = fp32.div(1.0, sinv.reshape(()))  # NUMERICS: §2 the state scale; exact when a power of two
+            notes["multiplier"] = "RN(1/sinv): the delayed-scaling state scale is not stored"
+        return s.expand(r.shape), notes
+    i, j = cp.scale_index(r, c)
+    if cfg.scheme == "mxfp8":
+        return casts.e8m0_multiplier(scale[i, j]), notes  # NUMERICS: §3 P(e) = 2^(127 - e)
+    if cfg.scheme == "nvfp4":
+        from reference import nvfp4  # noqa: PLC0415
+
+        s_enc, s_dec = nvfp4.global_scale(getattr(q, f"{cp.o}_amax").to("cpu").reshape(()))
+        return nvfp4.encode_factor(scale[i, j], s_dec), notes  # NUMERICS: §5.3
+    # fp8_block: s is not stored; recompute it from the block amax (NUMERICS: §4, v_inf = input max).
+    from reference.scaling import compute_scale  # noqa: PLC0415
+
+    br, bc = (cfg.block, cfg.block) if cfg.is_2d else (1, cfg.block)
+    a = _block_amax(src, br, bc)
+    s, _ = compute_scale(a, cfg.element_format.max_finite, pow2=cfg.pow2_scales, eps=cfg.eps,
+                         v_inf=INPUT_DTYPE_MAX[cp.hp_dtype])
+    return s[r // br, c // bc], notes
+
+
+def _chain(q: QuantizedTensor, cp: _Copy, r: int, c: int, src: torch.Tensor, golden: bool) -> dict:
+    """The scale-chain values behind element (r, c) of a copy."""
+    cfg = q.config
+    scale = getattr(q, f"{cp.o}_scale")
+    amax = getattr(q, f"{cp.o}_amax")
+    out: dict[str, Any] = {}
+    if amax is not None:
+        out["amax"] = float(amax.reshape(-1)[0])
+        out["amax_bits"] = _f32_hex(amax.reshape(-1)[0].to(torch.float32))
+    if scale is None:
+        return out
+    scale = scale.to("cpu")
+    if cfg.tile is None:
+        out["sinv"] = float(scale.reshape(-1)[0])
+        out["sinv_bits"] = _f32_hex(scale.reshape(-1)[0])
+        return out
+    i, j = (int(t) for t in cp.scale_index(torch.tensor(r), torch.tensor(c)))
+    out["scale_index"] = [i, j]
+    if i >= scale.shape[0] or j >= scale.shape[1]:
+        out["scale"] = "out of range of the stored scale tensor"
+        return out
+    v = scale[i, j]
+    if cfg.scheme == "mxfp8":
+        out.update(e8m0=int(v), decode=float(casts.e8m0_decode(v.reshape(1))[0]),
+                   multiplier=float(casts.e8m0_multiplier(v.reshape(1))[0]))
+    elif cfg.scheme == "nvfp4":
+        from reference import nvfp4  # noqa: PLC0415
+
+        out.update(s_blk=_hex(int(v)), s_blk_value=float(casts.decode(v.reshape(1), E4M3)[0]))
+        if amax is not None:
+            s_enc, s_dec = nvfp4.global_scale(amax.to("cpu").reshape(()))
+            out.update(S_enc=float(s_enc), S_dec=float(s_dec),
+                       f=float(nvfp4.encode_factor(v.reshape(1), s_dec.reshape(1))[0]))
+        if golden:
+            try:
+                ch = nvfp4.scale_chain(cp.x2d, cfg, cp.o)
+                bi, bj = r, c // cfg.block
+                out.update(A_g=float(ch["A_g"]), m=float(ch["m"]), A_b=float(ch["A_b"][bi, bj]),
+                           d=float(ch["d"][bi, bj]))
+            except Exception as e:  # noqa: BLE001 - diagnostics only
+                out["scale_chain_error"] = f"{type(e).__name__}: {e}"
+    else:
+        out.update(sinv=float(v), sinv_bits=_f32_hex(v))
+        br, bc = (cfg.block, cfg.block) if cfg.is_2d else (1, cfg.block)
+        a = _block_amax(src, br, bc)[r // br, c // bc]
+        out["block_amax"] = float(a)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# compare_quantized
+# ----------------------------------------------------------------------------------------------
+
+
+def _codes(q: QuantizedTensor, name: str) -> torch.Tensor:
+    t = getattr(q, name).to("cpu")
+    if q.config.scheme == "nvfp4":
+        return casts.unpack_nibbles(t)  # NUMERICS: §5.4 compare each FP4 code on its own
+    return t
+
+
+def _result(tensor: str, n: int, classes: dict, first: dict | None, met: dict, hist: dict, detail: dict) -> TensorResult:
+    n_mis = sum(v for k, v in classes.items())
+    return TensorResult(
+        tensor=tensor,
+        status="fail" if n_mis else "pass",
+        n=n,
+        n_mismatch=n_mis,
+        mismatch_classes={k: v for k, v in classes.items() if v},
+        first_mismatch=first,
+        max_abs=met.get("max_abs", 0.0),
+        max_rel=met.get("max_rel", 0.0),
+        rmse=met.get("rmse", 0.0),
+        sqnr_db=met.get("sqnr_db", math.inf),
+        ulp_hist=hist,
+        detail=detail,
+    )
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality of two tensors of one dtype (NaN payloads included)."""
+    return torch.equal(a.reshape(-1).contiguous().view(torch.uint8), b.reshape(-1).contiguous().view(torch.uint8))
+
+
+def _identical(n: int) -> tuple[dict, dict]:
+    """Metrics and ULP histogram of two bit-identical tensors (skips decoding large tensors)."""
+    hist = {k: 0 for k in ULP_BUCKETS}
+    hist["0"] = n
+    return {"max_abs": 0.0, "max_rel": 0.0, "rmse": 0.0, "sqnr_db": math.inf}, hist
+
+
+def _missing(name: str, why: str, n: int = 0) -> TensorResult:
+    return TensorResult(name, "fail", max(n, 1), max(n, 1), {"other": max(n, 1)}, {"field": name, "reason": why},
+                        detail={"reason": why})
+
+
+def _layout_swap(golden: QuantizedTensor, candidate: QuantizedTensor, name: str, cand: torch.Tensor,
+                 gold: torch.Tensor) -> str | None:
+    """Whether `cand` is the golden tensor transposed or the golden copy of the other orientation."""
+    other = name.replace("rowwise", "@").replace("colwise", "rowwise").replace("@", "colwise")
+    refs = [("golden transposed", gold.t() if gold.dim() == 2 else None)]
+    if getattr(golden, other, None) is not None:
+        og = _codes(golden, other) if name.endswith("_data") else getattr(golden, other).to("cpu")
+        refs += [(f"golden {other}", og), (f"golden {other} transposed", og.t() if og.dim() == 2 else None)]
+    for what, ref in refs:
+        if ref is not None and ref.shape == cand.shape and torch.equal(ref, cand):
+            if what == "golden transposed" and torch.equal(gold, cand):
+                continue
+            return what
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _lut(fmt) -> torch.Tensor:
+    """fp32 value of every code of `fmt` (casts.decode of the full code table), for fast decoding."""
+    return casts.decode(torch.arange(1 << fmt.bits, dtype=torch.int64).to(torch.uint8), fmt)
+
+
+def _decode(codes: torch.Tensor, fmt) -> torch.Tensor:
+    return _lut(fmt)[codes.to(torch.int64) & ((1 << fmt.bits) - 1)]
+
+
+def _compare_data(golden, candidate, name, cp: _Copy) -> TensorResult:
+    cfg = golden.config
+    fmt = cfg.element_format
+    g = _codes(golden, name)
+    c = _codes(candidate, name)
+    n = g.numel()
+    if g.shape != c.shape:
+        swap = _layout_swap(golden, candidate, name, c, g)
+        cls = "layout_transposition" if swap else "other"
+        why = f"candidate shape {tuple(c.shape)} != golden {tuple(g.shape)}" + (f" (it equals the {swap})" if swap else "")
+        return TensorResult(name, "fail", n, n, {cls: n}, {"field": name, "reason": why}, detail={"reason": why})
+    detail = {} if c.dtype == g.dtype else {"dtype": f"candidate {c.dtype} != golden {g.dtype}"}
+    if not detail and torch.equal(g, c):
+        return _result(name, n, {}, None, *_identical(n), {})
+    c = c.to(g.dtype) if detail else c
+    mism = g != c
+    pos = mism.nonzero()  # (n_mis, 2), row-major order
+    n_mis = pos.shape[0]
+    rr, cc = pos[:, 0], pos[:, 1]
+    gm, cm = g[rr, cc].to(torch.int64), c[rr, cc].to(torch.int64)  # only the mismatching codes
+    met = metrics(_decode(c, fmt), _decode(g, fmt))
+    hist = ulp_hist_codes(gm, cm, fmt)
+    hist["0"] += n - n_mis
+    swap = _layout_swap(golden, candidate, name, c, g)
+    src = cp.src
+    if swap:
+        first = _locate(golden, candidate, name, cp, src, int(rr[0]), int(cc[0]), "layout_transposition", None)
+        detail["layout"] = f"candidate equals the {swap}"
+        return _result(name, n, {"layout_transposition": n_mis}, first, met, hist, detail)
+    # Per mismatching element (priority: nan_sign > block_scale_cascade > tie_flip > other).
+    nan_both = _is_nan_code(gm, fmt) & _is_nan_code(cm, fmt)
+    chain_diff = _chain_differs(golden, candidate, cp, rr, cc)
+    mult, _ = _multiplier(golden, cp, src, rr, cc)
+    y = src[rr, cc] * mult  # NUMERICS: §1-§5 one fp32 multiply x * (encode factor)
+    same_sign = (gm & fmt.sign_mask) == (cm & fmt.sign_mask)
+    adjacent = same_sign & ((gm & ~fmt.sign_mask) - (cm & ~fmt.sign_mask)).abs().eq(1) & ~_is_nan_code(cm, fmt)
+    # A tie flip: y is a midpoint and the candidate is the other of its two neighbours.
+    y64 = y.to(torch.float64)
+    other_side = (_decode(cm, fmt).to(torch.float64) - y64).abs() == (_decode(gm, fmt).to(torch.float64) - y64).abs()
+    tie = is_midpoint(y, fmt) & adjacent & other_side
+    cls = torch.full((n_mis,), MISMATCH_CLASSES.index("other"), dtype=torch.int64)
+    cls = torch.where(tie, MISMATCH_CLASSES.index("tie_flip"), cls)
+    if chain_diff is not None:
+        cls = torch.where(chain_diff, MISMATCH_CLASSES.index("block_scale_cascade"), cls)
+    cls = torch.where(nan_both, MISMATCH_CLASSES.index("nan_sign"), cls)
+    counts = torch.bincount(cls, minlength=len(MISMATCH_CLASSES))
+    classes = {k: int(counts[i]) for i, k in enumerate(MISMATCH_CLASSES)}
+    first = _locate(golden, candidate, name, cp, src, int(rr[0]), int(cc[0]), MISMATCH_CLASSES[int(cls[0])], float(y[0]))
+    return _result(name, n, classes, first, met, hist, detail)
+
+
+def _chain_differs(golden, candidate, cp: _Copy, r: torch.Tensor, c: torch.Tensor) -> torch.Tensor | None:
+    """At data positions (r, c): does the scale entry (or a global scale / amax it depends on) differ?"""
+    cfg = golden.config
+    gs, cs = getattr(golden, f"{cp.o}_scale"), getattr(candidate, f"{cp.o}_scale")
+    if gs is None or cs is None:
+        return None
+    gs, cs = gs.to("cpu"), cs.to("cpu")
+    glob = torch.zeros((), dtype=torch.bool)
+    ga, ca = getattr(golden, f"{cp.o}_amax"), getattr(candidate, f"{cp.o}_amax")
+    if cfg.scheme == "nvfp4" and ga is not None and ca is not None:
+        glob = torch.tensor(not torch.equal(fp32.bits(ga.to("cpu")), fp32.bits(ca.to("cpu"))))
+    if cfg.tile is None:
+        if gs.shape != cs.shape:
+            return None
+        return (glob | torch.tensor(not torch.equal(fp32.bits(gs), fp32.bits(cs)))).expand(r.shape)
+    i, j = cp.scale_index(r, c)
+    if gs.dim() != 2 or cs.dim() != 2 or int(i.max()) >= min(gs.shape[0], cs.shape[0]) \
+            or int(j.max()) >= min(gs.shape[1], cs.shape[1]):
+        return None
+    gv, cv = gs[i, j], cs[i, j]
+    if gv.dtype == torch.float32:
+        gv, cv = fp32.bits(gv), fp32.bits(cv.to(torch.float32))
+    return (gv != cv) | glob
+
+
+def _locate(golden, candidate, name, cp: _Copy, src, r: int, c: int, cls: str, y: float | None) -> dict:
+    """Location and context of one mismatching element at data position (r, c)."""
+    fmt = golden.config.element_format
+    m, k = cp.logical(r, c)
+    block, elem = cp.block_of(r, c)
+    g, cand = _codes(golden, name), _codes(candidate, name)
+    gv, cv = int(g[r, c]), int(cand[r, c])
+    out = {
+        "field": name,
+        "class": cls,
+        "index": [r, c],
+        "row": m,
+        "col": k,
+        "block": block,
+        "element": elem,
+        "golden": _hex(gv, 1 if fmt.bits == 4 else 2),
+        "candidate": _hex(cv, 1 if fmt.bits == 4 else 2),
+        "golden_value": float(casts.decode(torch.tensor([gv], dtype=torch.uint8), fmt)[0]),
+        "candidate_value": float(casts.decode(torch.tensor([cv], dtype=torch.uint8), fmt)[0]),
+        "input": float(src[r, c]),
+        "input_block": cp.input_block(src, r, c),
+        "golden_chain": _chain(golden, cp, r, c, src, True),
+        "candidate_chain": _chain(candidate, cp, r, c, src, False),
+    }
+    if y is not None:
+        out["scaled"] = y
+    return out
+
+
+def _scale_step_apart(g: torch.Tensor, c: torch.Tensor, sfmt) -> torch.Tensor:
+    if sfmt is None:  # fp32 sinv: 1 ulp apart, or a factor of two for powers of two
+        gb, cb = fp32.bits(g).to(torch.int64), fp32.bits(c).to(torch.int64)
+        same_sign = (gb < 0) == (cb < 0)
+        d = (gb - cb).abs()
+        pow2 = ((gb & 0x7FFFFF) == 0) & ((cb & 0x7FFFFF) == 0)
+        return same_sign & ((d == 1) | (pow2 & (d == (1 << 23))))
+    g64, c64 = g.to(torch.int64), c.to(torch.int64)
+    same_sign = ((g64 & sfmt.sign_mask) == (c64 & sfmt.sign_mask)) if sfmt.signed else torch.ones_like(g64, dtype=torch.bool)
+    return same_sign & ((g64 - c64).abs() == 1) & ~_is_nan_code(c64, sfmt) & ~_is_nan_code(g64, sfmt)
+
+
+def _compare_scale(golden, candidate, name, cp: _Copy, strict_padding: bool) -> TensorResult:
+    cfg = golden.config
+    sfmt = _scale_format(cfg)
+    g_full, c_full = getattr(golden, name).to("cpu"), getattr(candidate, name).to("cpu")
+    valid = _valid_shape(cfg, cp.o, cp.m, cp.k)
+    sl = tuple(slice(0, v) for v in valid)
+    g = g_full[sl]
+    n = g.numel()
+    if c_full.dim() != g_full.dim() or any(cs < v for cs, v in zip(c_full.shape, valid, strict=False)):
+        swap = None
+        if c_full.dim() == 2 and g.dim() == 2 and c_full.shape[0] >= g.shape[1] and c_full.shape[1] >= g.shape[0]:
+            if torch.equal(c_full[: g.shape[1], : g.shape[0]], g.t()):
+                swap = "golden transposed"
+        cls = "layout_transposition" if swap else "other"
+        why = f"candidate shape {tuple(c_full.shape)} does not cover the valid region {valid} (golden padded {tuple(g_full.shape)})"
+        return TensorResult(name, "fail", n, n, {cls: n}, {"field": name, "reason": why}, detail={"reason": why})
+    detail: dict[str, Any] = {"valid_shape": list(valid)}
+    if c_full.dtype != g_full.dtype:
+        detail["dtype"] = f"candidate {c_full.dtype} != golden {g_full.dtype}"
+        c_full = c_full.to(g_full.dtype)
+    c = c_full[sl]
+    as_bits = (lambda t: fp32.bits(t)) if sfmt is None else (lambda t: t.to(torch.int64))
+    mism = as_bits(g) != as_bits(c)
+    classes = {k: 0 for k in MISMATCH_CLASSES}
+    first_pad = None
+    # Padding, compared separately (informational unless the candidate claims zero-filled padding).
+    if c_full.shape == g_full.shape and g_full.numel() > n:
+        pad = torch.ones(g_full.shape, dtype=torch.bool)
+        pad[sl] = False
+        pad_mism = pad & (as_bits(g_full) != as_bits(c_full))
+        detail["padding_mismatches"] = int(pad_mism.sum())
+        if strict_padding and detail["padding_mismatches"]:
+            classes["padding"] = detail["padding_mismatches"]
+            pos = pad_mism.reshape(-1).nonzero()[0, 0]
+            first_pad = {"field": name, "class": "padding",
+                         "index": [int(t) for t in torch.unravel_index(pos, g_full.shape)],
+                         "note": f"outside the valid region {list(valid)}; the candidate claims zero padding"}
+    dec = (lambda t: t.to(torch.float32)) if sfmt is None else (
+        (lambda t: casts.e8m0_decode(t)) if sfmt is UE8M0 else (lambda t: casts.decode(t, sfmt)))
+    n_mis = int(mism.sum())
+    if n_mis:
+        met = metrics(dec(c), dec(g))
+        hist = ulp_hist_float(g, c) if sfmt is None else ulp_hist_codes(g, c, sfmt)
+    else:
+        met, hist = _identical(n)
+    first = None
+    if n_mis:
+        if g.dim() == 2 and c_full.dim() == 2 and g.shape[0] != g.shape[1] and c_full.shape[0] >= g.shape[1] \
+                and c_full.shape[1] >= g.shape[0] and torch.equal(as_bits(c_full[: g.shape[1], : g.shape[0]]), as_bits(g.t())):
+            classes["layout_transposition"] = n_mis
+            cls_t = torch.full(g.shape, MISMATCH_CLASSES.index("layout_transposition"))
+        else:
+            if sfmt is None:
+                nan_both = torch.isnan(g) & torch.isnan(c)
+            else:
+                nan_both = _is_nan_code(g.to(torch.int64), sfmt) & _is_nan_code(c.to(torch.int64), sfmt)
+            step = _scale_step_apart(g, c, sfmt)
+            cls_t = torch.full(g.shape, MISMATCH_CLASSES.index("other"))
+            cls_t = torch.where(step, MISMATCH_CLASSES.index("scale_off_by_one"), cls_t)
+            cls_t = torch.where(nan_both, MISMATCH_CLASSES.index("nan_sign"), cls_t)
+            counts = torch.bincount(cls_t[mism].reshape(-1), minlength=len(MISMATCH_CLASSES))
+            for i, k in enumerate(MISMATCH_CLASSES):
+                classes[k] += int(counts[i])
+        pos = mism.reshape(-1).nonzero()[0, 0]
+        idx = [int(t) for t in torch.unravel_index(pos, g.shape)]
+        first = {"field": name, "class": MISMATCH_CLASSES[int(cls_t.reshape(-1)[pos])], "index": idx}
+        first.update(_scale_context(golden, candidate, cp, cp.src, idx, g, c, sfmt))
+    return _result(name, n, classes, first or first_pad, met, hist, detail)
+
+
+def _scale_context(golden, candidate, cp: _Copy, src, idx, g, c, sfmt) -> dict:
+    def show(t):
+        v = t[tuple(idx)]
+        return _f32_hex(v) if sfmt is None else _hex(int(v))
+
+    out = {"golden": show(g), "candidate": show(c)}
+    if golden.config.tile is None:
+        out["input_block"] = cp.input_block(src, 0, 0)
+        out["golden_chain"] = _chain(golden, cp, 0, 0, src, True)
+        out["candidate_chain"] = _chain(candidate, cp, 0, 0, src, False)
+        return out
+    i, j = idx
+    r0, r1, c0, c1 = cp.scale_block(i, j)
+    m, k = cp.logical(r0, c0)
+    out.update(row=m, col=k, block=[r0 // cp.br, c0 // cp.bc], data_rows=[r0, r1], data_cols=[c0, c1])
+    out["input_block"] = cp.input_block(src, r0, c0)
+    out["golden_chain"] = _chain(golden, cp, r0, c0, src, True)
+    out["candidate_chain"] = _chain(candidate, cp, r0, c0, src, False)
+    return out
+
+
+def _compare_amax(golden, candidate, name) -> TensorResult:
+    g, c = getattr(golden, name).to("cpu").reshape(-1), getattr(candidate, name).to("cpu").reshape(-1)
+    n = g.numel()
+    if g.shape != c.shape:
+        why = f"candidate shape {tuple(c.shape)} != golden {tuple(g.shape)}"
+        return TensorResult(name, "fail", n, n, {"other": n}, {"field": name, "reason": why}, detail={"reason": why})
+    gb, cb = fp32.bits(g), fp32.bits(c)
+    mism = gb != cb
+    classes = {}
+    first = None
+    if bool(mism.any()):
+        nan_both = torch.isnan(g) & torch.isnan(c)
+        classes = {"nan_sign": int((mism & nan_both).sum()), "other": int((mism & ~nan_both).sum())}
+        i = int(mism.nonzero()[0, 0])
+        first = {"field": name, "class": "nan_sign" if bool(nan_both[i]) else "other", "index": [i],
+                 "golden": float(g[i]), "candidate": float(c[i]),
+                 "golden_bits": _f32_hex(g[i]), "candidate_bits": _f32_hex(c[i])}
+    return _result(name, n, classes, first, metrics(c, g), ulp_hist_float(g.to(torch.float32), c.to(torch.float32)), {})
+
+
+def compare_quantized(golden: QuantizedTensor, candidate: QuantizedTensor, x: torch.Tensor, *,
+                      strict_padding: bool | None = None) -> list[TensorResult]:
+    """One TensorResult per field the golden QuantizedTensor has (data, scale, amax per orientation).
+
+    Data bytes are compared exactly (FP4 nibble by nibble), scales on the valid region, amax by
+    bits. `x` is the high-precision input both were quantized from. Padding mismatches are
+    counted in `detail["padding_mismatches"]`; they fail only with strict_padding (default: the
+    candidate's `extra["zero_fills_padding"]`).
+    """
+    if strict_padding is None:
+        strict_padding = bool(candidate.extra.get("zero_fills_padding", False))
+    x2d = x.detach().to("cpu").reshape(-1, x.shape[-1])
+    out: list[TensorResult] = []
+    for o in ("rowwise", "colwise"):
+        if getattr(golden, f"{o}_data") is None:
+            continue
+        cp = _Copy(golden.config, o, x2d, golden.hp_dtype)
+        for kind in ("data", "scale", "amax"):
+            name = f"{o}_{kind}"
+            if getattr(golden, name) is None:
+                continue
+            if getattr(candidate, name) is None:
+                out.append(_missing(name, f"the candidate has no {name}", getattr(golden, name).numel()))
+                continue
+            if kind == "data":
+                out.append(_compare_data(golden, candidate, name, cp))
+            elif kind == "scale":
+                out.append(_compare_scale(golden, candidate, name, cp, strict_padding))
+            else:
+                out.append(_compare_amax(golden, candidate, name))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Outputs: dequantized tensors and GEMMs
+# ----------------------------------------------------------------------------------------------
+
+
+def compare_output(golden_out: torch.Tensor, candidate_out: torch.Tensor, tensor: str = "out",
+                   bound: torch.Tensor | None = None) -> TensorResult:
+    """Exact bits (bound None) or |candidate − golden| <= bound, with ULPs in the golden dtype."""
+    g = golden_out.detach().to("cpu")
+    c = candidate_out.detach().to("cpu")
+    n = g.numel()
+    if g.shape != c.shape:
+        swap = g.dim() == 2 and c.shape == g.t().shape and torch.equal(c.to(g.dtype), g.t())
+        cls = "layout_transposition" if swap else "other"
+        why = f"candidate shape {tuple(c.shape)} != golden {tuple(g.shape)}" + (" (it equals the golden transposed)" if swap else "")
+        return TensorResult(tensor, "fail", n, n, {cls: n}, {"reason": why}, detail={"reason": why})
+    detail: dict[str, Any] = {"mode": "exact" if bound is None else "tolerance"}
+    if c.dtype != g.dtype:
+        detail["dtype"] = f"candidate {c.dtype} != golden {g.dtype}"
+    cg = c.to(g.dtype)
+    if bound is None and c.dtype == g.dtype and _same_bits(g, c):
+        return _result(tensor, n, {}, None, *_identical(n), detail)
+    _, gb = _ordered_float(g)
+    _, cb = _ordered_float(cg)
+    nan_both = torch.isnan(g) & torch.isnan(cg)
+    if bound is None:
+        mism = gb != cb
+    else:
+        g64, c64 = g.to(torch.float64), c.to(torch.float64)
+        fin = torch.isfinite(g64) & torch.isfinite(c64)
+        same_nonfinite = nan_both | (torch.isinf(g64) & (g64 == c64))
+        b = bound.to(torch.float64).expand_as(g64)
+        within = (c64 - g64).abs() <= b
+        mism = torch.where(fin, ~within, ~same_nonfinite)
+        excess = torch.where(fin, (c64 - g64).abs() - b, torch.zeros_like(g64))
+        detail["max_bound"] = float(b.max()) if b.numel() else 0.0
+        detail["max_excess"] = float(excess.max()) if excess.numel() else 0.0
+    if "dtype" in detail:
+        mism = torch.ones_like(mism)
+    n_mis = int(mism.sum())
+    classes: dict[str, int] = {}
+    first = None
+    if n_mis:
+        if g.dim() == 2 and g.shape[0] == g.shape[1] and not torch.equal(gb, cb) and torch.equal(cb, gb.t()):
+            classes["layout_transposition"] = n_mis
+            cls = "layout_transposition"
+        else:
+            classes["nan_sign"] = int((mism & nan_both).sum())
+            classes["other"] = n_mis - classes["nan_sign"]
+            cls = None
+        pos = int(mism.reshape(-1).nonzero()[0, 0])
+        idx = [int(t) for t in torch.unravel_index(torch.tensor(pos), g.shape)]
+        og, _ = _ordered_float(g.reshape(-1)[pos : pos + 1])
+        oc, _ = _ordered_float(cg.reshape(-1)[pos : pos + 1])
+        first = {
+            "index": idx,
+            "class": cls or ("nan_sign" if bool(nan_both.reshape(-1)[pos]) else "other"),
+            "golden": float(g.reshape(-1)[pos]),
+            "candidate": float(c.reshape(-1)[pos]),
+            "ulps": int((og - oc).abs()[0]),
+        }
+        if bound is not None:
+            first["bound"] = float(bound.to(torch.float64).expand_as(g).reshape(-1)[pos])
+    met = metrics(c, g)
+    return _result(tensor, n, classes, first, met, ulp_hist_float(g, cg), detail)
+
+
+def compare_gemm(golden_out: torch.Tensor, candidate_out: torch.Tensor, truth: torch.Tensor | None, case,
+                 exact: bool, *, a=None, b=None, bias: torch.Tensor | None = None,
+                 c: torch.Tensor | None = None) -> TensorResult:
+    """A GEMM (or dequantized) output against the golden one.
+
+    exact=True: bit equality (exact-representable GEMM inputs, NUMERICS.md §6; dequantization).
+    exact=False: |candidate − golden| <= tolerance.gemm_bound(case, a, b, golden) per element;
+    `a`, `b` are the consumed operands (the golden QuantizedTensors or their dequantized logical
+    tensors) and are required, since the bound scales with Σ|a||b|. `truth` (high-precision
+    result, optional) only adds accuracy metrics to `detail`.
+    """
+    bound = None
+    if not exact:
+        if a is None or b is None:
+            raise ValueError(
+                "compare_gemm(exact=False) needs the consumed operands: pass a=<golden qa>, b=<golden qb> "
+                "(QuantizedTensors or dequantized tensors); the tolerance bound scales with sum |a||b| "
+                "(harness/tolerance.py)"
+            )
+        bound = tolerance.gemm_bound(case, a, b, golden_out, bias=bias, c=c)
+    tr = compare_output(golden_out, candidate_out, "out", bound)
+    if truth is not None and truth.shape == candidate_out.shape:
+        tr.detail["candidate_vs_truth"] = metrics(candidate_out, truth)
+        tr.detail["golden_vs_truth"] = metrics(golden_out, truth)
+    return tr

@@ -1,0 +1,522 @@
+"""Named, seeded input generators: the high-precision tensors a case quantizes or multiplies.
+
+Source: DESIGN.md §5 (named, seeded distributions; plain `normal` alone proves little),
+NUMERICS.md §1-§5 (scale chains the structured distributions are built around) and §6
+(exact-representable GEMM mode). Everything is drawn on the CPU from a `torch.Generator` seeded by a
+stable hash of (seed, distribution, shape, tensor name), then cast to the input dtype and moved to
+`device`, so the bits never depend on the device.
+
+Distributions (x = generated values; "scaled domain" = x times the scheme's encode factor):
+- normal, uniform (-1, 1), heavy_tail (random sign times lognormal, sigma 2), outliers (normal
+  plus ~0.1% values of magnitude 2^6..2^12), per_tile_scales (normal, each tile of the consumed
+  blocks times a random power of two over 2^±40, 2^±8 for float16).
+- ties: in every block (inside T x T tiles, T = the block length, 32 for per-tensor schemes) one
+  anchor per row and per column segment holds +-A* (the format max; fp8_delayed: max * 2^-margin;
+  NVFP4: 6), which makes the decode scale an exact power of two 2^k; every other element is an
+  exact rounding midpoint of the element grid times 2^k (the overflow midpoint, e.g. 464 for
+  E4M3, is included only when A* exceeds it). NVFP4 also puts the global amax 2688 * 2^-g at
+  element [0, 0] (S_enc = 2^g), so every block except the first has s_blk = 2^j exactly.
+  fp8_delayed assumes the scale comes from this tensor's amax (the runner's warm-up step) or is
+  1.0 (fresh state): both give scale 1 here. RHT copies are not on midpoints.
+- special: per T x T tile one pattern: normal, +0, +-0, NaN sprinkled, +-Inf sprinkled, input-dtype
+  subnormals, all +-max of the input dtype, tiny amax, a single non-zero per segment, all NaN,
+  constant blocks (every element equals the block max). T is the block length, halved (down to 16)
+  while the tensor has fewer than two tiles per pattern, so small tensors still see every pattern
+  (each pattern then fills part of a block).
+- exhaustive: every finite code of the element format (NVFP4: every E2M1 code times every E4M3
+  block scale) times a power of two, with anchors as in `ties`, so quantization reproduces the
+  codes exactly (NaN and Inf codes are left to `special`).
+- exact_representable (GEMMs; NUMERICS.md §6): in each consumed block (along K) an anchor at
+  K-offset 0 (A) or 1 (B) fixes a power-of-two scale, and the other operand is zero at that offset,
+  so anchors never enter a product; every other value is +-2^-i times the block scale, so every
+  product is a multiple of q = 2^-(La+Sa+Lb+Sb) (times the global factors) and every K-sum of
+  |products| is <= 2^13 q. NVFP4 global amaxes are 2688 or 21504 (alpha a power of two). C and bias
+  are small multiples of q, so Y + C + bias is exact in fp32.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+
+from reference import casts
+from reference.formats import E2M1, E4M3, QuantConfig
+
+from .cases import DISTRIBUTIONS, LAYOUT_CONSUMES, Case
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PER_TENSOR_TILE = 32  # pattern tile of per-tensor schemes (they have no blocks)
+# NUMERICS: §6 exact-representable mode - sum_k |t_k| <= 2^13 q (Hopper fast-accumulation bound).
+EXACT_SUM_BITS = 13
+EXACT_OUT_BITS = 14  # keep |Y| <= 2^14 so float16 outputs cannot overflow
+# Quiet-NaN bit patterns of the input dtypes (IEEE binary32/binary16 and bfloat16 layouts): (view, bits, sign bit).
+_NAN_BITS = {"bfloat16": (torch.int16, 0x7FC0, 15), "float16": (torch.int16, 0x7E00, 15), "float32": (torch.int32, 0x7FC00000, 31)}
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------------------------
+
+
+def _generator(case: Case, name: str) -> torch.Generator:
+    """A CPU generator seeded by a stable hash of (seed, distribution, shape, tensor name)."""
+    key = f"{case.seed}|{case.distribution}|{'x'.join(map(str, case.shape))}|{case.layout}|{name}"
+    seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") & ((1 << 63) - 1)
+    g = torch.Generator(device="cpu")
+    g.manual_seed(seed)
+    return g
+
+
+def _dtype_limits(in_dtype: str) -> tuple[float, float, float]:
+    """(max finite, min normal, min subnormal) of an input dtype (torch.finfo)."""
+    fi = torch.finfo(TORCH_DTYPES[in_dtype])
+    return float(fi.max), float(fi.smallest_normal), float(fi.smallest_normal * fi.eps)
+
+
+def _pow2(e: torch.Tensor) -> torch.Tensor:
+    return torch.ldexp(torch.ones_like(e, dtype=torch.float64), e.to(torch.int32))
+
+
+def _sign(shape, g: torch.Generator) -> torch.Tensor:
+    return torch.randint(0, 2, shape, generator=g).to(torch.float64) * 2 - 1
+
+
+def _block(cfg: QuantConfig) -> int:
+    return cfg.block if cfg.block is not None else PER_TENSOR_TILE
+
+
+def _rows_cols(shape: tuple[int, ...]) -> tuple[int, int]:
+    return math.prod(shape[:-1]), shape[-1]
+
+
+class _Grid:
+    """Tile geometry of a [rows, cols] tensor cut into tr x tc tiles (partial edge tiles allowed).
+
+    `diag` marks one element of every row segment and of every column segment of each tile:
+    (i, i mod c_t) and (j mod r_t, j), with r_t x c_t the tile's actual size.
+    """
+
+    def __init__(self, rows: int, cols: int, tr: int, tc: int) -> None:
+        r = torch.arange(rows)
+        c = torch.arange(cols)
+        self.rows, self.cols = rows, cols
+        self.ti, self.tj = (r // tr).unsqueeze(1), (c // tc).unsqueeze(0)  # (rows, 1), (1, cols)
+        self.i, self.j = (r % tr).unsqueeze(1), (c % tc).unsqueeze(0)
+        self.nti, self.ntj = -(-rows // tr), -(-cols // tc)
+        rt = torch.clamp(rows - self.ti * tr, max=tr)  # (rows, 1) actual tile height
+        ct = torch.clamp(cols - self.tj * tc, max=tc)  # (1, cols) actual tile width
+        self.diag = (self.j == self.i % ct) | (self.i == self.j % rt)  # (rows, cols)
+
+    def per_tile(self, t: torch.Tensor) -> torch.Tensor:
+        """[nti, ntj] per-tile values -> [rows, cols]."""
+        return t[self.ti, self.tj]
+
+    def tile_index(self) -> torch.Tensor:
+        return self.ti * self.ntj + self.tj  # (rows, cols) by broadcasting
+
+
+def _grid_values(fmt) -> torch.Tensor:
+    """Non-negative finite values of an element format, ascending (float64), from casts.decode."""
+    codes = torch.arange(0, fmt.max_code + 1, dtype=torch.int64)
+    v = casts.decode(codes.to(torch.uint8), fmt).to(torch.float64)
+    return v[torch.isfinite(v)]
+
+
+def _midpoints(fmt, below: float) -> torch.Tensor:
+    """Rounding midpoints of `fmt` (including the overflow midpoint past max) strictly below `below`."""
+    v = _grid_values(fmt)
+    top = v[-1]
+    nxt = top + 2.0 ** (fmt.emax - fmt.man_bits)  # the would-be next grid value past max
+    v = torch.cat([v, torch.tensor([nxt], dtype=torch.float64)])
+    mids = (v[:-1] + v[1:]) / 2
+    return mids[mids < below]
+
+
+def _finite_codes(fmt) -> torch.Tensor:
+    """Every finite code of `fmt` (both signs, NaN and Inf codes excluded), uint8."""
+    codes = torch.arange(0, 1 << fmt.bits, dtype=torch.int64).to(torch.uint8)
+    v = casts.decode(codes, fmt)
+    return codes[torch.isfinite(v)]
+
+
+def _anchor(cfg: QuantConfig) -> float:
+    """A*: the scaled-domain block maximum that makes the decode scale an exact power of two."""
+    fmt = cfg.element_format
+    if cfg.scheme == "fp8_delayed":
+        # NUMERICS: §2 - S_max = fp8_max * 2^-margin; amax = S_max gives scale 1 (as the fresh state).
+        return math.ldexp(fmt.max_finite, -cfg.margin)
+    return fmt.max_finite
+
+
+def _k_range(cfg: QuantConfig, in_dtype: str, top: float, quantum: float) -> tuple[int, int]:
+    """Exponents k such that top * 2^k fits the dtype (with headroom) and quantum * 2^k >= its min subnormal."""
+    dmax, _, dsub = _dtype_limits(in_dtype)
+    hi = min(20, math.floor(math.log2(dmax / (4 * top))))
+    lo = max(-20, math.ceil(math.log2(dsub / quantum)))
+    if in_dtype == "float16":
+        lo, hi = max(lo, -6), min(hi, 6)
+    return lo, max(lo, hi)
+
+
+def _tile_exponents(cfg: QuantConfig, grid: _Grid, lo: int, hi: int, g: torch.Generator) -> torch.Tensor:
+    """k per element: one per tile (block schemes), one for the tensor (fp8_current), 0 (fp8_delayed)."""
+    if cfg.scheme == "fp8_delayed":
+        return torch.zeros(1, 1, dtype=torch.int64)
+    if cfg.tile is None:
+        return torch.randint(lo, hi + 1, (1, 1), generator=g)
+    return grid.per_tile(torch.randint(lo, hi + 1, (grid.nti, grid.ntj), generator=g))
+
+
+# ----------------------------------------------------------------------------------------------
+# Unstructured distributions
+# ----------------------------------------------------------------------------------------------
+
+
+def _normal(rows, cols, g):
+    return torch.randn(rows, cols, generator=g, dtype=torch.float64)
+
+
+def _uniform(rows, cols, g):
+    return torch.rand(rows, cols, generator=g, dtype=torch.float64) * 2 - 1
+
+
+def _heavy_tail(rows, cols, g, in_dtype):
+    dmax, _, _ = _dtype_limits(in_dtype)
+    mag = torch.exp(2.0 * torch.randn(rows, cols, generator=g, dtype=torch.float64))
+    return _sign((rows, cols), g) * torch.clamp(mag, max=min(dmax / 4, 1e30))
+
+
+def _outliers(rows, cols, g):
+    x = torch.randn(rows, cols, generator=g, dtype=torch.float64)
+    n = rows * cols
+    n_out = max(1, n // 1000)
+    pos = torch.randperm(n, generator=g)[:n_out]
+    mag = _pow2(torch.randint(6, 13, (n_out,), generator=g)) * (1 + torch.rand(n_out, generator=g, dtype=torch.float64))
+    x.view(-1)[pos] = mag * _sign((n_out,), g)
+    return x
+
+
+def _per_tile_scales(cfg, rows, cols, g, in_dtype, orientation):
+    b = _block(cfg)
+    if cfg.is_2d:
+        tr, tc = cfg.tile
+    elif orientation == "colwise":
+        tr, tc = b, 1  # blocks run along M for the consumed columnwise copy
+    else:
+        tr, tc = 1, b
+    grid = _Grid(rows, cols, tr, tc)
+    span = 8 if in_dtype == "float16" else 40
+    e = grid.per_tile(torch.randint(-span, span + 1, (grid.nti, grid.ntj), generator=g))
+    return torch.randn(rows, cols, generator=g, dtype=torch.float64) * _pow2(e)
+
+
+# ----------------------------------------------------------------------------------------------
+# Structured distributions: ties, exhaustive, special
+# ----------------------------------------------------------------------------------------------
+
+
+def _nvfp4_global(g: torch.Generator, in_dtype: str) -> int:
+    """g with S_enc = 2^g: the global amax is 2688 * 2^-g (NUMERICS.md §5.1)."""
+    return int(torch.randint(-2, 3, (1,), generator=g))
+
+
+def _ties(cfg, rows, cols, g, in_dtype):
+    fmt = cfg.element_format
+    a_star = _anchor(cfg)
+    mids = _midpoints(fmt, a_star)  # NUMERICS: §0.5 ties round to the even code
+    t = _block(cfg)
+    grid = _Grid(rows, cols, t, t)
+    y = mids[torch.randint(0, mids.numel(), (rows, cols), generator=g)]
+    y = torch.where(grid.diag, torch.full_like(y, a_star), y) * _sign((rows, cols), g)
+    if cfg.scheme == "nvfp4":
+        # NUMERICS: §5.1-§5.3 - S_enc = 2^gexp; a block with amax 6 * 2^(j - gexp) gets
+        # d = RN(6 * 2^j * fl(1/6)) = 2^j exactly, s_blk = 2^j, f = 2^(gexp - j): y lands on x * f.
+        gexp = _nvfp4_global(g, in_dtype)
+        j = grid.per_tile(torch.randint(-6, 1, (grid.nti, grid.ntj), generator=g))
+        x = y * _pow2(j - gexp)
+        x[0, 0] = math.ldexp(E2M1.max_finite * E4M3.max_finite, -gexp)  # the global amax
+        return x
+    lo, hi = _k_range(cfg, in_dtype, max(a_star, fmt.max_finite), fmt.min_subnormal / 2)
+    return y * _pow2(_tile_exponents(cfg, grid, lo, hi, g))
+
+
+def _exhaustive(cfg, rows, cols, g, in_dtype):
+    fmt = cfg.element_format
+    if cfg.scheme == "nvfp4":
+        t = cfg.block
+        grid = _Grid(rows, cols, t, t)
+        n_codes = 1 << fmt.bits
+        off = grid.per_tile(torch.randint(0, n_codes, (grid.nti, grid.ntj), generator=g))
+        code = (grid.i + grid.j + off) % n_codes  # every row and column segment holds all 16 codes
+        v = casts.decode(code.to(torch.uint8), fmt).to(torch.float64)
+        # Block scales: every positive E4M3 code, the first tile at max (so A_g = 2688 * 2^-gexp).
+        n_scales = E4M3.max_code
+        s_code = (E4M3.max_code - grid.tile_index() % n_scales).to(torch.uint8)
+        s = casts.decode(s_code, E4M3).to(torch.float64)
+        gexp = _nvfp4_global(g, in_dtype)
+        return v * s * math.ldexp(1.0, -gexp)
+    a_star = _anchor(cfg)
+    codes = _finite_codes(fmt)
+    vals = casts.decode(codes, fmt).to(torch.float64)
+    vals = vals[vals.abs() <= a_star]
+    t = _block(cfg)
+    grid = _Grid(rows, cols, t, t)
+    off = int(torch.randint(0, vals.numel(), (1,), generator=g))
+    lin = torch.arange(rows * cols, dtype=torch.int64).reshape(rows, cols)
+    y = vals[(lin + off) % vals.numel()]
+    y = torch.where(grid.diag, a_star * _sign((rows, cols), g), y)
+    lo, hi = _k_range(cfg, in_dtype, max(a_star, fmt.max_finite), fmt.min_subnormal)
+    return y * _pow2(_tile_exponents(cfg, grid, lo, hi, g))
+
+
+SPECIAL_PATTERNS = (
+    "normal",
+    "zeros",
+    "signed_zeros",
+    "nan_sprinkled",
+    "inf_sprinkled",
+    "subnormals",
+    "all_max",
+    "tiny_amax",
+    "single_nonzero",
+    "all_nan",
+    "constant",
+)
+
+
+SPECIAL_MIN_TILE = 16
+
+
+def _special(cfg, rows, cols, g, in_dtype, seed):
+    """(values float64, negative-NaN mask): one SPECIAL_PATTERNS entry per T x T tile."""
+    dmax, dmin_normal, dsub = _dtype_limits(in_dtype)
+    t = _block(cfg)
+    # Small tensors: shrink the tile (powers of two >= 16) until every pattern gets ~2 tiles.
+    while t > SPECIAL_MIN_TILE and -(-rows // t) * -(-cols // t) < 2 * len(SPECIAL_PATTERNS):
+        t //= 2
+    grid = _Grid(rows, cols, t, t)
+    pat = grid.per_tile(((torch.arange(grid.nti * grid.ntj) + seed) % len(SPECIAL_PATTERNS)).reshape(grid.nti, grid.ntj))
+    base = torch.randn(rows, cols, generator=g, dtype=torch.float64)
+    sign = _sign((rows, cols), g)
+    sprinkle = torch.rand(rows, cols, generator=g) < 0.125
+    sub_mant = torch.randint(1, 1 << 6, (rows, cols), generator=g).to(torch.float64)
+    const = grid.per_tile(_pow2(torch.randint(-8, 9, (grid.nti, grid.ntj), generator=g)))
+    p = {name: pat == i for i, name in enumerate(SPECIAL_PATTERNS)}
+    nan, inf = float("nan"), float("inf")
+    x = base.clone()
+    x = torch.where(p["zeros"], torch.zeros_like(x), x)
+    x = torch.where(p["signed_zeros"], torch.where(sign < 0, torch.full_like(x, -0.0), torch.zeros_like(x)), x)
+    x = torch.where(p["nan_sprinkled"] & sprinkle, torch.full_like(x, nan), x)
+    x = torch.where(p["inf_sprinkled"] & sprinkle, sign * inf, x)
+    # Subnormals of the input dtype: integer multiples (1..63) of its min subnormal, all < min normal.
+    x = torch.where(p["subnormals"], sign * torch.clamp(sub_mant * dsub, max=dmin_normal / 2), x)
+    x = torch.where(p["all_max"], sign * dmax, x)
+    x = torch.where(p["tiny_amax"], base * dmin_normal, x)
+    x = torch.where(p["single_nonzero"], torch.where(grid.diag, base, torch.zeros_like(x)), x)
+    x = torch.where(p["all_nan"], torch.full_like(x, nan), x)
+    x = torch.where(p["constant"], sign * const, x)
+    neg_nan = torch.isnan(x) & (sign < 0)
+    return x, neg_nan
+
+
+# ----------------------------------------------------------------------------------------------
+# Exact-representable GEMM operands (NUMERICS.md §6)
+# ----------------------------------------------------------------------------------------------
+
+
+def _exact_budget(k: int) -> tuple[int, int]:
+    """(bits, stride): value/scale spread bits and the K stride of non-zero products, so that the
+    number of non-zero products (<= ceil(K/stride)) times 2^bits is <= 2^EXACT_SUM_BITS."""
+    lg = max(0, math.ceil(math.log2(max(k, 1))))
+    bits = EXACT_SUM_BITS - lg
+    if bits >= 0:
+        return bits, 1
+    return 0, 1 << (-bits)
+
+
+def _exact_plan(cfg_a: QuantConfig, cfg_b: QuantConfig, k: int) -> dict:
+    """Spread bits per operand (L: element levels, S: block-scale levels) and base exponents."""
+    bits, stride = _exact_budget(k)
+    plans = {}
+    for role, cfg in (("a", cfg_a), ("b", cfg_b)):
+        block_scaled = cfg.tile is not None
+        s = bits // 4 if block_scaled else 0
+        plans[role] = {"S": s}
+    left = bits - plans["a"]["S"] - plans["b"]["S"]
+    plans["a"]["L"] = left // 2
+    plans["b"]["L"] = left - left // 2
+    for role, cfg in (("a", cfg_a), ("b", cfg_b)):
+        p = plans[role]
+        if cfg.scheme == "nvfp4":
+            p["L"] = min(p["L"], 3)  # E2M1 powers of two: 4, 2, 1, 0.5
+            p["base"] = 2.0 ** (E2M1.emax)  # 4
+        else:
+            p["base"] = 1.0
+        p["stride"] = stride
+    return plans
+
+
+def _exact_klast(cfg: QuantConfig, lines: int, k: int, role: str, plan: dict, t0: int, s_dec: float,
+                 g: torch.Generator) -> torch.Tensor:
+    """One operand in K-last form [lines, K] (blocks along K): anchors, zeros, +-2^-i values."""
+    blk = cfg.block if cfg.block is not None else k
+    own, other = (0, 1) if role == "a" else (1, 0)
+    grid = _Grid(lines, k, cfg.tile[0] if cfg.is_2d else 1, blk)
+    off = grid.j  # (1, K) offset inside the K block
+    # Block-scale exponent t per tile (D = 2^-(t0 + t) * s_dec); per-tensor schemes: t = 0.
+    if cfg.tile is None:
+        t = torch.zeros(1, 1, dtype=torch.int64)
+    else:
+        t = grid.per_tile(torch.randint(0, plan["S"] + 1, (grid.nti, grid.ntj), generator=g))
+    d = _pow2(-(t + t0)) * s_dec
+    i = torch.randint(0, plan["L"] + 1, (lines, k), generator=g)
+    v = plan["base"] * _pow2(-i) * _sign((lines, k), g)
+    v = torch.where(torch.rand(lines, k, generator=g) < 0.25, torch.zeros_like(v), v)
+    col = torch.arange(k).unsqueeze(0)
+    if plan["stride"] > 1 and role == "a":
+        v = torch.where(col % plan["stride"] == 0, v, torch.zeros_like(v))
+    anchor = _anchor(cfg) if cfg.scheme != "nvfp4" else E2M1.max_finite
+    v = torch.where(off == own, anchor * _sign((lines, k), g), v)
+    v = torch.where(off == other, torch.zeros_like(v), v)
+    if role == "b" and cfg.block is not None and k % blk == 1:
+        v[:, k - 1] = 0.0  # a one-element last block cannot hold B's anchor: keep it all zero (scale 1)
+    x = v * d
+    if cfg.scheme == "nvfp4":
+        # NUMERICS: §5.1, §5.8 - global amax 2688 * s_dec at B's/A's anchor offset of block 0;
+        # the rest of that tile is zero (its scale is 448, its anchors never meet the other operand).
+        tile_rows = cfg.tile[0]
+        x[:tile_rows, :blk] = torch.where(off[:, :blk] == own, x[:tile_rows, :blk], torch.zeros_like(x[:tile_rows, :blk]))
+        x[0, own] = E2M1.max_finite * E4M3.max_finite * s_dec
+    return x
+
+
+def _exact_gemm(case: Case, g: torch.Generator) -> dict[str, torch.Tensor]:
+    m, n, k = case.shape
+    cfg_a, cfg_b = case.config, case.b_config
+    plans = _exact_plan(cfg_a, cfg_b, k)
+    s_dec = {}
+    t0 = {}
+    for role, cfg in (("a", cfg_a), ("b", cfg_b)):
+        # NUMERICS: §6 - NVFP4 global amax 2688 (S_dec 1) or 21504 (S_dec 8): alpha is a power of two.
+        s_dec[role] = (1.0, 8.0)[int(torch.randint(0, 2, (1,), generator=g))] if cfg.scheme == "nvfp4" else 1.0
+    # Shift the block scales down so that |Y| <= 2^EXACT_OUT_BITS (float16 outputs).
+    lg = max(0, math.ceil(math.log2(k)))
+    top = lg + sum(math.log2(plans[r]["base"] * s_dec[r]) for r in ("a", "b"))
+    shift = max(0, math.ceil(top - EXACT_OUT_BITS))
+    for role, cfg in (("a", cfg_a), ("b", cfg_b)):
+        share = shift // 2 if role == "a" else shift - shift // 2
+        t0[role] = 0 if cfg.scheme == "fp8_delayed" else share
+        if cfg.scheme == "nvfp4":
+            # NUMERICS: §5.2 - s_blk = 2^-(t0 + t) must stay an E4M3 power of two (>= 2^-9).
+            t0[role] = min(t0[role], -E4M3.emin + E4M3.man_bits)
+            plans[role]["S"] = max(0, min(plans[role]["S"], -E4M3.emin + E4M3.man_bits - t0[role]))
+    a_kl = _exact_klast(cfg_a, m, k, "a", plans["a"], t0["a"], s_dec["a"], g)  # (M, K)
+    b_kl = _exact_klast(cfg_b, n, k, "b", plans["b"], t0["b"], s_dec["b"], g)  # (N, K)
+    ca, cb = LAYOUT_CONSUMES[case.layout]
+    out = {
+        "a": a_kl if ca == "rowwise" else a_kl.t().contiguous(),  # TN/NN: [M, K]; NT: [K, M]
+        "b": b_kl if case.layout == "TN" else b_kl.t().contiguous(),  # TN: [N, K]; NN/NT: [K, N]
+    }
+    # q: the common power of two of all products (x-domain), C and bias are small multiples of it.
+    q = 1.0
+    for role in ("a", "b"):
+        p = plans[role]
+        q *= p["base"] * 2.0 ** -(p["L"] + p["S"] + t0[role]) * s_dec[role]
+    if case.accumulate:
+        c = torch.randint(-64, 65, (m, n), generator=g).to(torch.float64) * _pow2(torch.randint(0, 4, (m, n), generator=g))
+        out["c"] = c * q
+    if case.bias:
+        bv = torch.randint(-64, 65, (n,), generator=g).to(torch.float64) * _pow2(torch.randint(0, 4, (n,), generator=g))
+        out["bias"] = bv * q
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Public entry point
+# ----------------------------------------------------------------------------------------------
+
+
+def _cast(x: torch.Tensor, in_dtype: str, neg_nan: torch.Tensor | None = None) -> torch.Tensor:
+    """float64 values -> in_dtype (one rounding through fp32 is exact for every structured value);
+    NaN lanes get the canonical quiet NaN with their intended sign (torch's bf16 cast drops it)."""
+    dt = TORCH_DTYPES[in_dtype]
+    y = x.to(torch.float32).to(dt)
+    nan = torch.isnan(y)
+    if bool(nan.any()):
+        ity, qnan, sbit = _NAN_BITS[in_dtype]
+        neg = neg_nan if neg_nan is not None else torch.zeros_like(nan)
+        bits = torch.where(neg, torch.tensor(qnan - (1 << sbit), dtype=torch.int64), torch.tensor(qnan, dtype=torch.int64))
+        yb = y.view(ity).clone()
+        yb[nan] = bits[nan].to(ity)
+        y = yb.view(dt)
+    return y
+
+
+def _operand(case: Case, cfg: QuantConfig, shape: tuple[int, ...], orientation: str, name: str) -> torch.Tensor:
+    """One high-precision operand of `shape` for `cfg` (its consumed orientation), in case.in_dtype."""
+    g = _generator(case, name)
+    rows, cols = _rows_cols(shape)
+    dist = case.distribution
+    neg_nan = None
+    transpose = orientation == "colwise" and dist in ("exact_representable",)
+    if transpose:
+        rows, cols = cols, rows
+    if dist == "normal":
+        x = _normal(rows, cols, g)
+    elif dist == "uniform":
+        x = _uniform(rows, cols, g)
+    elif dist == "heavy_tail":
+        x = _heavy_tail(rows, cols, g, case.in_dtype)
+    elif dist == "outliers":
+        x = _outliers(rows, cols, g)
+    elif dist == "per_tile_scales":
+        x = _per_tile_scales(cfg, rows, cols, g, case.in_dtype, orientation)
+    elif dist == "ties":
+        x = _ties(cfg, rows, cols, g, case.in_dtype)
+    elif dist == "exhaustive":
+        x = _exhaustive(cfg, rows, cols, g, case.in_dtype)
+    elif dist == "special":
+        x, neg_nan = _special(cfg, rows, cols, g, case.in_dtype, case.seed)
+    elif dist == "exact_representable":
+        plan = _exact_plan(cfg, cfg, cols)["a"]
+        x = _exact_klast(cfg, rows, cols, "a", plan, 0, 1.0, g)
+    else:  # pragma: no cover - Case validates the name
+        raise ValueError(f"unknown distribution {dist!r}; expected one of {DISTRIBUTIONS}")
+    if transpose:
+        x = x.t().contiguous()
+        neg_nan = None if neg_nan is None else neg_nan.t().contiguous()
+    return _cast(x, case.in_dtype, neg_nan).reshape(shape)
+
+
+def generate(case: Case, device: str | torch.device = "cpu") -> dict:
+    """The case's inputs (interfaces.md): quantize/dequantize -> {"x"}; gemm -> {"a", "b"} in the
+    layout's logical shapes, plus "c" [M, N] (accumulate) and "bias" [N] (bias) in the output
+    dtype; "rng" = (seed, stream 0) when a config rounds stochastically (B uses stream + 2)."""
+    out: dict = {}
+    if case.op in ("quantize", "dequantize"):
+        out["x"] = _operand(case, case.config, case.shape, case.orientation, "x")
+        stochastic = case.config.stochastic
+    else:
+        shapes = case.operand_shapes
+        out_dt = TORCH_DTYPES[case.out_dtype]
+        if case.distribution == "exact_representable":
+            exact = _exact_gemm(case, _generator(case, "gemm"))
+            out["a"] = _cast(exact["a"], case.in_dtype)
+            out["b"] = _cast(exact["b"], case.in_dtype)
+            for name in ("c", "bias"):
+                if name in exact:
+                    out[name] = exact[name].to(torch.float32).to(out_dt)
+        else:
+            ca, cb = LAYOUT_CONSUMES[case.layout]
+            out["a"] = _operand(case, case.config, shapes["a"], ca, "a")
+            out["b"] = _operand(case, case.b_config, shapes["b"], cb, "b")
+            if case.accumulate:
+                out["c"] = torch.randn(shapes["c"], generator=_generator(case, "c")).to(out_dt)
+            if case.bias:
+                out["bias"] = torch.randn(shapes["bias"], generator=_generator(case, "bias")).to(out_dt)
+        stochastic = case.config.stochastic or case.b_config.stochastic
+    if stochastic:
+        out["rng"] = (case.seed, 0)
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}

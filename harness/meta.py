@@ -1,0 +1,106 @@
+"""run_meta.json content: git commit, library and driver versions, GPUs, run options.
+
+Source: DESIGN.md §6 (`run_meta.json`: commit, versions of torch/cupy/cuBLAS/driver, GPU, options).
+Every probe is best effort: a missing tool or library gives None, never an exception.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Mapping
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cupy_info() -> dict:
+    """CuPy, CUDA runtime/driver and cuBLAS versions through CuPy, if CuPy imports and sees a GPU."""
+    info: dict = {"cupy": None, "cuda_runtime": None, "cuda_driver": None, "cublas": None}
+    try:
+        import cupy  # noqa: PLC0415 - optional GPU dependency
+
+        info["cupy"] = cupy.__version__
+        info["cuda_runtime"] = cupy.cuda.runtime.runtimeGetVersion()
+        info["cuda_driver"] = cupy.cuda.runtime.driverGetVersion()
+        from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+
+        info["cublas"] = cublas.getVersion(cupy.cuda.device.get_cublas_handle())
+    except Exception:  # noqa: BLE001 - best effort: absent CuPy/GPU leaves None
+        pass
+    return info
+
+
+def _nvidia_smi() -> dict:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    if out.returncode != 0:
+        return {}
+    lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+    return {"nvidia_smi": lines, "driver": lines[0].split(",")[1].strip() if lines else None}
+
+
+def _torch_info() -> dict:
+    import torch  # noqa: PLC0415
+
+    info = {
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "gpus": [],
+    }
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            info["gpus"].append({"index": i, "name": p.name, "capability": f"{p.major}.{p.minor}",
+                                 "memory_gib": round(p.total_memory / 2**30, 1)})
+    return info
+
+
+def run_meta(options: Mapping | None = None, *, probe_gpu: bool = True) -> dict:
+    """Everything needed to reproduce and compare a run (written to run_meta.json)."""
+    commit = _git("rev-parse", "HEAD")
+    dirty = _git("status", "--porcelain")
+    meta = {
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": commit,
+        "git_dirty": None if dirty is None else bool(dirty),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "numpy": _version("numpy"),
+        "pandas": _version("pandas"),
+        "nvmath": _version("nvmath-python"),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "options": dict(options or {}),
+    }
+    meta.update(_torch_info())
+    if probe_gpu and meta["cuda_available"]:
+        meta.update(_cupy_info())
+        meta.update(_nvidia_smi())
+    return meta

@@ -1,0 +1,352 @@
+"""Long-format result reports: the column schema, the append-as-you-go CSV writer, summary, diff, merge.
+
+Source: DESIGN.md §6 (one row per (case, tensor), fixed column order declared once, written by
+pandas, `results.csv` + `run_meta.json`); the schema is documented in reports/README.md, and a test
+checks that table against `COLUMNS`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import pandas as pd
+
+RESULTS = "results.csv"
+META = "run_meta.json"
+FAILURES = "failures"
+
+# The one declaration of the report schema (reports/README.md documents every column, in this order).
+COLUMNS: tuple[str, ...] = (
+    # what ran
+    "case_id",
+    "scheme",
+    "op",
+    "backend",
+    "tensor",
+    "kind",
+    # verdict
+    "status",
+    "reason",
+    # comparison counts and metrics
+    "n",
+    "n_mismatch",
+    "mismatch_frac",
+    "max_abs",
+    "max_rel",
+    "rmse",
+    "sqnr_db",
+    "mismatch_classes",
+    "first_mismatch",
+    "ulp_hist",
+    # the case, spelled out (DESIGN.md §2 names)
+    "element",
+    "tile",
+    "rht",
+    "stochastic",
+    "pow2_scales",
+    "e8m0_rule",
+    "orientation",
+    "shape",
+    "in_dtype",
+    "out_dtype",
+    "layout",
+    "b_config",
+    "accumulate",
+    "bias",
+    "distribution",
+    "seed",
+    # where and how long
+    "device",
+    "wall_ms",
+    "worker",
+)
+
+# Row statuses, best first. `info` rows carry accuracy measurements and have no verdict.
+STATUSES = ("pass", "info", "skip", "fail", "error")
+_RANK = {"pass": 0, "info": 0, "skip": 1, "fail": 2, "error": 3}
+JSON_COLUMNS = ("mismatch_classes", "first_mismatch", "ulp_hist")
+NUMERIC_COLUMNS = ("n", "n_mismatch", "mismatch_frac", "max_abs", "max_rel", "rmse", "sqnr_db", "wall_ms")
+INT_COLUMNS = ("n", "n_mismatch")
+TEXT_COLUMNS = tuple(c for c in COLUMNS if c not in NUMERIC_COLUMNS)
+
+# diff: an SQNR drop larger than this (dB) is a regression (the issue's threshold).
+SQNR_DROP_DB = 0.5
+
+
+def status_rank(status: str) -> int:
+    """Badness of a status: pass/info 0 < skip 1 < fail 2 < error 3 (unknown strings count as error)."""
+    return _RANK.get(str(status), _RANK["error"])
+
+
+def worst_status(statuses: Iterable[str]) -> str:
+    """The case-level status: the worst of its rows (info rows alone make a pass)."""
+    worst = "pass"
+    for s in statuses:
+        s = "pass" if s == "info" else str(s)
+        if status_rank(s) > status_rank(worst):
+            worst = s
+    return worst
+
+
+def _clean(v):
+    """A JSON-safe copy: tensors/arrays to lists, non-finite floats to strings, tuples to lists."""
+    if isinstance(v, Mapping):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):
+        return _clean(v.tolist())
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    return str(v)
+
+
+def to_json(v) -> str:
+    """A compact JSON cell ('' for None)."""
+    if v is None or (isinstance(v, str) and v == ""):
+        return ""
+    if isinstance(v, str):
+        return v
+    return json.dumps(_clean(v), sort_keys=True, separators=(",", ":"))
+
+
+def normalize_row(row: Mapping) -> dict:
+    """A row with exactly COLUMNS, JSON columns encoded, missing cells empty; unknown keys are an error."""
+    extra = set(row) - set(COLUMNS)
+    if extra:
+        raise KeyError(f"report row has columns not in report.COLUMNS: {sorted(extra)} (add them to COLUMNS and reports/README.md)")
+    out = {}
+    for c in COLUMNS:
+        v = row.get(c)
+        if c in JSON_COLUMNS:
+            v = to_json(v)
+        elif v is None:
+            v = ""
+        elif isinstance(v, float) and math.isnan(v):
+            v = ""
+        out[c] = v
+    return out
+
+
+def rows_to_csv_text(rows: Sequence[Mapping], header: bool) -> str:
+    """CSV text for `rows` in COLUMNS order (pandas-written, so pandas reads it back)."""
+    df = pd.DataFrame([normalize_row(r) for r in rows], columns=list(COLUMNS))
+    return df.to_csv(index=False, header=header, lineterminator="\n")
+
+
+def _truncate_partial_line(path: Path) -> None:
+    """Drop a trailing line without its newline (a write cut by a kill), so appends start clean."""
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return
+    cut = data.rfind(b"\n") + 1
+    with open(path, "r+b") as f:
+        f.truncate(cut)
+
+
+class ReportWriter:
+    """Appends result rows to `<out_dir>/results.csv` as cases finish and writes `run_meta.json`.
+
+    Each `write(rows)` is one pandas-rendered block sent with a single `os.write` on an O_APPEND
+    descriptor, so a killed run keeps every finished case (and never half of one). With
+    `resume=True` an existing CSV is kept and `completed` holds its (case_id, backend) pairs.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike, meta: Mapping | None = None, resume: bool = False):
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.out_dir / RESULTS
+        self.meta_path = self.out_dir / META
+        self.completed: set[tuple[str, str]] = set()
+        self.n_written = 0
+        if resume and self.path.exists():
+            _truncate_partial_line(self.path)
+            self.completed = completed_pairs(self.path)
+        else:
+            # A fresh run: drop the previous run's rows and failure artifacts from this directory.
+            if self.path.exists():
+                self.path.unlink()
+            shutil.rmtree(self.out_dir / FAILURES, ignore_errors=True)
+        meta = dict(meta or {})
+        if resume and self.meta_path.exists():
+            try:
+                previous = json.loads(self.meta_path.read_text())
+            except ValueError:
+                previous = {}
+            meta["resumed"] = int(previous.get("resumed", 0)) + 1
+            meta["resumed_with_cases"] = len(self.completed)
+        self.meta = meta
+        self.write_meta()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._need_header = os.fstat(self._fd).st_size == 0
+
+    def write_meta(self, **updates) -> None:
+        """(Re)write run_meta.json, merging `updates` into the stored meta."""
+        self.meta.update(updates)
+        tmp = self.meta_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(_clean(self.meta), indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, self.meta_path)
+
+    def write(self, rows: Sequence[Mapping]) -> None:
+        """Append the rows of one finished (case, backend) and flush them to the OS."""
+        if not rows:
+            return
+        text = rows_to_csv_text(rows, header=self._need_header)
+        os.write(self._fd, text.encode("utf-8"))
+        self._need_header = False
+        self.n_written += len(rows)
+        for r in rows:
+            self.completed.add((str(r.get("case_id")), str(r.get("backend"))))
+
+    def is_complete(self, case_id: str, backend: str) -> bool:
+        return (case_id, backend) in self.completed
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> "ReportWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading, summarising, diffing, merging
+# ----------------------------------------------------------------------------------------------
+
+
+def results_path(path: str | os.PathLike) -> Path:
+    """`path` itself if it is a CSV file, else `<path>/results.csv`."""
+    p = Path(path)
+    return p if p.suffix == ".csv" else p / RESULTS
+
+
+def read_results(path: str | os.PathLike) -> pd.DataFrame:
+    """A report as a DataFrame with COLUMNS: text columns as str ('' when empty), metrics as floats."""
+    p = results_path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no report at {p} (expected a results.csv written by `python -m harness run`)")
+    df = pd.read_csv(p, dtype={c: str for c in TEXT_COLUMNS}, keep_default_na=False, na_values={c: [""] for c in NUMERIC_COLUMNS})
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{p} is not a harness report: columns {missing} are missing (schema: reports/README.md)")
+    for c in NUMERIC_COLUMNS:
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    for c in INT_COLUMNS:
+        df[c] = df[c].astype("Int64")
+    return df[list(COLUMNS)]
+
+
+def completed_pairs(path: str | os.PathLike) -> set[tuple[str, str]]:
+    """(case_id, backend) pairs that already have rows in a report (for --resume)."""
+    p = results_path(path)
+    if not p.exists() or p.stat().st_size == 0:
+        return set()
+    df = pd.read_csv(p, usecols=["case_id", "backend"], dtype=str, keep_default_na=False)
+    return set(zip(df["case_id"], df["backend"], strict=True))
+
+
+def case_status(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (case_id, backend): scheme and the worst status of its rows."""
+    if df.empty:
+        return pd.DataFrame(columns=["case_id", "backend", "scheme", "status"])
+    g = df.groupby(["case_id", "backend"], sort=False)
+    out = g.agg(scheme=("scheme", "first"), status=("status", worst_status)).reset_index()
+    return out
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (scheme, backend): cases, pass, fail, skip, error, worst accuracy SQNR (dB)."""
+    cols = ["scheme", "backend", "cases", "pass", "fail", "skip", "error", "worst_sqnr_db"]
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    cs = case_status(df)
+    counts = cs.groupby(["scheme", "backend"])["status"].value_counts().unstack(fill_value=0)
+    for s in ("pass", "fail", "skip", "error"):
+        if s not in counts.columns:
+            counts[s] = 0
+    counts["cases"] = counts[["pass", "fail", "skip", "error"]].sum(axis=1)
+    acc = df[(df["kind"] == "accuracy") & df["sqnr_db"].notna()]
+    worst = acc.groupby(["scheme", "backend"])["sqnr_db"].min()
+    counts["worst_sqnr_db"] = worst.reindex(counts.index)
+    return counts.reset_index()[cols]
+
+
+def format_table(df: pd.DataFrame) -> str:
+    """A plain-text table (no extra dependency)."""
+    if df.empty:
+        return "(no rows)"
+
+    def cell(v) -> str:
+        if isinstance(v, float):
+            return "-" if math.isnan(v) else f"{v:.2f}"
+        return str(v)
+
+    cols = list(df.columns)
+    body = [[cell(v) for v in row] for row in df.itertuples(index=False)]
+    widths = [max(len(c), *(len(r[i]) for r in body)) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in body]
+    return "\n".join(lines)
+
+
+def diff(old: pd.DataFrame, new: pd.DataFrame, sqnr_drop_db: float = SQNR_DROP_DB) -> tuple[list[str], list[str]]:
+    """(regressions, notes) between two reports.
+
+    Regressions: a (case, backend) whose status got worse (pass < skip < fail < error); a
+    (case, backend, tensor) whose n_mismatch went up; an accuracy row whose SQNR dropped by more
+    than `sqnr_drop_db`. Notes: cases present in only one report.
+    """
+    regressions: list[str] = []
+    notes: list[str] = []
+    co, cn = case_status(old), case_status(new)
+    m = co.merge(cn, on=["case_id", "backend"], how="outer", suffixes=("_old", "_new"), indicator="where")
+    for r in m.itertuples(index=False):
+        if r.where == "left_only":
+            notes.append(f"only in OLD: {r.case_id} [{r.backend}] ({r.status_old})")
+        elif r.where == "right_only":
+            notes.append(f"only in NEW: {r.case_id} [{r.backend}] ({r.status_new})")
+        elif status_rank(r.status_new) > status_rank(r.status_old):
+            regressions.append(f"status {r.status_old} -> {r.status_new}: {r.case_id} [{r.backend}]")
+    key = ["case_id", "backend", "tensor"]
+    rows = old[key + ["n_mismatch", "sqnr_db", "kind"]].merge(
+        new[key + ["n_mismatch", "sqnr_db", "kind"]], on=key, suffixes=("_old", "_new")
+    )
+    for r in rows.itertuples(index=False):
+        if pd.notna(r.n_mismatch_old) and pd.notna(r.n_mismatch_new) and r.n_mismatch_new > r.n_mismatch_old:
+            regressions.append(
+                f"mismatches {int(r.n_mismatch_old)} -> {int(r.n_mismatch_new)}: {r.case_id} [{r.backend}] {r.tensor}"
+            )
+        if pd.notna(r.sqnr_db_old) and pd.notna(r.sqnr_db_new) and r.sqnr_db_old - r.sqnr_db_new > sqnr_drop_db:
+            regressions.append(
+                f"SQNR {r.sqnr_db_old:.2f} -> {r.sqnr_db_new:.2f} dB (drop > {sqnr_drop_db} dB): "
+                f"{r.case_id} [{r.backend}] {r.tensor}"
+            )
+    return regressions, notes
+
+
+def merge(out_dir: str | os.PathLike, shard_dirs: Sequence[str | os.PathLike]) -> pd.DataFrame:
+    """Join shard reports into `out_dir` (rows of a repeated (case, backend, tensor): the last shard wins)."""
+    frames, metas = [], []
+    for d in shard_dirs:
+        frames.append(read_results(d))
+        mp = Path(d) / META
+        metas.append({"dir": str(d), **(json.loads(mp.read_text()) if mp.exists() else {})})
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLUMNS))
+    df = df.drop_duplicates(subset=["case_id", "backend", "tensor"], keep="last")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / RESULTS, index=False, columns=list(COLUMNS), lineterminator="\n")
+    (out / META).write_text(json.dumps(_clean({"merged_from": metas}), indent=2, sort_keys=True) + "\n")
+    return df

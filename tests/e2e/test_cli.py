@@ -1,0 +1,209 @@
+"""`python -m harness` end to end on a handful of smoke-tier cases (reference and torch backends).
+
+The main run is a real `python -m harness run` subprocess; the follow-up commands (report, list,
+repro, resume, shards + merge, diff, usage errors) go through `harness.cli.main` in this process to
+keep the file fast. The cases are picked by id from cases/smoke.toml (a few fp8_current quantizers,
+one block-scaled quantizer, one GEMM when the tier has them) and selected with --filter. The
+whole smoke tier and the multi-process `--workers` path are `slow` tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness import cli, report
+from harness.cases import load_cases
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def harness(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NUMERICS_HARNESS_PROGRESS": "0"}
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def main(capsys, *args: str) -> tuple[int, str, str]:
+    """cli.main in this process: (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    rc = cli.main(list(args))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def pick_ids() -> list[str]:
+    cases = load_cases("smoke")
+    fp8 = [c for c in cases if c.config.scheme == "fp8_current" and c.op == "quantize"][:3]
+    other = [c for c in cases if c.config.scheme in ("mxfp8", "nvfp4") and c.op == "quantize"][:1]
+    gemm = [c for c in cases if c.op == "gemm" and c.config.scheme == "fp8_current"][:1]
+    picked = fp8 + other + gemm
+    assert len(fp8) >= 2 and other, "the smoke tier should hold fp8_current and block-scaled quantize cases"
+    return [c.id for c in picked]
+
+
+@pytest.fixture(scope="module")
+def ids() -> list[str]:
+    return pick_ids()
+
+
+def id_filter(ids: list[str]) -> str:
+    return "^(" + "|".join(re.escape(i) for i in ids) + ")$"
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory, ids):
+    out = tmp_path_factory.mktemp("e2e") / "smoke"
+    proc = harness("run", "--tier", "smoke", "--backend", "reference,torch", "--filter", id_filter(ids),
+                   "--out", str(out), "--device", "cpu")
+    return out, proc
+
+
+def test_run_writes_conformance_and_accuracy_rows_for_reference_and_torch(smoke_run, ids):
+    out, proc = smoke_run
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    df = report.read_results(out)
+    assert set(df["case_id"]) == set(ids)
+    assert set(df["backend"]) == {"reference", "torch"}
+    ref = df[df["backend"] == "reference"]
+    assert (ref[ref["kind"] == "accuracy"]["status"] == "info").all()
+    assert set(ref[ref["kind"] == "accuracy"]["case_id"]) == set(ids)  # the reference's accuracy report
+    assert (ref[ref["kind"] == "conformance"]["status"] == "pass").all()
+    torch_rows = df[df["backend"] == "torch"]
+    for cid in ids:
+        rows = torch_rows[torch_rows["case_id"] == cid]
+        scheme, op = rows["scheme"].iloc[0], rows["op"].iloc[0]
+        if scheme == "fp8_current" and op != "gemm":
+            assert (rows[rows["kind"] == "conformance"]["status"] == "pass").all(), rows[["tensor", "reason"]]
+        else:  # block-scaled quantizers and CPU GEMMs are torch gaps: skips with a reason
+            assert rows["status"].tolist() == ["skip"] and rows["reason"].iloc[0]
+    meta = json.loads((out / report.META).read_text())
+    assert meta["options"]["backends"] == ["reference", "torch"] and meta["finished"] is True
+    assert "torch" in meta and "git_commit" in meta
+    assert "worst_sqnr_db" in proc.stdout
+
+
+def test_report_list_and_repro_commands(smoke_run, ids, capsys):
+    out, _ = smoke_run
+    rc, text, err = main(capsys, "report", str(out))
+    assert rc == 0, err
+    assert "fp8_current" in text and "worst_sqnr_db" in text
+    assert (out / "plots" / "sqnr_by_toggle.png").exists()
+    rc, text, _ = main(capsys, "list", "--tier", "smoke", "--filter", id_filter(ids), "--backend", "torch",
+                       "--device", "cpu")
+    assert rc == 0 and len(text.splitlines()) == len(ids)
+    assert f"{ids[0]}  torch:yes" in text
+    rc, text, err = main(capsys, "repro", ids[0], "--backend", "torch", "--device", "cpu")
+    assert rc == 0, text + err
+    assert f"== {ids[0]} [torch on cpu]" in text and "pass" in text
+
+
+def test_resume_skips_finished_cases(smoke_run, ids, capsys):
+    out, _ = smoke_run
+    before = report.read_results(out)
+    rc, _, err = main(capsys, "run", "--tier", "smoke", "--backend", "reference,torch", "--filter", id_filter(ids),
+                      "--out", str(out), "--device", "cpu", "--resume", "--no-progress")
+    assert rc == 0, err
+    assert f"resume: {2 * len(ids)} already done" in err
+    assert len(report.read_results(out)) == len(before)
+
+
+def test_shards_merge_back_to_the_full_run_and_diff_is_clean(smoke_run, ids, tmp_path, capsys):
+    out, _ = smoke_run
+    shards = []
+    for i in range(2):
+        d = tmp_path / f"shard{i}"
+        rc, _, err = main(capsys, "run", "--tier", "smoke", "--backend", "reference,torch", "--filter",
+                          id_filter(ids), "--shard", f"{i}/2", "--out", str(d), "--device", "cpu", "--no-progress")
+        assert rc == 0, err
+        shards.append(d)
+    parts = [set(report.read_results(d)["case_id"]) for d in shards]
+    assert parts[0] and parts[1] and not (parts[0] & parts[1])
+    merged = tmp_path / "merged"
+    assert main(capsys, "merge", str(merged), *map(str, shards))[0] == 0
+    key = ["case_id", "backend", "tensor"]
+    full = report.read_results(out)
+    got = report.read_results(merged)
+    assert sorted(map(tuple, got[key].values.tolist())) == sorted(map(tuple, full[key].values.tolist()))
+    rc, text, _ = main(capsys, "diff", str(out), str(merged))
+    assert rc == 0, text
+
+
+def test_diff_exits_1_on_a_regression(smoke_run, tmp_path):
+    out, _ = smoke_run
+    df = pd.read_csv(out / report.RESULTS, dtype=str, keep_default_na=False)
+    i = df.index[(df["status"] == "pass")][0]
+    df.loc[i, "status"] = "fail"
+    df.loc[i, "n_mismatch"] = "7"
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    df.to_csv(bad / report.RESULTS, index=False)
+    proc = harness("diff", str(out), str(bad))  # the real exit status of the process
+    assert proc.returncode == 1
+    assert f"status pass -> fail: {df.loc[i, 'case_id']}" in proc.stdout
+
+
+def test_third_party_adapter_runs_from_the_cli(ids, tmp_path, capsys):
+    fp8 = [i for i in ids if "fp8_current" in i and not i.startswith("gemm")]
+    rc, text, err = main(capsys, "run", "--tier", "smoke", "--backend", "examples.my_kernel_adapter:backend",
+                         "--filter", id_filter(fp8), "--out", str(tmp_path / "mine"), "--device", "cpu", "--no-progress")
+    assert rc == 0, text + err
+    df = report.read_results(tmp_path / "mine")
+    assert set(df["backend"]) == {"my_kernel"} and (df[df["kind"] == "conformance"]["status"] == "pass").all()
+
+
+def test_usage_errors_exit_2_and_name_the_problem(tmp_path, capsys):
+    rc, _, err = main(capsys, "run", "--tier", "smoke", "--backend", "reference,bogus_backend", "--out",
+                      str(tmp_path / "x"))
+    assert rc == 2 and "unknown backend 'bogus_backend'" in err
+    rc, _, err = main(capsys, "run", "--tier", "smoke", "--shard", "2/2", "--out", str(tmp_path / "x"))
+    assert rc == 2 and "--shard" in err
+    rc, _, err = main(capsys, "run", "--tier", "no_such_tier", "--out", str(tmp_path / "x"))
+    assert rc == 2 and "no_such_tier" in err
+    rc, _, err = main(capsys, "bench", "no_such_bench")
+    assert rc == 2 and "benchmarks/no_such_bench.py" in err
+    rc, text, _ = main(capsys, "bench", "--list")
+    assert rc == 0 and "bench_reference" in text
+
+
+@pytest.mark.slow
+def test_workers_split_the_cases_and_the_parent_writes_one_report(ids, tmp_path):
+    out = tmp_path / "w"
+    proc = harness("run", "--tier", "smoke", "--backend", "reference,torch", "--filter", id_filter(ids[:2]),
+                   "--out", str(out), "--workers", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    df = report.read_results(out)
+    assert set(df["case_id"]) == set(ids[:2])
+    assert set(df["worker"]) <= {"w0", "w1"}
+    assert len(df.drop_duplicates(["case_id", "backend", "tensor"])) == len(df)
+
+
+@pytest.mark.slow
+def test_main_job_smoke_tier_reference_and_torch(tmp_path):
+    # Its 3-minute wall-time goal is measured outside the tests (speed goals are not timed tests).
+    proc = harness("run", "--tier", "smoke", "--backend", "reference,torch", "--out", str(tmp_path / "smoke"),
+                   "--device", "cpu", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    df = report.read_results(tmp_path / "smoke")
+    assert set(df["backend"]) == {"reference", "torch"}
+    assert len(set(df["case_id"])) == len(load_cases("smoke"))
+
+
+def test_filter_is_a_regex_or_a_substring_and_shards_are_0_based():
+    from harness import cli
+
+    ids = ["quantize-fp8_current-a", "quantize-mxfp8-b", "gemm-TN-fp8_current(c"]
+    assert cli.filter_ids(ids, "^quantize-.*current") == [True, False, False]
+    assert cli.filter_ids(ids, "current(c") == [False, False, True]  # not a valid regex: substring
+    assert cli.filter_ids(ids, None) == [True, True, True]
+    assert cli.parse_shard("1/4") == (1, 4)
+    for bad in ("4/4", "x/2", "1/0"):
+        with pytest.raises(cli.UsageError):
+            cli.parse_shard(bad)

@@ -1,0 +1,262 @@
+"""Report writing, schema, resume after a kill, summary, diff exit codes, merge, progress bar, plots."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness import cli, plots, report
+from harness.progress import Progress
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def row(case_id="c1", backend="reference", tensor="rowwise_data", status="pass", **kw) -> dict:
+    r = {"case_id": case_id, "backend": backend, "tensor": tensor, "status": status, "kind": "conformance",
+         "scheme": kw.pop("scheme", "fp8_current"), "op": "quantize", "n": 64, "n_mismatch": 0, "shape": "8x8",
+         "element": "e4m3", "tile": "", "seed": 1, "distribution": "normal"}
+    r.update(kw)
+    return r
+
+
+def acc(case_id="c1", backend="reference", sqnr=30.0, **kw) -> dict:
+    return row(case_id, backend, "accuracy_rowwise", "info", kind="accuracy", sqnr_db=sqnr, n_mismatch=None, **kw)
+
+
+def write_report(d: Path, rows: list[dict]) -> Path:
+    with report.ReportWriter(d, {"test": True}) as w:
+        for r in rows:
+            w.write([r])
+    return d
+
+
+# ---- schema ----------------------------------------------------------------------------------
+
+
+def readme_columns() -> list[str]:
+    text = (ROOT / "reports" / "README.md").read_text()
+    section = text.split("## Columns", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([^`]+)` \|", section, flags=re.M)
+
+
+def test_columns_match_reports_readme_schema_table_in_order():
+    assert readme_columns() == list(report.COLUMNS)
+
+
+def test_columns_hold_every_field_the_issue_requires():
+    required = ("case_id scheme op backend tensor status reason n n_mismatch max_abs max_rel sqnr_db rmse "
+                "mismatch_frac mismatch_classes first_mismatch ulp_hist element tile rht stochastic pow2_scales "
+                "e8m0_rule orientation shape in_dtype out_dtype layout distribution seed wall_ms worker").split()
+    assert [c for c in required if c not in report.COLUMNS] == []
+    assert len(set(report.COLUMNS)) == len(report.COLUMNS)
+
+
+def test_unknown_row_key_is_rejected_with_its_name():
+    with pytest.raises(KeyError, match="bogus"):
+        report.normalize_row({"case_id": "x", "bogus": 1})
+
+
+# ---- writing and reading ---------------------------------------------------------------------
+
+
+def test_writer_appends_rows_pandas_reads_them_back_with_json_cells(tmp_path):
+    first = {"index": [3, 5], "golden": "0x7E", "candidate": "0x7D", "x": float("nan")}
+    rows = [row(tensor="rowwise_data", status="fail", n_mismatch=2, mismatch_frac=2 / 64,
+                mismatch_classes={"tie_flip": 2}, first_mismatch=first, ulp_hist={"0": 62, "1": 2},
+                reason="2 of 64 differ, with, commas and \"quotes\""),
+            acc(sqnr=31.5)]
+    w = report.ReportWriter(tmp_path, {"commit": "abc"})
+    w.write(rows[:1])
+    # Flushed per case: readable while the writer is still open.
+    assert len(pd.read_csv(tmp_path / report.RESULTS)) == 1
+    w.write(rows[1:])
+    w.close()
+    df = report.read_results(tmp_path)
+    assert list(df.columns) == list(report.COLUMNS)
+    assert df["status"].tolist() == ["fail", "info"]
+    assert df.loc[0, "reason"] == "2 of 64 differ, with, commas and \"quotes\""
+    assert json.loads(df.loc[0, "mismatch_classes"]) == {"tie_flip": 2}
+    fm = json.loads(df.loc[0, "first_mismatch"])
+    assert fm["index"] == [3, 5] and fm["x"] == "nan"
+    assert json.loads(df.loc[0, "ulp_hist"]) == {"0": 62, "1": 2}
+    assert df.loc[0, "n_mismatch"] == 2 and df.loc[1, "sqnr_db"] == 31.5
+    assert pd.isna(df.loc[1, "n_mismatch"])
+    meta = json.loads((tmp_path / report.META).read_text())
+    assert meta["commit"] == "abc"
+    # A fresh (non-resume) writer starts a new file.
+    report.ReportWriter(tmp_path, {}).close()
+    assert not (tmp_path / report.RESULTS).exists() or (tmp_path / report.RESULTS).stat().st_size == 0
+
+
+_KILLED_WRITER = textwrap.dedent(
+    """
+    import os, signal, sys
+    sys.path.insert(0, {root!r})
+    from harness import report
+    w = report.ReportWriter({out!r}, {{"run": 1}})
+    for cid in ("case_a", "case_b"):
+        w.write([{{"case_id": cid, "backend": "reference", "tensor": t, "status": "pass", "kind": "conformance"}}
+                 for t in ("rowwise_data", "rowwise_scale")])
+    # A torn write (the process dies in the middle of a line), then SIGKILL: no close, no cleanup.
+    os.write(w._fd, b"case_c,fp8_current,quantize,reference,rowwise_da")
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def test_resume_after_a_killed_run_keeps_finished_cases_and_drops_the_torn_line(tmp_path):
+    out = tmp_path / "rep"
+    script = _KILLED_WRITER.format(root=str(ROOT), out=str(out))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    w = report.ReportWriter(out, {"run": 2}, resume=True)
+    assert w.completed == {("case_a", "reference"), ("case_b", "reference")}
+    assert w.is_complete("case_a", "reference") and not w.is_complete("case_c", "reference")
+    w.write([row("case_c", tensor="rowwise_data")])
+    w.close()
+    df = report.read_results(out)
+    assert df["case_id"].tolist() == ["case_a", "case_a", "case_b", "case_b", "case_c"]
+    assert (out / report.RESULTS).read_text().count("case_id,") == 1  # header written once
+    assert json.loads((out / report.META).read_text())["resumed"] == 1
+
+
+# ---- summary, diff, merge --------------------------------------------------------------------
+
+
+def test_summary_counts_cases_by_their_worst_row_and_reports_worst_sqnr():
+    df = pd.DataFrame([report.normalize_row(r) for r in [
+        row("a"), row("a", tensor="rowwise_scale", status="fail"), acc("a", sqnr=20.0),
+        row("b"), acc("b", sqnr=35.0),
+        row("c", tensor="case", status="skip", n=None, n_mismatch=None),
+        row("d", tensor="case", status="error", n=None, n_mismatch=None),
+        row("e", scheme="mxfp8"),
+    ]], columns=list(report.COLUMNS))
+    df["sqnr_db"] = pd.to_numeric(df["sqnr_db"])
+    s = report.summary(df).set_index(["scheme", "backend"])
+    r = s.loc[("fp8_current", "reference")]
+    assert (r["cases"], r["pass"], r["fail"], r["skip"], r["error"]) == (4, 1, 1, 1, 1)
+    assert r["worst_sqnr_db"] == 20.0
+    assert s.loc[("mxfp8", "reference")]["pass"] == 1
+    assert "worst_sqnr_db" in report.format_table(report.summary(df))
+
+
+def test_worst_status_orders_pass_info_skip_fail_error():
+    assert report.worst_status(["pass", "info"]) == "pass"
+    assert report.worst_status(["info", "skip"]) == "skip"
+    assert report.worst_status(["skip", "fail", "pass"]) == "fail"
+    assert report.worst_status(["fail", "error"]) == "error"
+
+
+def test_diff_of_identical_reports_is_clean_and_exits_0(tmp_path, capsys):
+    rows = [row("a"), acc("a", sqnr=30.0), row("b")]
+    old, new = write_report(tmp_path / "old", rows), write_report(tmp_path / "new", rows)
+    assert cli.main(["diff", str(old), str(new)]) == 0
+    assert "0 regression(s)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "new_rows, expect",
+    [
+        pytest.param([row("a", status="fail", n_mismatch=3), acc("a", sqnr=30.0)], "status pass -> fail", id="status"),
+        pytest.param([row("a", n_mismatch=0), acc("a", sqnr=29.4)], "SQNR 30.00 -> 29.40", id="sqnr-drop-0.6dB"),
+        pytest.param([row("a", tensor="case", status="error", n=None, n_mismatch=None)], "status pass -> error",
+                     id="error"),
+    ],
+)
+def test_diff_flags_regressions_and_exits_1(tmp_path, capsys, new_rows, expect):
+    old = write_report(tmp_path / "old", [row("a"), acc("a", sqnr=30.0)])
+    new = write_report(tmp_path / "new", new_rows)
+    assert cli.main(["diff", str(old), str(new)]) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSION" in out and expect in out
+
+
+def test_diff_counts_more_mismatches_but_not_small_sqnr_moves_or_improvements(tmp_path):
+    old = pd.DataFrame([report.normalize_row(r) for r in [
+        row("a", status="fail", n_mismatch=2), acc("a", sqnr=30.0), row("b", status="fail", n_mismatch=5)]])
+    new = pd.DataFrame([report.normalize_row(r) for r in [
+        row("a", status="fail", n_mismatch=4), acc("a", sqnr=29.6), row("b", status="pass", n_mismatch=0)]])
+    for df in (old, new):
+        for c in ("n_mismatch", "sqnr_db"):
+            df[c] = pd.to_numeric(df[c])
+    regressions, _ = report.diff(old, new)
+    assert len(regressions) == 1 and regressions[0].startswith("mismatches 2 -> 4")
+
+
+def test_merge_joins_shards_and_the_last_shard_wins_on_repeats(tmp_path, capsys):
+    s0 = write_report(tmp_path / "s0", [row("a"), acc("a"), row("b", status="fail", n_mismatch=1)])
+    s1 = write_report(tmp_path / "s1", [row("c"), row("b")])
+    assert cli.main(["merge", str(tmp_path / "all"), str(s0), str(s1)]) == 0
+    df = report.read_results(tmp_path / "all")
+    assert sorted(zip(df["case_id"], df["tensor"], strict=True)) == [("a", "accuracy_rowwise"), ("a", "rowwise_data"),
+                                                        ("b", "rowwise_data"), ("c", "rowwise_data")]
+    assert df[df["case_id"] == "b"]["status"].tolist() == ["pass"]
+    meta = json.loads((tmp_path / "all" / report.META).read_text())
+    assert [m["dir"] for m in meta["merged_from"]] == [str(s0), str(s1)]
+
+
+# ---- report command and plots ----------------------------------------------------------------
+
+
+def test_report_command_prints_summary_and_writes_pngs(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    rows = [row("a", shape="32x64", mismatch_frac=0.0, ulp_hist={"0": 60, "1": 4}),
+            row("b", shape="64x64", status="fail", n_mismatch=3, mismatch_frac=3 / 4096, ulp_hist={"0": 4093, "2": 3}),
+            acc("a", sqnr=31.0), acc("b", sqnr=28.5, tile="1x32", scheme="mxfp8")]
+    d = write_report(tmp_path / "r", rows)
+    assert cli.main(["report", str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "worst_sqnr_db" in out and "fp8_current" in out
+    for name in ("mismatch_heatmap.png", "ulp_hist.png", "sqnr_by_toggle.png"):
+        p = d / "plots" / name
+        assert p.exists() and p.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_report_without_matplotlib_says_so_and_skips_plots(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(plots, "_pyplot", lambda: None)
+    d = write_report(tmp_path / "r", [row("a"), acc("a")])
+    assert cli.main(["report", str(d)]) == 0
+    assert plots.NO_MATPLOTLIB in capsys.readouterr().out
+    assert not (d / "plots").exists()
+
+
+def test_report_on_missing_dir_is_a_usage_error(tmp_path, capsys):
+    assert cli.main(["report", str(tmp_path / "nothing")]) == 2
+    assert "no report at" in capsys.readouterr().err
+
+
+# ---- progress bar ----------------------------------------------------------------------------
+
+
+def test_progress_is_off_for_a_non_tty_and_draws_when_forced(monkeypatch):
+    monkeypatch.delenv("NUMERICS_HARNESS_PROGRESS", raising=False)
+    quiet = io.StringIO()
+    p = Progress(3, stream=quiet)
+    p.update(1, "pass")
+    p.close()
+    assert quiet.getvalue() == ""
+    loud = io.StringIO()
+    p = Progress(2, stream=loud, force=True)
+    p.update(1, "pass")
+    p.update(1, "fail")
+    p.close()
+    text = loud.getvalue()
+    assert "\r" in text and "2/2" in text and "pass 1 fail 1" in text and text.endswith("\n")
+    monkeypatch.setenv("NUMERICS_HARNESS_PROGRESS", "1")
+    assert Progress(1, stream=io.StringIO()).on
+
+
+def test_sqnr_nan_cells_read_back_as_nan(tmp_path):
+    d = write_report(tmp_path / "r", [acc("a", sqnr=float("nan"))])
+    assert math.isnan(report.read_results(d).loc[0, "sqnr_db"])
+    assert os.path.getsize(d / report.RESULTS) > 0

@@ -1,0 +1,197 @@
+"""The runner: golden vs candidate rows, accuracy rows, skips, errors that do not stop a sweep, failure artifacts.
+
+The third-party example adapter (examples/my_kernel_adapter.py) runs through the runner and passes on
+fp8_current cases; its deliberately broken variant (reciprocal-then-multiply scale, NUMERICS.md
+§0.2.2) fails with a located mismatch on the §8 vector amax = 3 (s = 0x43155555 vs 0x43155556).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import reference
+from harness import report, runner
+from harness.backends import get_backend
+from harness.cases import Case
+from reference import QuantConfig
+
+ADAPTER = "examples.my_kernel_adapter:backend"
+BROKEN = "examples.my_kernel_adapter:broken_backend"
+
+
+def qcase(scheme="fp8_current", shape=(64, 96), op="quantize", orientation="both", dist="normal", seed=1,
+          in_dtype="bfloat16", **cfg) -> Case:
+    return Case(op, QuantConfig(scheme, **cfg), shape, in_dtype=in_dtype, distribution=dist, seed=seed,
+                orientation=orientation)
+
+
+def by_kind(rows, kind):
+    return [r for r in rows if r.get("kind") == kind]
+
+
+FP8_CURRENT_CASES = [
+    qcase(element="e4m3"),
+    qcase(element="e5m2", in_dtype="float32", shape=(32, 48)),
+    qcase(dist="special", shape=(48, 64)),
+    qcase(dist="ties", in_dtype="float16", orientation="rowwise"),
+    qcase(dist="outliers", shape=(3, 5, 32), orientation="colwise"),
+]
+
+
+@pytest.mark.parametrize("case", FP8_CURRENT_CASES, ids=lambda c: c.id)
+def test_example_adapter_passes_fp8_current_cases_through_the_runner(case):
+    rows = runner.run_case(case, ADAPTER, "cpu")
+    conf = by_kind(rows, "conformance")
+    assert conf and all(r["status"] == "pass" for r in conf), [(r["tensor"], r["reason"]) for r in conf]
+    tensors = {r["tensor"] for r in conf}
+    rw, cw = runner._copies(case.orientation)
+    assert ("rowwise_data" in tensors) == rw and ("colwise_data" in tensors) == cw
+    acc = by_kind(rows, "accuracy")
+    assert {r["tensor"] for r in acc} == {f"accuracy_{o}" for o, on in (("rowwise", rw), ("colwise", cw)) if on}
+    assert all(r["status"] == "info" and r["backend"] == "my_kernel" for r in acc)
+
+
+def test_broken_adapter_fails_with_a_located_mismatch_on_the_amax_3_vector():
+    case = qcase(shape=(2, 32), in_dtype="float32", orientation="rowwise")
+    x = torch.linspace(-1.0, 1.0, 64, dtype=torch.float32).reshape(2, 32)
+    x[1, 7] = 3.0  # NUMERICS §8: amax 3 -> s = 0x43155555; reciprocal-multiply gives 0x43155556
+    rows = runner.run_case(case, BROKEN, "cpu", inputs={"x": x})
+    assert runner.case_verdict(rows) == "fail"
+    scale = next(r for r in rows if r["tensor"] == "rowwise_scale")
+    assert scale["status"] == "fail" and scale["n_mismatch"] == 1
+    assert scale["first_mismatch"] is not None
+    assert "rowwise_scale" in scale["reason"] and "1 of" in scale["reason"]
+    # The same inputs through the correct adapter pass.
+    assert runner.case_verdict(runner.run_case(case, ADAPTER, "cpu", inputs={"x": x})) == "pass"
+
+
+def test_reference_backend_gets_accuracy_rows_with_sqnr():
+    case = qcase(scheme="mxfp8", shape=(64, 64), orientation="both")
+    rows = runner.run_case(case, "reference", "cpu")
+    assert all(r["status"] == "pass" for r in by_kind(rows, "conformance"))
+    acc = {r["tensor"]: r for r in by_kind(rows, "accuracy")}
+    assert set(acc) == {"accuracy_rowwise", "accuracy_colwise"}
+    for r in acc.values():
+        # E4M3 keeps 3 mantissa bits: SQNR of normal data is around 30 dB, far above 20 and below 60.
+        assert 20.0 < r["sqnr_db"] < 60.0 and r["n"] == 64 * 64 and r["max_abs"] > 0
+
+
+def test_unsupported_becomes_a_skip_row_with_the_reason():
+    rows = runner.run_case(qcase(scheme="nvfp4", shape=(32, 32), orientation="rowwise"), "torch", "cpu")
+    assert len(rows) == 1 and rows[0]["status"] == "skip" and "nvfp4" in rows[0]["reason"]
+    rows = runner.run_case(qcase(), "native", "cpu")
+    assert len(rows) == 1 and rows[0]["status"] == "skip" and "CUDA" in rows[0]["reason"]
+
+
+class _Flaky:
+    """Raises on one shape, delegates to the reference otherwise."""
+
+    name = "flaky"
+
+    def supports(self, op, config, device):
+        return True, ""
+
+    def quantize(self, x, config, **kw):
+        if x.shape[0] == 64:
+            raise RuntimeError("kernel launch failed on purpose")
+        return reference.quantize(x, config, **kw)
+
+
+def test_a_backend_raising_on_one_case_gives_an_error_row_and_the_sweep_continues(tmp_path):
+    cases = [qcase(shape=(64, 32), orientation="rowwise"), qcase(shape=(32, 32), orientation="rowwise")]
+    with report.ReportWriter(tmp_path, {}) as w:
+        res = runner.sweep(cases, [_Flaky()], device="cpu", writer=w, out_dir=tmp_path)
+    assert res.counts["error"] == 1 and res.counts["pass"] == 1
+    df = report.read_results(tmp_path)
+    err = df[df["status"] == "error"]
+    assert err["case_id"].tolist() == [cases[0].id]
+    assert "RuntimeError: kernel launch failed on purpose" in err["reason"].iloc[0]
+    assert set(df["case_id"]) == {c.id for c in cases}
+    assert (tmp_path / "failures" / runner.safe_name(cases[0].id) / "repro.sh").exists()
+
+
+class _FlipByte:
+    """The reference with one data byte flipped: always a located failure at element (0, 0)."""
+
+    name = "flip_byte"
+
+    def supports(self, op, config, device):
+        return True, ""
+
+    def quantize(self, x, config, **kw):
+        q = reference.quantize(x, config, **kw)
+        q.rowwise_data[0, 0] ^= 1
+        return q
+
+
+def test_failing_case_saves_inputs_and_a_repro_script(tmp_path):
+    spec = "tests.unit.test_runner:_FlipByte"
+    case = qcase(shape=(16, 32), in_dtype="float32", orientation="rowwise", seed=5)
+    with report.ReportWriter(tmp_path, {}) as w:
+        res = runner.sweep([case], [get_backend(spec)], device="cpu", writer=w, out_dir=tmp_path)
+    assert res.failures == [(case.id, "flip_byte")]
+    df = report.read_results(tmp_path)  # written before anything looked at the verdict
+    data = df[df["tensor"] == "rowwise_data"].iloc[0]
+    assert data["status"] == "fail" and data["n_mismatch"] == 1 and data["first_mismatch"]
+    d = tmp_path / "failures" / runner.safe_name(case.id)
+    saved = torch.load(d / "inputs.pt", weights_only=False)
+    assert torch.equal(saved["x"], runner.prepare(case).inputs["x"])
+    script = (d / "repro.sh").read_text()
+    assert f"python -m harness repro {case.id} --backend {spec}" in script
+    assert len(list(d.glob("rows.*.jsonl"))) == 1
+
+
+def test_fp8_delayed_compares_the_state_after_a_step():
+    case = qcase(scheme="fp8_delayed", shape=(32, 64), orientation="both", amax_history_len=4)
+    rows = runner.run_case(case, "torch", "cpu")
+    states = {r["tensor"]: r for r in rows if r["tensor"].startswith("state_")}
+    assert set(states) == {"state_scale", "state_history"}
+    assert all(r["status"] == "pass" and r["n_mismatch"] == 0 for r in states.values())
+    assert states["state_history"]["n"] == 4
+    assert runner.case_verdict(rows) == "pass"
+
+
+def test_dequantize_case_compares_output_bits_and_reports_accuracy():
+    case = Case("dequantize", QuantConfig("fp8_current", element="e5m2"), (32, 64), in_dtype="bfloat16",
+                distribution="normal", seed=2, orientation="both", out_dtype="bfloat16")
+    rows = runner.run_case(case, "torch", "cpu")
+    conf = {r["tensor"]: r for r in by_kind(rows, "conformance")}
+    assert set(conf) == {"dequant_rowwise", "dequant_colwise"}
+    assert all(r["status"] == "pass" for r in conf.values())
+    assert {r["tensor"] for r in by_kind(rows, "accuracy")} == {"accuracy_rowwise", "accuracy_colwise"}
+
+
+def test_gemm_case_on_the_reference_gives_a_conformance_and_an_accuracy_row():
+    case = Case("gemm", QuantConfig("fp8_current"), (32, 48, 64), in_dtype="bfloat16", distribution="normal",
+                seed=3, layout="NN", out_dtype="float32")
+    rows = runner.run_case(case, "reference", "cpu")
+    assert [r["kind"] for r in rows] == ["conformance", "accuracy"], rows
+    assert rows[0]["status"] == "pass"
+    acc = rows[1]
+    assert acc["tensor"] == "accuracy_out" and acc["n"] == 32 * 48 and math.isfinite(acc["sqnr_db"])
+
+
+def test_gemm_truth_follows_each_layout():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(4, 6, generator=g), torch.randn(5, 6, generator=g)
+    expect = a.double() @ b.double().t()  # [M=4, N=5]
+    for layout, inputs in (("TN", {"a": a, "b": b}), ("NN", {"a": a, "b": b.t()}), ("NT", {"a": a.t(), "b": b.t()})):
+        case = Case("gemm", QuantConfig("fp8_current"), (4, 5, 6), layout=layout)
+        assert torch.allclose(runner.gemm_truth(case, inputs), expect, rtol=0, atol=1e-12), layout
+
+
+def test_inputs_that_break_the_golden_run_give_an_error_row_not_an_exception():
+    rows = runner.run_case(qcase(), "reference", "cpu", inputs={"not_x": torch.zeros(1)})
+    assert len(rows) == 1 and rows[0]["status"] == "error" and "golden reference raised KeyError" in rows[0]["reason"]
+
+
+def test_rows_carry_every_case_column_and_only_report_columns():
+    rows = runner.run_case(qcase(shape=(32, 32), orientation="rowwise"), "reference", "cpu")
+    for r in rows:
+        assert set(r) <= set(report.COLUMNS)
+        report.normalize_row(r)
+        assert r["scheme"] == "fp8_current" and r["shape"] == "32x32" and r["in_dtype"] == "bfloat16"
+        assert r["device"] == "cpu" and r["wall_ms"] is not None
