@@ -190,7 +190,7 @@ class QuantConfig:
                     "16x16 (weight) tiles round to nearest: their colwise copy is the exact transpose (NUMERICS.md §5.5)",
                 )
         if self.pow2_scales and self.scheme not in ("fp8_current", "fp8_block") and not sch.pow2_default:
-            raise _bad("pow2_scales", self.pow2_scales, f"power-of-two scales are an option of fp8_current and fp8_block only")
+            raise _bad("pow2_scales", self.pow2_scales, "power-of-two scales are an option of fp8_current and fp8_block only")
         if self.scheme == "mxfp8" and not self.pow2_scales:
             raise _bad("pow2_scales", self.pow2_scales, "mxfp8 scales are E8M0, always powers of two")
         if self.e8m0_rule not in E8M0_RULES:

@@ -107,7 +107,7 @@ def test_exhaustive_grid_midpoints_and_ulps(impl, fmt):
     for code, val in table:
         inputs.append(float(val))
         expected.append(code)
-    for (c0, v0), (c1, v1) in zip(table, table[1:]):
+    for (c0, v0), (c1, v1) in zip(table[:-1], table[1:], strict=True):
         mid = (v0 + v1) / 2
         assert float(mid) == mid  # every midpoint is exact in fp32
         below, above = fp32_neighbours(float(mid))
