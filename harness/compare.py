@@ -758,7 +758,12 @@ def compare_quantized(golden: QuantizedTensor, candidate: QuantizedTensor, x: to
 
 def compare_output(golden_out: torch.Tensor, candidate_out: torch.Tensor, tensor: str = "out",
                    bound: torch.Tensor | None = None) -> TensorResult:
-    """Exact bits (bound None) or |candidate − golden| <= bound, with ULPs in the golden dtype."""
+    """Exact bits (bound None) or |candidate − golden| <= bound, with ULPs in the golden dtype.
+
+    A NaN matches any NaN: NUMERICS.md fixes the NaN *codes* of the narrow formats (compared in
+    compare_quantized), not the payload or sign of a NaN in a float output, which differs between
+    CPU and GPU arithmetic (e.g. 0·inf).
+    """
     g = golden_out.detach().to("cpu")
     c = candidate_out.detach().to("cpu")
     n = g.numel()
@@ -777,7 +782,7 @@ def compare_output(golden_out: torch.Tensor, candidate_out: torch.Tensor, tensor
     _, cb = _ordered_float(cg)
     nan_both = torch.isnan(g) & torch.isnan(cg)
     if bound is None:
-        mism = gb != cb
+        mism = (gb != cb) & ~nan_both
     else:
         g64, c64 = g.to(torch.float64), c.to(torch.float64)
         fin = torch.isfinite(g64) & torch.isfinite(c64)
@@ -798,8 +803,7 @@ def compare_output(golden_out: torch.Tensor, candidate_out: torch.Tensor, tensor
             classes["layout_transposition"] = n_mis
             cls = "layout_transposition"
         else:
-            classes["nan_sign"] = int((mism & nan_both).sum())
-            classes["other"] = n_mis - classes["nan_sign"]
+            classes["other"] = n_mis
             cls = None
         pos = int(mism.reshape(-1).nonzero()[0, 0])
         idx = [int(t) for t in torch.unravel_index(torch.tensor(pos), g.shape)]
@@ -807,7 +811,7 @@ def compare_output(golden_out: torch.Tensor, candidate_out: torch.Tensor, tensor
         oc, _ = _ordered_float(cg.reshape(-1)[pos : pos + 1])
         first = {
             "index": idx,
-            "class": cls or ("nan_sign" if bool(nan_both.reshape(-1)[pos]) else "other"),
+            "class": cls or "other",
             "golden": float(g.reshape(-1)[pos]),
             "candidate": float(c.reshape(-1)[pos]),
             "ulps": int((og - oc).abs()[0]),

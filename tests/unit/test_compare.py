@@ -462,3 +462,16 @@ def test_compare_gemm_needs_operands_in_tolerance_mode():
     golden = reference.gemm(qa, qb, layout="TN", out_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="consumed operands"):
         compare_gemm(golden, golden, None, case, False)
+
+
+def test_float_output_nan_payload_and_sign_are_not_part_of_the_contract():
+    nan_pos = torch.tensor([float("nan"), 1.0, 2.0])
+    other_nan = torch.tensor([1.0, 1.0, 2.0]).view(torch.int32)
+    other_nan[0] = -4194304 + 5  # 0xFFC00005: a negative NaN with a payload
+    cand = other_nan.view(torch.float32)
+    assert torch.isnan(cand[0])
+    tr = compare_output(nan_pos, cand)
+    assert tr.status == "pass" and tr.n_mismatch == 0
+    # ...but NaN against a number is a mismatch, located.
+    tr = compare_output(nan_pos, torch.tensor([0.0, 1.0, 2.0]))
+    assert tr.status == "fail" and tr.n_mismatch == 1 and tr.first_mismatch["index"] == [0]
