@@ -1,0 +1,431 @@
+"""NVFP4: E2M1 data, UE4M3 scale per 16 elements, fp32 global amax per copy; optional RHT and SR.
+
+Source: NUMERICS.md §5 (5.1 global scale, 5.2 block scale, 5.3 encode factor, 5.4 elements and
+packing, 5.5 1-D/2-D and rowwise/columnwise, 5.6 RHT, 5.7 SR, 5.8 dequantization and GEMM alpha,
+5.9 layouts); TE common/cast/nvfp4/core_nvfp4.cuh, quantize_transpose_nvfp4.cuh,
+dequantize_nvfp4.cuh, common/recipe/nvfp4.cu.
+
+Work is done in row chunks of X (whole 16-row groups), so fp32/fp64 temporaries stay a few tens
+of MiB whatever the tensor size: one pass for the block amaxes (hence A_g), one pass per copy for
+the codes. The columnwise copy is computed from a source S [M, K] (X, or RHT(X^T) transposed back)
+whose 16-row groups are its blocks: copy element [k, 16b + j] is S[16b + j, k].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import casts, fp32, hadamard, stochastic
+from .formats import E2M1, E4M3, FLT_MAX, QuantConfig
+from .scaling import amax as nan_ignoring_amax
+from .types import SpecViolation, SRSeed
+
+# NUMERICS: §5.1 - 2688 = 6 * 448 = E2M1 max * E4M3 max (exact in fp32).
+GLOBAL_RANGE = E2M1.max_finite * E4M3.max_finite
+# NUMERICS: §5.2 - fl(1/6) = 0x3E2AAAAB.
+INV_E2M1_MAX = fp32.reciprocal_const(E2M1.max_finite)
+# NUMERICS: §5.8 - fl(1/2688) = 0x39C30C31 (dequantization), fl(1/7225344) = 0x34149B93 (GEMM alpha).
+INV_GLOBAL_RANGE = fp32.reciprocal_const(GLOBAL_RANGE)
+INV_ALPHA_RANGE = fp32.reciprocal_const(GLOBAL_RANGE * GLOBAL_RANGE)
+
+# Scale padding (NUMERICS.md §5.9): rows to a multiple of 128, scale columns to a multiple of 4.
+SCALE_ROW_ALIGN = 128
+SCALE_COL_ALIGN = 4
+# Target elements per processing chunk (fp32: 4 MiB; fp64: 8 MiB, below glibc's mmap threshold cap).
+CHUNK_ELEMS = 1 << 20
+
+
+def _roundup(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+# --------------------------------------------------------------------------------------------
+# Scale chain (NUMERICS.md §5.1-§5.3)
+# --------------------------------------------------------------------------------------------
+
+
+def global_scale(a_g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(S_enc, S_dec) from the global amax A_g (fp32, any shape).
+
+    NUMERICS: §5.1 - S_enc = fmin(RN(2688 / A_g), FLT_MAX) (true division); A_g = 0 or S_enc = 0
+    (A_g = +inf) -> 1; A_g = NaN -> FLT_MAX through fmin; S_dec = RN(1 / S_enc).
+    """
+    a_g = a_g.to(torch.float32)
+    s_enc = torch.fmin(fp32.div(GLOBAL_RANGE, a_g, like=a_g), fp32.scalar(FLT_MAX, a_g))
+    s_enc = torch.where((a_g == 0) | (s_enc == 0), torch.ones_like(s_enc), s_enc)
+    s_dec = fp32.div(1.0, s_enc, like=s_enc)
+    return s_enc, s_dec
+
+
+def block_multiplier(s_enc: torch.Tensor) -> torch.Tensor:
+    """m = RN(S_enc * fl(1/6)) (NUMERICS: §5.2 - a multiply by the rounded constant, not A_b/6*S_enc)."""
+    return s_enc * fp32.scalar(INV_E2M1_MAX, s_enc)
+
+
+def block_scale(a_b: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d, s_blk): d = fmin(RN(A_b * m), FLT_MAX) fp32, s_blk = sat_e4m3(d) as uint8 E4M3 bits.
+
+    NUMERICS: §5.2 - A_b = inf gives FLT_MAX and then 448 (0x7E); d <= 2^-10 gives 0x00.
+    """
+    d = torch.fmin(a_b.to(torch.float32) * m, fp32.scalar(FLT_MAX, m))
+    return d, casts.saturating_cast(d, E4M3)
+
+
+def encode_factor(s_blk: torch.Tensor, s_dec: torch.Tensor) -> torch.Tensor:
+    """f = fmin(RN(1 / RN(float(s_blk) * S_dec)), FLT_MAX); s_blk = 0 gives FLT_MAX.
+
+    NUMERICS: §5.3 - a true division (no approximate reciprocal); with s_blk = 0 the product is
+    0, 1/0 = inf, fmin gives FLT_MAX, so non-zero codes saturate (and decode to 0).
+    """
+    p = casts.decode(s_blk, E4M3) * s_dec
+    f = torch.fmin(fp32.div(1.0, p, like=p), fp32.scalar(FLT_MAX, p))
+    return torch.where(s_blk == 0, fp32.scalar(FLT_MAX, p), f)
+
+
+# --------------------------------------------------------------------------------------------
+# Element cast (NUMERICS.md §0.5 e2m1_rn)
+# --------------------------------------------------------------------------------------------
+
+_FP32_MAG_MASK = (1 << 31) - 1  # all but the sign bit
+
+
+def e2m1_thresholds() -> torch.Tensor:
+    """fp32 [7]: magnitude code c+1 is reached at |y| >= t[c] (the §0.5 table, derived from the grid).
+
+    NUMERICS: §0.5 e2m1_rn - between grid values g_c < g_{c+1} the midpoint ties to the even code:
+    if c is even the midpoint stays at c (threshold = next fp32 above the midpoint), else it goes up.
+    Gives 0.25+, 0.75, 1.25+, 1.75, 2.5+, 3.5, 5+ ("+": the next fp32 up).
+    """
+    grid = stochastic.e2m1_grid()  # (8,)
+    mid = (grid[:-1] + grid[1:]) * 0.5  # exact: half of a sum of two short grid values
+    up = torch.nextafter(mid, torch.full_like(mid, float("inf")))
+    even = (torch.arange(mid.numel()) % 2) == 0
+    return torch.where(even, up, mid)
+
+
+_E2M1_THRESHOLD_BITS = [int(b) for b in fp32.bits(e2m1_thresholds())]
+_NEG_INF_BITS = int(fp32.bits(torch.tensor(float("-inf"))))
+
+
+def e2m1_rn(y: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes (uint8, sign in bit 3) of fp32 y: RNE, saturating, NaN -> 0x7, sign copied.
+
+    Same result as casts.saturating_cast(y, E2M1) (the tests check it), by the §0.5 threshold
+    table on the fp32 magnitude bits, which order like the magnitudes:
+    NUMERICS: §0.5 e2m1_rn / §0.2.4 - magnitude code = number of thresholds <= |y| (> 5 and inf
+    give 7; a NaN's magnitude bits exceed every threshold, so NaN gives 7); the sign bit is copied
+    from y for every non-NaN value (-0.0 and tiny negatives give 0x8), NaN of either sign gives 0x7.
+    """
+    b = fp32.bits(y)
+    mag = b & _FP32_MAG_MASK
+    code = (mag >= _E2M1_THRESHOLD_BITS[0]).to(torch.uint8)
+    for t in _E2M1_THRESHOLD_BITS[1:]:  # 6 more thresholds
+        code += mag >= t
+    # int32 view: negative non-NaN floats are exactly the bit patterns <= bits(-inf).
+    neg = (b <= _NEG_INF_BITS).to(torch.uint8)
+    neg <<= E2M1.bits - 1
+    code |= neg
+    return code
+
+
+# --------------------------------------------------------------------------------------------
+# Block amaxes (NUMERICS.md §0.1 amax, §5.2 A_b, §5.5 1-D / 2-D)
+# --------------------------------------------------------------------------------------------
+
+
+def _max_last(a: torch.Tensor) -> torch.Tensor:
+    """Max over the last axis (a power of two long) by a tree of elementwise maxima (NaN propagates)."""
+    while a.shape[-1] > 1:
+        h = a.shape[-1] // 2
+        a = torch.maximum(a[..., :h], a[..., h:])
+    return a[..., 0]
+
+
+def _abs_nan_zero(v: torch.Tensor) -> torch.Tensor:
+    """|v| in fp32 with NaN lanes set to 0 (NUMERICS: §0.2.5 - NaN-ignoring amax)."""
+    a = v.to(torch.float32).abs()
+    return a.masked_fill_(torch.isnan(a), 0.0)
+
+
+def _row_blocks_amax(xc: torch.Tensor, blk: int) -> torch.Tensor:
+    """fp32 (R, C/blk): amax of each 1 x blk block along the rows of xc (R, C); NaN ignored.
+
+    NUMERICS: §0.1 - exact in any order. The fast path lets NaN propagate, and a chunk that got a
+    NaN is redone with NaN lanes zeroed.
+    """
+    r, c = xc.shape
+    a = xc.to(torch.float32).abs().reshape(r, c // blk, blk)  # (R, C/16, 16); |.| gives +0 for -0
+    out = _max_last(a)
+    if bool(torch.isnan(out).any()):
+        out = _abs_nan_zero(xc).reshape(r, c // blk, blk).amax(dim=-1)
+    return out
+
+
+def _col_blocks_amax(xc: torch.Tensor, blk: int) -> torch.Tensor:
+    """fp32 (R/blk, C): amax of each blk x 1 block down the columns of xc (R, C); NaN ignored."""
+    r, c = xc.shape
+    out = xc.to(torch.float32).abs().reshape(r // blk, blk, c).amax(dim=1)  # (R/16, C)
+    if bool(torch.isnan(out).any()):
+        out = _abs_nan_zero(xc).reshape(r // blk, blk, c).amax(dim=1)
+    return out
+
+
+def _tile_amax(row_blocks: torch.Tensor, tile_rows: int) -> torch.Tensor:
+    """(R/16, C/16) amax of 16x16 tiles from the 1x16 block amaxes (R, C/16) (NUMERICS: §5.5 2-D)."""
+    r, nb = row_blocks.shape
+    return row_blocks.reshape(r // tile_rows, tile_rows, nb).amax(dim=1)
+
+
+# --------------------------------------------------------------------------------------------
+# Copies
+# --------------------------------------------------------------------------------------------
+
+
+def _check(x2d: torch.Tensor, config: QuantConfig) -> None:
+    if config.scheme != "nvfp4":
+        raise SpecViolation(f"reference.nvfp4 quantizes nvfp4 configs, got {config.id}")
+    blk = config.block
+    if x2d.dim() != 2 or x2d.shape[0] % blk or x2d.shape[1] % blk:
+        raise SpecViolation(
+            f"{config.id}: NVFP4 needs M and K multiples of {blk} (NUMERICS.md §5.5); got shape {tuple(x2d.shape)}"
+        )
+    if config.rht and x2d.dtype != torch.bfloat16:
+        raise SpecViolation(f"{config.id}: RHT needs a bfloat16 input (NUMERICS.md §5.6), got {x2d.dtype}")
+
+
+def _chunks(rows: int, cols: int, align: int):
+    """(r0, r1) row ranges of about CHUNK_ELEMS elements, r0 and r1 multiples of `align`."""
+    step = max(align, CHUNK_ELEMS // max(cols, 1) // align * align)
+    for r0 in range(0, rows, step):
+        yield r0, min(r0 + step, rows)
+
+
+def _scale_buffer(rows: int, cols: int, blk: int, device) -> torch.Tensor:
+    """Zero-filled compact scale tensor [roundup(rows, 128), roundup(cols/16, 4)] (NUMERICS.md §5.9)."""
+    shape = (_roundup(rows, SCALE_ROW_ALIGN), _roundup(cols // blk, SCALE_COL_ALIGN))
+    return torch.zeros(shape, dtype=torch.uint8, device=device)
+
+
+def _copy_chain(a_g: torch.Tensor):
+    """A function a_b -> (s_blk uint8, f fp32) for one copy with global amax a_g (NUMERICS.md §5.1-§5.3)."""
+    s_enc, s_dec = global_scale(a_g)
+    mult = block_multiplier(s_enc)
+
+    def chain(a_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        _, s_blk = block_scale(a_b, mult)
+        return s_blk, encode_factor(s_blk, s_dec)
+
+    return chain
+
+
+def _codes(y: torch.Tensor, r: torch.Tensor | None) -> torch.Tensor:
+    """NUMERICS: §5.4 / §5.7 - e2m1_rn, or SR with random bytes r (same layout as y)."""
+    return e2m1_rn(y) if r is None else stochastic.e2m1_sr(y, r)
+
+
+def _quantize_rowwise(
+    x2d: torch.Tensor, a_b_all: torch.Tensor, a_g: torch.Tensor, config: QuantConfig, seed: SRSeed | None
+) -> dict:
+    """Rowwise copy NVFP4(X), blocks along K, from the block amaxes a_b_all (M, K/16) (NUMERICS.md §5.4, §5.9)."""
+    m_rows, k = x2d.shape
+    blk = config.block
+    chain = _copy_chain(a_g)
+    data = torch.empty((m_rows, k // 2), dtype=torch.uint8, device=x2d.device)
+    scale = _scale_buffer(m_rows, k, blk, x2d.device)
+    for r0, r1 in _chunks(m_rows, k, blk):
+        s_blk, f = chain(a_b_all[r0:r1])  # (R, K/16)
+        scale[r0:r1, : k // blk] = s_blk
+        # NUMERICS: §5.4 - y = RN(x * f): one fp32 multiply.
+        y = x2d[r0:r1].to(torch.float32).reshape(r1 - r0, k // blk, blk) * f[:, :, None]  # (R, K/16, 16)
+        r = None
+        if seed is not None:
+            stream = stochastic.copy_stream(seed.stream, "rowwise")
+            r = stochastic.random_bytes(k, r0, r1, seed.seed, stream, x2d.device).reshape(y.shape)
+        data[r0:r1] = casts.pack_nibbles(_codes(y, r).reshape(r1 - r0, k))
+    return {"rowwise_data": data, "rowwise_scale": scale, "rowwise_amax": a_g.clone()}
+
+
+def _quantize_colwise(
+    src: torch.Tensor, a_b_all: torch.Tensor, a_g: torch.Tensor, config: QuantConfig, seed: SRSeed | None
+) -> dict:
+    """Columnwise copy, blocks along M: NVFP4 of src^T with src (M, K) = X, or RHT(X^T)^T with RHT.
+
+    a_b_all (M/16, K) holds the amax of block [k, 16b : 16b + 16] of the copy at [b, k].
+    NUMERICS: §5.5 - quantized from the high-precision values, never a transpose of FP4 data.
+    """
+    m_rows, k = src.shape
+    blk = config.block
+    chain = _copy_chain(a_g)
+    data = torch.empty((k, m_rows // 2), dtype=torch.uint8, device=src.device)
+    scale = _scale_buffer(k, m_rows, blk, src.device)
+    for r0, r1 in _chunks(m_rows, k, blk):
+        b0, b1 = r0 // blk, r1 // blk
+        s_blk, f = chain(a_b_all[b0:b1])  # (nb, K)
+        scale[:k, b0:b1] = s_blk.t()
+        # NUMERICS: §5.4 - y = RN(x * f); (nb, 16, K): [b, j, k] is element [k, 16(b0 + b) + j] of the copy.
+        y = src[r0:r1].to(torch.float32).reshape(b1 - b0, blk, k) * f[:, None, :]
+        r = None
+        if seed is not None:
+            stream = stochastic.copy_stream(seed.stream, "colwise")
+            r = stochastic.random_bytes_blocked(m_rows, k, b0, b1, blk, seed.seed, stream, src.device)
+            r = r.transpose(1, 2)  # (nb, 16, K) like y
+        packed = casts.pack_nibbles(_codes(y, r).transpose(1, 2))  # (nb, K, 8)
+        data[:, r0 // 2 : r1 // 2] = packed.permute(1, 0, 2).reshape(k, (r1 - r0) // 2)
+    return {"colwise_data": data, "colwise_scale": scale, "colwise_amax": a_g.clone()}
+
+
+def _amax_pass(x2d: torch.Tensor, config: QuantConfig, rows: bool, cols: bool) -> dict:
+    """Block amaxes of X in one pass: "rows" (M, K/16) and/or "cols" (M/16, K), and "g" = amax(X) fp32 [1].
+
+    2-D: the 16x16 tile amax, expanded to the rows of each copy (NUMERICS: §5.5 - same tile amax
+    for both copies). NUMERICS: §0.1 - amax(X) = max of the block amaxes, exact in any order.
+    """
+    m_rows, k = x2d.shape
+    blk, tile_rows = config.block, config.tile[0]
+    out: dict = {}
+    if config.is_2d:
+        tiles = torch.empty((m_rows // tile_rows, k // blk), dtype=torch.float32, device=x2d.device)
+        for r0, r1 in _chunks(m_rows, k, tile_rows):
+            tiles[r0 // tile_rows : r1 // tile_rows] = _tile_amax(_row_blocks_amax(x2d[r0:r1], blk), tile_rows)
+        if rows:
+            out["rows"] = tiles.repeat_interleave(tile_rows, dim=0)  # (M, K/16)
+        if cols:
+            out["cols"] = tiles.repeat_interleave(blk, dim=1)  # (M/16, K)
+        out["g"] = tiles.amax().reshape(1)
+        return out
+    if rows:
+        out["rows"] = torch.empty((m_rows, k // blk), dtype=torch.float32, device=x2d.device)
+    if cols or not rows:
+        out["cols"] = torch.empty((m_rows // blk, k), dtype=torch.float32, device=x2d.device)
+    for r0, r1 in _chunks(m_rows, k, blk):
+        if "rows" in out:
+            out["rows"][r0:r1] = _row_blocks_amax(x2d[r0:r1], blk)
+        if "cols" in out:
+            out["cols"][r0 // blk : r1 // blk] = _col_blocks_amax(x2d[r0:r1], blk)
+    out["g"] = (out["rows"] if "rows" in out else out["cols"]).amax().reshape(1)
+    return out
+
+
+def _rht_pass(x2d: torch.Tensor, blk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(h, its block amaxes (M/16, K), its amax fp32 [1]) with h = RHT(X^T)^T, bf16 (M, K).
+
+    NUMERICS: §5.6 - the columnwise A_g is the amax of the bf16 RHT output (post-RHT amax).
+    """
+    hadamard.check_rht_input(x2d)
+    m_rows, k = x2d.shape
+    h = torch.empty_like(x2d)
+    a_b = torch.empty((m_rows // blk, k), dtype=torch.float32, device=x2d.device)
+    for r0, r1 in _chunks(m_rows, k, hadamard.RHT_SIZE):
+        h[r0:r1] = hadamard.rht_rows(x2d[r0:r1])
+        a_b[r0 // blk : r1 // blk] = _col_blocks_amax(h[r0:r1], blk)
+    return h, a_b, a_b.amax().reshape(1)
+
+
+def quantize_2d(
+    x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, rng: SRSeed | None = None, state=None
+) -> dict:
+    """NVFP4 copies of a 2-D [M, K] input as QuantizedTensor fields (NUMERICS.md §5, layouts §5.9).
+
+    Without RHT both copies use A_g = amax(X); with RHT the columnwise copy quantizes the bf16
+    RHT(X^T) with A_g = its amax. SR bytes: rowwise stream, columnwise stream + 1. `state` is unused.
+    """
+    _check(x2d, config)
+    if not (rowwise or colwise):
+        raise SpecViolation("quantize needs rowwise=True or colwise=True; both were False")
+    seed = SRSeed.coerce(rng) if config.stochastic else None
+    if config.stochastic and seed is None:
+        raise SpecViolation(f"{config.id}: stochastic rounding needs rng=(seed, stream) (NUMERICS.md §5.7)")
+    out: dict = {}
+    amax_x = _amax_pass(x2d, config, rows=rowwise, cols=colwise and not config.rht)
+    if rowwise:
+        out.update(_quantize_rowwise(x2d, amax_x["rows"], amax_x["g"], config, seed))
+    if colwise:
+        if config.rht:
+            h, a_b, a_g = _rht_pass(x2d, config.block)
+            out.update(_quantize_colwise(h, a_b, a_g, config, seed))
+            del h
+        else:
+            out.update(_quantize_colwise(x2d, amax_x["cols"], amax_x["g"], config, seed))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Diagnostics: the scale chain of one copy
+# --------------------------------------------------------------------------------------------
+
+
+def copy_source(x2d: torch.Tensor, config: QuantConfig, orientation: str) -> torch.Tensor:
+    """The high-precision values a copy quantizes, in its own layout: X [M, K], X^T or RHT(X^T) [K, M]."""
+    if orientation == "rowwise":
+        return x2d
+    if orientation != "colwise":
+        raise ValueError(f"orientation={orientation!r} is invalid: expected 'rowwise' or 'colwise'")
+    return hadamard.rht_transposed(x2d) if config.rht else x2d.t()
+
+
+def scale_chain(x2d: torch.Tensor, config: QuantConfig, orientation: str) -> dict:
+    """Every scale-chain intermediate of one copy, for showing a mismatching block.
+
+    Returns fp32 0-dim "A_g", "S_enc", "S_dec", "m"; per block, in the copy's own layout
+    [rows, cols/16] (rowwise [M, K/16], colwise [K, M/16]): "A_b", "d" (fp32), "s_blk" (uint8 E4M3
+    bits), "f" (fp32); and "source", the high-precision values quantized ([M, K] or [K, M]), from
+    which block (r, c) is source[r, 16c : 16c + 16] and its y = RN(source * f[r, c]).
+    NUMERICS: §5.1-§5.3, §5.5, §5.6.
+    """
+    _check(x2d, config)
+    src = copy_source(x2d, config, orientation)
+    blk, tile_rows = config.block, config.tile[0]
+    if orientation == "colwise" and config.rht:
+        a_g = nan_ignoring_amax(src).reshape(1)
+    else:
+        a_g = _amax_pass(x2d, config, rows=True, cols=False)["g"]
+    a_b = _row_blocks_amax(src, blk)  # (rows, cols/16)
+    if config.is_2d:
+        a_b = _tile_amax(a_b, tile_rows).repeat_interleave(tile_rows, dim=0)
+    s_enc, s_dec = global_scale(a_g)
+    mult = block_multiplier(s_enc)
+    d, s_blk = block_scale(a_b, mult)
+    return {
+        "A_g": a_g.reshape(()),
+        "S_enc": s_enc.reshape(()),
+        "S_dec": s_dec.reshape(()),
+        "m": mult.reshape(()),
+        "A_b": a_b,
+        "d": d,
+        "s_blk": s_blk,
+        "f": encode_factor(s_blk, s_dec),
+        "source": src,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Dequantization and GEMM alpha (NUMERICS.md §5.8)
+# --------------------------------------------------------------------------------------------
+
+
+def decode_factor(s_blk: torch.Tensor, a_g: torch.Tensor) -> torch.Tensor:
+    """g = RN(RN(float(s_blk) * A_g) * fl(1/2688)) (NUMERICS: §5.8 - TE's decode, not the encode inverse)."""
+    p = casts.decode(s_blk, E4M3) * a_g.to(torch.float32)
+    return p * fp32.scalar(INV_GLOBAL_RANGE, p)
+
+
+def dequantize(q, orientation: str, dtype: torch.dtype) -> torch.Tensor:
+    """x_hat = RN_out(RN(v * g)) of one copy as [M, K] (colwise transposed back; RHT copies stay in the Hadamard domain).
+
+    NUMERICS: §5.8 - v the E2M1 value, g from the stored s_blk and the copy's A_g.
+    """
+    data = getattr(q, f"{orientation}_data")
+    scale = getattr(q, f"{orientation}_scale")
+    a_g = getattr(q, f"{orientation}_amax")
+    blk = q.config.block
+    rows, cols = data.shape[0], data.shape[1] * 2
+    v = casts.decode(casts.unpack_nibbles(data), E2M1).reshape(rows, cols // blk, blk)  # (rows, cols/16, 16)
+    g = decode_factor(scale[:rows, : cols // blk], a_g.reshape(()).to(data.device))  # (rows, cols/16)
+    xh = (v * g.unsqueeze(-1)).reshape(rows, cols).to(dtype)  # NUMERICS: §5.8 - one fp32 RN, then RN_out
+    return xh if orientation == "rowwise" else xh.t().contiguous()
+
+
+def gemm_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor) -> torch.Tensor:
+    """alpha = RN(RN(A_g,a * A_g,b) * fl(1/7225344)), fp32 (NUMERICS: §5.8 - the kernel multiplies, never divides)."""
+    p = amax_a.to(torch.float32) * amax_b.to(torch.float32)
+    return p * fp32.scalar(INV_ALPHA_RANGE, p)
