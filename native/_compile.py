@@ -35,6 +35,9 @@ from reference.formats import (
     FLT_MAX,
     FORMATS,
     INPUT_DTYPE_MAX,
+    RHT_SCALE,
+    RHT_SIGN_MASK,
+    RHT_SIZE,
     SCHEME_NAMES,
     SCHEMES,
     UE8M0,
@@ -166,6 +169,10 @@ def defines_for(config: QuantConfig) -> dict[str, int | float | str]:
         d["NVFP4_GLOBAL_MAX"] = float(gmax)
         d["NVFP4_RECIP_GLOBAL_MAX"] = _recip(gmax)
         d["NVFP4_RECIP_ALPHA"] = _recip(gmax * gmax)
+        # NUMERICS: §5.6 the RHT constants, from the formats.py row.
+        d["NVFP4_RHT_SIZE"] = RHT_SIZE
+        d["NVFP4_RHT_SIGN_MASK"] = RHT_SIGN_MASK
+        d["NVFP4_RHT_SCALE"] = RHT_SCALE
     return d
 
 

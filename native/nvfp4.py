@@ -16,23 +16,16 @@ modes RHT / SR / 2-D are compile-time, from defines_for(config)):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
 from reference import layouts
-from reference.formats import QuantConfig
+from reference.formats import RHT_SIZE, QuantConfig
 from reference.types import QuantizedTensor, SpecViolation, SRSeed
 
 CU_FILE = "nvfp4.cu"
-
-# NUMERICS: §5.6 - 16-point Sylvester Hadamard transform, scale 1/sqrt(16), fixed sign vector
-# sigma = (+,+,+,-,+,-,-,-,-,-,-,+,-,+,-,-) as a mask (bit i set <=> sigma_i = -1).
-RHT_SIZE = 16
-RHT_SIGN_MASK = 0xD7E8
-RHT_SCALE = 1.0 / math.sqrt(RHT_SIZE)
 
 THREADS = 256  # a multiple of 32: the amax reductions use full-warp shuffles
 MAX_BLOCKS = 1 << 20  # kernels are grid-stride loops; this only caps the launch size
@@ -49,16 +42,11 @@ _MASK32 = 0xFFFFFFFF
 Launcher = Callable[..., None]
 
 
-def _extra_defines() -> dict[str, int | float | str]:
-    """Defines nvfp4.cu needs beyond `defines_for(config)` (NUMERICS.md §5.6 RHT constants)."""
-    return {"NVFP4_RHT_SIZE": RHT_SIZE, "NVFP4_RHT_SIGN_MASK": RHT_SIGN_MASK, "NVFP4_RHT_SCALE": RHT_SCALE}
-
-
 def module_defines(config: QuantConfig) -> dict[str, int | float | str]:
     """The complete define set nvfp4.cu is compiled with for `config`."""
     from . import _compile
 
-    return {**_compile.defines_for(config), **_extra_defines()}
+    return _compile.defines_for(config)
 
 
 class CupyLauncher:

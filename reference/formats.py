@@ -111,6 +111,13 @@ SCHEMES: dict[str, Scheme] = {
     )
 }
 
+# NUMERICS: §5.6 - the Random Hadamard Transform of the NVFP4 columnwise copy: 16-point Sylvester
+# matrix scaled by 1/sqrt(16) = 1/4, fixed sign vector sigma = (+,+,+,-,+,-,-,-,-,-,-,+,-,+,-,-)
+# as a mask (bit i set <=> sigma_i = -1).
+RHT_SIZE = 16
+RHT_SIGN_MASK = 0xD7E8
+RHT_SCALE = 0.25
+
 # Variants NUMERICS.md §5.10 lists as optional; not implemented yet, rejected by QuantConfig.
 UNIMPLEMENTED_VARIANTS = ("4over6", "row_scaled")
 

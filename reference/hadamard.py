@@ -12,12 +12,9 @@ import math
 
 import torch
 
+from .formats import RHT_SCALE, RHT_SIGN_MASK, RHT_SIZE
 from .types import SpecViolation
 
-# NUMERICS: §5.6 - 16-point Sylvester Hadamard matrix, scale 1/4 (= 1/sqrt(16)).
-RHT_SIZE = 16
-# NUMERICS: §5.6 - fixed sign vector sigma = (+,+,+,-,+,-,-,-,-,-,-,+,-,+,-,-): bit i set <=> sigma_i = -1.
-RHT_SIGN_MASK = 0xD7E8
 # The fp64 sum of 16 bf16 terms is exact when the non-zero exponents of the chunk span <= 41
 # binades (8 significant bits + 4 bits of growth over 16 terms + 41 = 53). One binade of margin.
 _EXACT_SPAN = 40
@@ -49,7 +46,7 @@ def rht_matrix(device: torch.device | str | None = None) -> torch.Tensor:
     """W[i, j] = sigma_i * H[i, j] / 4 as fp64 [16, 16] (every entry is +-1/4, exact)."""
     w = sign_vector()[:, None] * hadamard_matrix()
     # NUMERICS: §5.6 - scale 1/4: a power of two, so v_i * W[i, j] is exact in fp64.
-    return (w.to(torch.float64) / RHT_SIZE**0.5).to(device)
+    return (w.to(torch.float64) * RHT_SCALE).to(device)  # exact: a power of two
 
 
 def sequential_sum(v64: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -22,15 +22,9 @@
     !defined(NVFP4_RECIP_GLOBAL_MAX)
 #error "nvfp4.cuh needs the nvfp4 defines of native/_compile.defines_for(config)"
 #endif
-// From native/nvfp4.py (_extra_defines): the RHT size, sign mask and scale (NUMERICS.md §5.6).
-// defines_for does not emit them yet; `python -m native._compile --nvcc-check` compiles with
-// defines_for alone, so it gets these same values (16, 0xD7E8, 1/4) here.
-#if !defined(NVFP4_RHT_SIZE) && !defined(NVFP4_RHT_SIGN_MASK) && !defined(NVFP4_RHT_SCALE)
-#define NVFP4_RHT_SIZE 16
-#define NVFP4_RHT_SIGN_MASK 0xD7E8
-#define NVFP4_RHT_SCALE 0x1p-2
-#elif !defined(NVFP4_RHT_SIZE) || !defined(NVFP4_RHT_SIGN_MASK) || !defined(NVFP4_RHT_SCALE)
-#error "nvfp4.cuh needs NVFP4_RHT_SIZE, NVFP4_RHT_SIGN_MASK, NVFP4_RHT_SCALE together (native/nvfp4.py)"
+// NUMERICS: §5.6 the RHT size, sign mask and scale, from the formats.py row through defines_for.
+#if !defined(NVFP4_RHT_SIZE) || !defined(NVFP4_RHT_SIGN_MASK) || !defined(NVFP4_RHT_SCALE)
+#error "nvfp4.cuh needs NVFP4_RHT_SIZE, NVFP4_RHT_SIGN_MASK, NVFP4_RHT_SCALE (native/_compile.defines_for)"
 #endif
 
 #include <cuda_fp8.h>
