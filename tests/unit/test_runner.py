@@ -195,3 +195,18 @@ def test_rows_carry_every_case_column_and_only_report_columns():
         report.normalize_row(r)
         assert r["scheme"] == "fp8_current" and r["shape"] == "32x32" and r["in_dtype"] == "bfloat16"
         assert r["device"] == "cpu" and r["wall_ms"] is not None
+
+
+def test_exact_gemm_mode_follows_numerics_section_6_for_accumulate():
+    from harness.cases import Case
+    from harness.runner import _is_exact_gemm
+
+    base = "gemm-NT-{s}-bf16-128x64x256-out_bf16{acc}-{dist}-s0"
+    for scheme in ("fp8_current-e4m3", "fp8_block-e4m3-1x128", "mxfp8-e4m3-1x32", "nvfp4-e2m1-1x16"):
+        assert _is_exact_gemm(Case.from_id(base.format(s=scheme, acc="", dist="exact_representable")))
+        assert not _is_exact_gemm(Case.from_id(base.format(s=scheme, acc="", dist="normal")))
+    # With C: only the schemes whose accumulate order NUMERICS.md §6 defines stay bit-exact.
+    assert _is_exact_gemm(Case.from_id(base.format(s="fp8_block-e4m3-1x128", acc="-acc", dist="exact_representable")))
+    assert _is_exact_gemm(Case.from_id(base.format(s="nvfp4-e2m1-1x16", acc="-acc", dist="exact_representable")))
+    assert not _is_exact_gemm(Case.from_id(base.format(s="fp8_current-e4m3", acc="-acc", dist="exact_representable")))
+    assert not _is_exact_gemm(Case.from_id(base.format(s="mxfp8-e4m3-1x32", acc="-acc", dist="exact_representable")))
