@@ -645,3 +645,17 @@ def test_auto_on_quantized_data_close_to_reference_gemm(cfg_id, a_cfg, b_cfg, la
     mag = ha.abs() @ hb.abs().t() + bias.abs().double()
     err = (got.double() - want.double()).abs()
     assert bool((err <= mag * 2.0**-10).all()), f"max err {float(err.max())}, at mag {float(mag.flatten()[err.argmax()])}"
+
+
+def test_fp16_output_is_a_backend_gap_not_bad_input():
+    """Runs without a GPU: the dtype check comes before any device work."""
+    import pytest as _pytest
+
+    from native.gemm import gemm as native_gemm
+    from reference import QuantConfig, Unsupported, quantize
+
+    q = quantize(torch.ones(32, 32), QuantConfig("mxfp8"))
+    with _pytest.raises(Unsupported, match="out_dtype=torch.float16"):
+        native_gemm(q, q, layout="TN", out_dtype=torch.float16)
+    with _pytest.raises(ValueError, match="out_dtype=torch.int8"):
+        native_gemm(q, q, layout="TN", out_dtype=torch.int8)
