@@ -17,6 +17,7 @@ names the schemes it serves on a line `// schemes: fp8_current fp8_delayed` (no 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import math
 import os
@@ -374,6 +375,17 @@ def compile_cubin(cu_file_name: str, defines: Mapping[str, int | float | str], a
     out = cache_dir() / f"{source.stem}-{arch}-{key[:24]}.cubin"
     if out.is_file():
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # One process compiles a given cubin; concurrent ones (pytest-xdist workers, harness workers)
+    # wait on the lock and then load the file instead of compiling the same module again.
+    with open(out.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if out.is_file():
+            return out
+        return _nvrtc_compile(nvrtc, source, options, arch, out)
+
+
+def _nvrtc_compile(nvrtc, source: Path, options: list[str], arch: str, out: Path) -> Path:
     prog = nvrtc.createProgram(source.read_text(), source.name, [], [])
     try:
         try:
@@ -384,7 +396,6 @@ def compile_cubin(cu_file_name: str, defines: Mapping[str, int | float | str], a
         cubin = nvrtc.getCUBIN(prog)
     finally:
         nvrtc.destroyProgram(prog)
-    out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=out.stem, suffix=".tmp")
     with os.fdopen(fd, "wb") as f:
         f.write(cubin)
