@@ -7,7 +7,6 @@ arithmetic plus ml_dtypes float8 casts after clamping.
 
 from __future__ import annotations
 
-import math
 import zlib
 
 import ml_dtypes
@@ -17,6 +16,8 @@ import torch
 
 import reference
 from reference.formats import BF16_MAX, E4M3, E5M2, F16_MAX, FLT_MAX, QuantConfig
+
+from .oracles import np_compute_scale
 
 NAN, INF = float("nan"), float("inf")
 ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
@@ -212,21 +213,10 @@ def oracle_codes(v: np.ndarray, element: str) -> np.ndarray:
 
 
 def oracle_scale(blk: np.ndarray, fp8_max, pow2, eps, v_inf):
-    """(s, sinv) of one block in numpy float32 scalars; pow2 via frexp (not the bit mask)."""
+    """(s, sinv) of one block: NaN-ignoring amax, then compute_scale in numpy float32 scalars."""
     a = np.abs(blk[~np.isnan(blk)])
     a = np.float32(max(0.0, float(a.max()))) if a.size else np.float32(0.0)
-    with np.errstate(over="ignore", divide="ignore"):
-        if a < np.float32(eps):
-            a = np.float32(eps)
-        if a == 0 or not np.isfinite(a):
-            s = np.float32(1.0)
-        else:
-            s = np.float32(fp8_max) / a
-            if np.isinf(s):
-                s = np.float32(v_inf)
-            if pow2:
-                s = np.float32(math.ldexp(1.0, math.frexp(float(s))[1] - 1))
-        return s, np.float32(1.0) / s
+    return np_compute_scale(a, fp8_max, pow2, eps, v_inf)
 
 
 def oracle_1x128(xs: np.ndarray, element, pow2, eps, v_inf):

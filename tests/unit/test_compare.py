@@ -27,9 +27,11 @@ from harness.compare import (
     ulp_hist_float,
 )
 from harness.inputs import generate
-from reference import casts, nvfp4
+from reference import casts
 from reference.formats import E2M1, E4M3, E5M2, QuantConfig
 from reference.types import QuantizedTensor
+
+from .oracles import scaled_by_encode_factor
 
 Q = QuantConfig
 ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2, "e2m1": ml_dtypes.float4_e2m1fn}
@@ -70,29 +72,6 @@ def _mids(element):
     g = np.arange(n, dtype=np.uint8).view(ML[element]).astype(np.float64)
     g = np.unique(np.abs(g[np.isfinite(g)]))
     return (g[:-1] + g[1:]) / 2
-
-
-def _scaled(q, x, o):
-    """x times the reference's encode factor, in the copy's data coordinates (fp64)."""
-    cfg = q.config
-    x2 = x.reshape(-1, x.shape[-1]).to(torch.float64)
-    m, k = x2.shape
-    sc = getattr(q, f"{o}_scale").to(torch.float64)
-    if cfg.scheme == "nvfp4":
-        ch = nvfp4.scale_chain(x.reshape(-1, x.shape[-1]), cfg, o)
-        return ch["source"].to(torch.float64) * ch["f"].to(torch.float64).repeat_interleave(16, dim=1)
-    if cfg.scheme == "mxfp8":
-        mult = torch.ldexp(torch.ones_like(sc), (127 - sc).to(torch.int32))
-        if o == "rowwise":
-            return x2 * mult[:m, : k // 32].repeat_interleave(32, dim=1)
-        return x2 * mult[: m // 32, :k].repeat_interleave(32, dim=0)
-    src = x2 if o == "rowwise" else x2.t()
-    r, c = src.shape
-    if cfg.tile is None:
-        return src / sc.reshape(())
-    if cfg.is_2d:
-        return src / sc.repeat_interleave(128, 0).repeat_interleave(128, 1)[:r, :c]
-    return src / sc.t().repeat_interleave(128, 1)[:r, :c]
 
 
 # ---- identical results pass ----------------------------------------------------------------------
@@ -144,7 +123,7 @@ def _expected_location(cfg, o, r, c, rows, cols):
 @pytest.mark.parametrize("cfg, shape, o", TIE_CASES, ids=lambda v: v.id if isinstance(v, QuantConfig) else str(v))
 def test_tie_flip_is_classified_and_located(cfg, shape, o):
     x, g = _golden(cfg, shape, "ties", seed=3)
-    y = _scaled(g, x, o)
+    y = scaled_by_encode_factor(g, x, o)
     on_mid = torch.from_numpy(np.isin(y.abs().numpy(), _mids(cfg.element)))
     rows, cols = y.shape
     pos = int(on_mid.reshape(-1).nonzero()[rows * cols // 3 % int(on_mid.sum())][0])  # a tie in the middle
@@ -173,7 +152,7 @@ def test_tie_flip_is_classified_and_located(cfg, shape, o):
 def test_non_adjacent_change_on_a_tie_is_other():
     x, g = _golden(Q("mxfp8"), (64, 96), "ties", seed=3)
     cand = _clone(g)
-    y = _scaled(g, x, "rowwise")
+    y = scaled_by_encode_factor(g, x, "rowwise")
     on_mid = np.isin(y.abs().numpy(), _mids("e4m3"))
     r, c = (int(v) for v in np.argwhere(on_mid)[5])
     cand.rowwise_data[r, c] = (int(g.rowwise_data[r, c]) & 0x80) | ((int(g.rowwise_data[r, c]) & 0x7F) ^ 0x08)

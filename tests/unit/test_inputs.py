@@ -17,8 +17,9 @@ import torch
 import reference
 from harness.cases import DISTRIBUTIONS, LAYOUT_CONSUMES, Case
 from harness.inputs import SPECIAL_PATTERNS, generate
-from reference import nvfp4
 from reference.formats import QuantConfig
+
+from .oracles import scaled_by_encode_factor
 
 Q = QuantConfig
 ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2, "e2m1": ml_dtypes.float4_e2m1fn}
@@ -45,32 +46,6 @@ def _midpoints(element: str) -> np.ndarray:
 
 def _on_midpoint_fraction(y: torch.Tensor, element: str) -> float:
     return float(np.isin(y.abs().reshape(-1).numpy(), _midpoints(element)).mean())
-
-
-def _scaled(q, x: torch.Tensor, o: str) -> torch.Tensor:
-    """x times the encode factor the reference used, in the copy's data coordinates (fp64)."""
-    cfg = q.config
-    x2 = x.reshape(-1, x.shape[-1]).to(torch.float64)
-    m, k = x2.shape
-    sc = getattr(q, f"{o}_scale").to(torch.float64)
-    if cfg.scheme == "nvfp4":
-        ch = nvfp4.scale_chain(x.reshape(-1, x.shape[-1]), cfg, o)
-        return ch["source"].to(torch.float64) * ch["f"].to(torch.float64).repeat_interleave(16, dim=1)
-    if cfg.scheme == "mxfp8":
-        mult = torch.ldexp(torch.ones_like(sc), (127 - sc).to(torch.int32))  # P(e) = 2^(127 - e)
-        if o == "rowwise":
-            return x2 * mult[:m, : k // 32].repeat_interleave(32, dim=1)
-        return x2 * mult[: m // 32, :k].repeat_interleave(32, dim=0)
-    src = x2 if o == "rowwise" else x2.t()
-    r, c = src.shape
-    if cfg.scheme in ("fp8_current", "fp8_delayed"):
-        return src / sc.reshape(())
-    b = 128
-    if cfg.is_2d:
-        sinv = sc.repeat_interleave(b, 0).repeat_interleave(b, 1)[:r, :c]
-    else:
-        sinv = sc.t().repeat_interleave(b, 1)[:r, :c]  # stored [c // 128, r] in data coordinates
-    return src / sinv
 
 
 def _quantize(case: Case, x: torch.Tensor):
@@ -243,7 +218,7 @@ def test_ties_land_on_midpoints_after_the_reference_scale_chain(cfg, dt):
     x = generate(case)["x"]
     q = _quantize(case, x)
     for o in ("rowwise", "colwise"):
-        frac = _on_midpoint_fraction(_scaled(q, x, o), cfg.element)
+        frac = _on_midpoint_fraction(scaled_by_encode_factor(q, x, o), cfg.element)
         assert frac >= (0.88 if cfg.scheme == "nvfp4" else 0.95), (o, frac)
 
 
@@ -252,7 +227,7 @@ def test_ties_include_the_overflow_midpoint_only_under_delayed_scaling():
     assert bool((xd.abs() == 464).any())  # NUMERICS: §0.5 464 ties to the even 448
     xc = _x("ties", Q("fp8_current"), (64, 64))
     q = reference.quantize(xc.to(torch.float32), Q("fp8_current"))
-    assert float(_scaled(q, xc, "rowwise").abs().max()) == 448
+    assert float(scaled_by_encode_factor(q, xc, "rowwise").abs().max()) == 448
 
 
 def test_ties_rht_rowwise_copy_still_on_midpoints():
@@ -260,7 +235,7 @@ def test_ties_rht_rowwise_copy_still_on_midpoints():
     case = Case("quantize", cfg, (64, 128), "bfloat16", "ties", 0, "both")
     x = generate(case)["x"]
     q = _quantize(case, x)
-    assert _on_midpoint_fraction(_scaled(q, x, "rowwise"), "e2m1") >= 0.88
+    assert _on_midpoint_fraction(scaled_by_encode_factor(q, x, "rowwise"), "e2m1") >= 0.88
 
 
 # ---- exact-representable GEMM operands (NUMERICS.md §6) ------------------------------------------

@@ -18,6 +18,8 @@ import reference
 from reference.formats import E4M3, E5M2, FLT_MAX, QuantConfig
 from reference.per_tensor import AmaxHistory
 
+from .oracles import np_compute_scale as oracle_scale
+
 NAN, INF = float("nan"), float("inf")
 ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 FMT = {"e4m3": E4M3, "e5m2": E5M2}
@@ -249,23 +251,6 @@ def oracle_codes(v: np.ndarray, element: str) -> np.ndarray:
 def oracle_amax(v: np.ndarray) -> np.float32:
     a = np.abs(v[~np.isnan(v)])
     return np.float32(max(0.0, float(a.max()))) if a.size else np.float32(0.0)
-
-
-def oracle_scale(a, fp8_max, pow2, eps, v_inf):
-    """compute_scale in numpy float32 scalars; pow2 via frexp (not the bit mask)."""
-    with np.errstate(over="ignore", divide="ignore"):
-        a = np.float32(a)
-        if a < np.float32(eps):
-            a = np.float32(eps)
-        if a == 0 or not np.isfinite(a):
-            s = np.float32(1.0)
-        else:
-            s = np.float32(fp8_max) / a
-            if np.isinf(s):
-                s = np.float32(v_inf)
-            if pow2:
-                s = np.float32(math.ldexp(1.0, math.frexp(float(s))[1] - 1))
-        return s, np.float32(1.0) / s
 
 
 def random_input(seed: int, shape, dtype) -> torch.Tensor:

@@ -1,0 +1,53 @@
+"""Independent oracles shared by several test files (written apart from the code under test)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from reference import nvfp4
+
+
+def np_compute_scale(a, fp8_max, pow2, eps, v_inf):
+    """NUMERICS.md §1 compute_scale in numpy float32 scalars; pow2 via frexp (not the bit mask)."""
+    with np.errstate(over="ignore", divide="ignore"):
+        a = np.float32(a)
+        if a < np.float32(eps):
+            a = np.float32(eps)
+        if a == 0 or not np.isfinite(a):
+            s = np.float32(1.0)
+        else:
+            s = np.float32(fp8_max) / a
+            if np.isinf(s):
+                s = np.float32(v_inf)
+            if pow2:
+                s = np.float32(math.ldexp(1.0, math.frexp(float(s))[1] - 1))
+        return s, np.float32(1.0) / s
+
+
+def scaled_by_encode_factor(q, x: torch.Tensor, o: str) -> torch.Tensor:
+    """x times the encode factor the reference used, in the copy's data coordinates (fp64)."""
+    cfg = q.config
+    x2 = x.reshape(-1, x.shape[-1]).to(torch.float64)
+    m, k = x2.shape
+    sc = getattr(q, f"{o}_scale").to(torch.float64)
+    if cfg.scheme == "nvfp4":
+        ch = nvfp4.scale_chain(x.reshape(-1, x.shape[-1]), cfg, o)
+        return ch["source"].to(torch.float64) * ch["f"].to(torch.float64).repeat_interleave(16, dim=1)
+    if cfg.scheme == "mxfp8":
+        mult = torch.ldexp(torch.ones_like(sc), (127 - sc).to(torch.int32))  # P(e) = 2^(127 - e)
+        if o == "rowwise":
+            return x2 * mult[:m, : k // 32].repeat_interleave(32, dim=1)
+        return x2 * mult[: m // 32, :k].repeat_interleave(32, dim=0)
+    src = x2 if o == "rowwise" else x2.t()
+    r, c = src.shape
+    if cfg.scheme in ("fp8_current", "fp8_delayed"):
+        return src / sc.reshape(())
+    b = 128
+    if cfg.is_2d:
+        sinv = sc.repeat_interleave(b, 0).repeat_interleave(b, 1)[:r, :c]
+    else:
+        sinv = sc.t().repeat_interleave(b, 1)[:r, :c]  # stored [c // 128, r] in data coordinates
+    return src / sinv
