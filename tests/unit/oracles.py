@@ -51,3 +51,16 @@ def scaled_by_encode_factor(q, x: torch.Tensor, o: str) -> torch.Tensor:
     else:
         sinv = sc.t().repeat_interleave(b, 1)[:r, :c]  # stored [c // 128, r] in data coordinates
     return src / sinv
+
+
+def wide_range_input(seed: int, shape, dtype, *, row_exp, row_exp_f16, col_exp, inf_frac) -> torch.Tensor:
+    """Per-row magnitudes 2^[row_exp) (2^[row_exp_f16) for fp16), per-column spread 2^[col_exp),
+    5% zeros, 1% NaN and `inf_frac` inf: an input that exercises every scale-rule branch."""
+    r = np.random.default_rng(seed)
+    lo, hi = row_exp_f16 if dtype == torch.float16 else row_exp
+    x = r.standard_normal(shape) * 2.0 ** r.integers(lo, hi, size=(shape[0], 1)).astype(np.float64)
+    x *= 2.0 ** r.integers(col_exp[0], col_exp[1], size=(1, shape[1]))
+    x[r.random(shape) < 0.05] = 0.0
+    x[r.random(shape) < 0.01] = np.nan
+    x[r.random(shape) < inf_frac] = np.inf
+    return torch.from_numpy(x.astype(np.float32)).to(dtype)

@@ -17,7 +17,7 @@ import torch
 import reference
 from reference.formats import BF16_MAX, E4M3, E5M2, F16_MAX, FLT_MAX, QuantConfig
 
-from .oracles import np_compute_scale
+from .oracles import np_compute_scale, wide_range_input
 
 NAN, INF = float("nan"), float("inf")
 ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
@@ -254,14 +254,8 @@ def padded(a: np.ndarray, cols: int) -> np.ndarray:
 
 def random_input(seed: int, shape, dtype) -> torch.Tensor:
     """Per-row magnitudes over a wide exponent range (tiny rows overflow 448/A), zeros and NaN."""
-    r = np.random.default_rng(seed)
-    lo, hi = (-20, 12) if dtype == torch.float16 else (-135, 100)
-    x = r.standard_normal(shape) * 2.0 ** r.integers(lo, hi, size=(shape[0], 1)).astype(np.float64)
-    x *= 2.0 ** r.integers(-3, 4, size=(1, shape[1]))
-    x[r.random(shape) < 0.05] = 0.0
-    x[r.random(shape) < 0.01] = np.nan
-    x[r.random(shape) < 0.003] = np.inf
-    return torch.from_numpy(x.astype(np.float32)).to(dtype)
+    return wide_range_input(seed, shape, dtype, row_exp=(-135, 100), row_exp_f16=(-20, 12), col_exp=(-3, 4),
+                            inf_frac=0.003)
 
 
 CASES = [

@@ -21,6 +21,8 @@ from reference import mxfp8
 from reference.formats import E4M3, E5M2, QuantConfig
 from reference.types import SpecViolation
 
+from .oracles import wide_range_input
+
 NAN, INF = float("nan"), float("inf")
 ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 FMT = {"e4m3": E4M3, "e5m2": E5M2}
@@ -238,14 +240,8 @@ def oracle_mxfp8(xs: np.ndarray, element, rule, two_d):
 
 def random_input(seed: int, shape, dtype) -> torch.Tensor:
     """Per-row magnitudes from fp32-subnormal to huge, per-column spread, zeros, NaN, a few inf."""
-    r = np.random.default_rng(seed)
-    lo, hi = (-24, 14) if dtype == torch.float16 else (-150, 120)
-    x = r.standard_normal(shape) * 2.0 ** r.integers(lo, hi, size=(shape[0], 1)).astype(np.float64)
-    x *= 2.0 ** r.integers(-4, 5, size=(1, shape[1]))
-    x[r.random(shape) < 0.05] = 0.0
-    x[r.random(shape) < 0.01] = np.nan
-    x[r.random(shape) < 0.002] = np.inf
-    return torch.from_numpy(x.astype(np.float32)).to(dtype)
+    return wide_range_input(seed, shape, dtype, row_exp=(-150, 120), row_exp_f16=(-24, 14), col_exp=(-4, 5),
+                            inf_frac=0.002)
 
 
 CASES = [
