@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 import torch
 
 from reference import nvfp4
+from reference.formats import FORMATS
+
+ML_FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 
 
 def np_compute_scale(a, fp8_max, pow2, eps, v_inf):
@@ -64,3 +68,13 @@ def wide_range_input(seed: int, shape, dtype, *, row_exp, row_exp_f16, col_exp, 
     x[r.random(shape) < 0.01] = np.nan
     x[r.random(shape) < inf_frac] = np.inf
     return torch.from_numpy(x.astype(np.float32)).to(dtype)
+
+
+def oracle_codes(v: np.ndarray, element: str) -> np.ndarray:
+    """sat_fp8 by ml_dtypes after clamping; NaN -> 0x7F (NUMERICS.md §0.2.3)."""
+    fmt = FORMATS[element]
+    nan = np.isnan(v)
+    c = np.clip(np.where(nan, np.float32(0), v), -fmt.max_finite, fmt.max_finite).astype(np.float32)
+    out = c.astype(ML_FP8[element]).view(np.uint8).copy()
+    out[nan] = 0x7F
+    return out

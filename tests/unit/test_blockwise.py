@@ -17,7 +17,7 @@ import torch
 import reference
 from reference.formats import BF16_MAX, E4M3, E5M2, F16_MAX, FLT_MAX, QuantConfig
 
-from .oracles import np_compute_scale, wide_range_input
+from .oracles import np_compute_scale, oracle_codes, wide_range_input
 
 NAN, INF = float("nan"), float("inf")
 ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
@@ -200,16 +200,6 @@ def test_blocks_are_independent():
 
 
 # ---- independent oracle ----------------------------------------------------------------------
-
-
-def oracle_codes(v: np.ndarray, element: str) -> np.ndarray:
-    """sat_fp8 by ml_dtypes after clamping; NaN -> 0x7F (NUMERICS.md §0.2.3)."""
-    fmt = FMT[element]
-    nan = np.isnan(v)
-    c = np.clip(np.where(nan, np.float32(0), v), -fmt.max_finite, fmt.max_finite).astype(np.float32)
-    out = c.astype(ML[element]).view(np.uint8).copy()
-    out[nan] = 0x7F
-    return out
 
 
 def oracle_scale(blk: np.ndarray, fp8_max, pow2, eps, v_inf):

@@ -21,7 +21,7 @@ from reference import mxfp8
 from reference.formats import E4M3, E5M2, QuantConfig
 from reference.types import SpecViolation
 
-from .oracles import wide_range_input
+from .oracles import oracle_codes, wide_range_input
 
 NAN, INF = float("nan"), float("inf")
 ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
@@ -176,15 +176,6 @@ def test_not_multiple_of_32_raises(shape, dim):
 
 
 # ---- independent oracle ----------------------------------------------------------------------
-
-
-def oracle_codes(v: np.ndarray, element: str) -> np.ndarray:
-    fmt = FMT[element]
-    nan = np.isnan(v)
-    c = np.clip(np.where(nan, np.float32(0), v), -fmt.max_finite, fmt.max_finite).astype(np.float32)
-    out = c.astype(ML[element]).view(np.uint8).copy()
-    out[nan] = 0x7F
-    return out
 
 
 def ceil_log2(r: Fraction) -> int:

@@ -19,6 +19,7 @@ from reference.formats import E4M3, E5M2, FLT_MAX, QuantConfig
 from reference.per_tensor import AmaxHistory
 
 from .oracles import np_compute_scale as oracle_scale
+from .oracles import oracle_codes
 
 NAN, INF = float("nan"), float("inf")
 ML = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
@@ -236,16 +237,6 @@ def test_leading_dims_flatten():
 
 
 # ---- independent oracle ----------------------------------------------------------------------
-
-
-def oracle_codes(v: np.ndarray, element: str) -> np.ndarray:
-    """sat_fp8 by ml_dtypes after clamping; NaN -> 0x7F (NUMERICS.md §0.2.3)."""
-    fmt = FMT[element]
-    nan = np.isnan(v)
-    c = np.clip(np.where(nan, np.float32(0), v), -fmt.max_finite, fmt.max_finite).astype(np.float32)
-    out = c.astype(ML[element]).view(np.uint8).copy()
-    out[nan] = 0x7F
-    return out
 
 
 def oracle_amax(v: np.ndarray) -> np.float32:
