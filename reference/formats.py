@@ -251,7 +251,7 @@ class QuantConfig:
         if self.e8m0_rule != "ceil":
             parts.append(self.e8m0_rule)
         if self.eps:
-            parts.append(f"eps{self.eps:g}")
+            parts.append(f"eps{self.eps!r}")  # shortest repr that round-trips (e.g. 2^-20 = 9.5367431640625e-07)
         if self.scheme == "fp8_delayed":
             parts.append(f"h{self.amax_history_len}-{self.amax_compute_algo}-m{self.margin}")
         return "-".join(parts)

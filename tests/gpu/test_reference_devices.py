@@ -178,6 +178,17 @@ def _quantize_params():
     return [pytest.param(*p[1:], id=f"{p[0]}-{p[3]}-{p[4]}-{'x'.join(map(str, p[2]))}") for p in out]
 
 
+def test_every_quantize_input_builds_on_the_cpu():
+    """Each GPU case's input is built on the CPU first; build them all here, so a parameter set this
+    file cannot construct (e.g. a config id that does not round-trip) fails in CPU CI too."""
+    params = _quantize_params()
+    assert len(params) > 100
+    for p in params:
+        cfg, shape, dist, dtype, seed = p.values
+        x = make_x(cfg, shape, dist, dtype, seed)
+        assert (tuple(x.shape), x.dtype, x.device.type) == (shape, DTYPES[dtype], "cpu"), p.id
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg,shape,dist,dtype,seed", _quantize_params())
 def test_quantize_dequantize_same_bytes(cfg, shape, dist, dtype, seed):

@@ -291,8 +291,10 @@ def test_case_validates_direct_construction():
         Case("gemm", QuantConfig("mxfp8"), (32, 32, 32), orientation="rowwise")
     with pytest.raises(ValueError, match="distribution"):
         Case("quantize", QuantConfig("mxfp8"), (32, 32), distribution="gaussian")
-    with pytest.raises(ValueError, match="round-trip"):  # the id could not carry it exactly
-        Case("quantize", QuantConfig("fp8_block", eps=1.2345678e-7), (32, 32))
+    # eps with more digits than '%g' keeps (2^-20, 2^-149): the id carries it exactly.
+    for eps in (2.0**-20, 1.2345678e-7, 2.0**-149):
+        c = Case("quantize", QuantConfig("fp8_block", eps=eps), (32, 32))
+        assert Case.from_id(c.id) == c and Case.from_id(c.id).config.eps == eps
     c = Case("gemm", QuantConfig("mxfp8"), (32, 64, 96), layout="NT")
     assert c.operand_shapes == {"a": (96, 32), "b": (96, 64), "c": (32, 64), "bias": (64,)}
     assert c.consumed == ("colwise", "colwise")
@@ -338,8 +340,8 @@ def test_unknown_scheme_and_bad_values_name_the_field():
     assert msg.startswith("cases/bad.toml:3:") and "'shape'" in msg
     msg = _error('[[grid]]\nscheme = "mxfp8"\nshape = [32, 32]\nrht = "yes"\n')
     assert msg.startswith("cases/bad.toml:4:") and "'rht'" in msg and "bool" in msg
-    msg = _error('[[grid]]\nscheme = "fp8_block"\nshape = [32, 32]\neps = 0.1234567891\n')
-    assert "'eps'" in msg and "round-trip" in msg
+    msg = _error('[[grid]]\nscheme = "fp8_block"\nshape = [32, 32]\neps = -0.5\n')
+    assert msg.startswith("cases/bad.toml:4:") and "'eps'" in msg and ">= 0" in msg
 
 
 def test_bad_exclude_missing_field_and_top_level_key():
