@@ -40,6 +40,9 @@ class Backend(Protocol):
     gemm(a, b, *, layout="TN", out_dtype=torch.bfloat16, bias=None, c=None) -> Tensor [M, N]
     update_amax_history(state, reduced_amax=None)   optional: the backend's own fp8_delayed
         end-of-step update of a reference.per_tensor.AmaxHistory (else the reference's is used)
+    prepare(cases, device) -> str | None   optional: one-time work before a sweep (e.g. compiling
+        every kernel the cases need); returns a line for the log; an exception there is reported
+        and the sweep goes on (each case then fails or passes on its own)
     """
 
     name: str
@@ -145,6 +148,24 @@ class NativeBackend:
     def update_amax_history(self, state, reduced_amax=None):
         """The native fused delayed-scaling update (NUMERICS.md §2) on an AmaxHistory."""
         return self._call("update_amax_history", state, reduced_amax)
+
+    def prepare(self, cases, device) -> str | None:
+        """Compile every CUDA module the cases need, in parallel (`native.modules.precompile`), so a
+        cold cubin cache costs one parallel compile instead of one compile per module mid-sweep."""
+        if device_type(device) != "cuda" or self._native() is None:
+            return None
+        import time  # noqa: PLC0415
+
+        from native.modules import modules_for, precompile  # noqa: PLC0415
+
+        items = []
+        for c in cases:
+            if self.supports(c.op, c.config, device)[0]:
+                out = torch_dtype(c.out_dtype, torch.bfloat16 if c.op == "gemm" else torch.float32)
+                items += modules_for(c.op, c.config, b_config=c.b_config, out_dtype=out, device=device)
+        t0 = time.perf_counter()
+        n = precompile(items, device=device)
+        return f"native: {n} CUDA modules compiled or found in the cache in {time.perf_counter() - t0:.1f} s"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -128,6 +128,21 @@ def _device(arg: str | None) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
+def _prepare(backends, cases, device) -> None:
+    """Each backend's optional one-time `prepare` (e.g. native's parallel kernel compile); a failure is
+    reported and the sweep goes on, so every case records its own outcome."""
+    for b in backends:
+        prep = getattr(b, "prepare", None)
+        if not callable(prep):
+            continue
+        try:
+            line = prep(cases, device)
+        except Exception as e:  # noqa: BLE001 - a backend's preparation must not stop the sweep
+            line = f"{b.name}: prepare failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); going on"
+        if line:
+            print(f"harness: {line}", file=sys.stderr)
+
+
 def cmd_run(args) -> int:
     from . import report, runner  # noqa: PLC0415
     from .meta import run_meta  # noqa: PLC0415
@@ -148,6 +163,8 @@ def cmd_run(args) -> int:
     skipped = len(cases) * len(backends) - todo
     print(f"harness: {len(cases)} cases x {len(backends)} backends ({', '.join(b.name for b in backends)}) "
           f"on {device} -> {out}" + (f" (resume: {skipped} already done)" if skipped else ""), file=sys.stderr)
+    if todo:
+        _prepare(backends, cases, device)
     progress = Progress(todo, force=args.progress, label="run")
     try:
         if args.workers and args.workers > 1:

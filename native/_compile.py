@@ -385,6 +385,21 @@ def compile_cubin(cu_file_name: str, defines: Mapping[str, int | float | str], a
         return _nvrtc_compile(nvrtc, source, options, arch, out)
 
 
+def compile_many(items: list[tuple[str, Mapping[str, int | float | str]]], arch: str,
+                 workers: int | None = None) -> list[Path]:
+    """`compile_cubin` of every (cu_file_name, defines) in a thread pool; the cubin paths, in order.
+
+    NVRTC compiles without holding the GIL, so threads compile in parallel; cached cubins return at once.
+    """
+    if not items:
+        return []
+    from concurrent.futures import ThreadPoolExecutor
+
+    n = max(1, min(len(items), workers or os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="nvrtc") as pool:
+        return list(pool.map(lambda it: compile_cubin(it[0], it[1], arch), items))
+
+
 def _nvrtc_compile(nvrtc, source: Path, options: list[str], arch: str, out: Path) -> Path:
     prog = nvrtc.createProgram(source.read_text(), source.name, [], [])
     try:

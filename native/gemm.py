@@ -105,7 +105,12 @@ class OperandView:
 
     @property
     def is_2d(self) -> bool:
-        return self.q.config.scheme == "fp8_block" and self.q.config.is_2d
+        return _is_2d_fp8_block(self.q.config)
+
+
+def _is_2d_fp8_block(config: QuantConfig) -> bool:
+    """A 128x128 fp8_block operand (its scale applies to a 2-D tile; NUMERICS §6 scale order)."""
+    return config.scheme == "fp8_block" and config.is_2d
 
 
 def operand_view(q: QuantizedTensor, orientation: str, name: str) -> OperandView:
@@ -353,15 +358,15 @@ def _element_defines(prefix: str, element: str) -> dict[str, int]:
     }
 
 
-def kernel_defines(av: OperandView, bv: OperandView, out_dtype: torch.dtype) -> dict[str, int | float | str]:
+def kernel_defines(a_config: QuantConfig, b_config: QuantConfig, out_dtype: torch.dtype) -> dict[str, int | float | str]:
     """defines_for(a's config) + B's element format + the GEMM options of block_scaled_gemm.cu."""
     from ._compile import defines_for
 
-    d = dict(defines_for(av.config))
-    d.update(_element_defines("A", av.element))
-    d.update(_element_defines("B", bv.element))
+    d = dict(defines_for(a_config))
+    d.update(_element_defines("A", a_config.element))
+    d.update(_element_defines("B", b_config.element))
     # NUMERICS: §6 blockwise - 2D(a) x 1D(b) applies b's (the 1-D operand's) scale first.
-    d["SCALE_B_FIRST"] = int(av.is_2d and not bv.is_2d)
+    d["SCALE_B_FIRST"] = int(_is_2d_fp8_block(a_config) and not _is_2d_fp8_block(b_config))
     d["OUT_BF16"] = int(out_dtype == torch.bfloat16)
     return d
 
@@ -390,7 +395,7 @@ def _portable(av: OperandView, bv: OperandView, out_dtype, bias, c) -> torch.Ten
     # RN(Y + C) in fp32, then RN(. + bias), then RN_out (reference.gemm's order).
     epilogue = 1 if av.config.scheme == "fp8_block" else 0
     with cupy.cuda.Device(device.index):
-        fn = load_module(CU_FILE, kernel_defines(av, bv, out_dtype)).get_function(KERNEL)
+        fn = load_module(CU_FILE, kernel_defines(av.config, bv.config, out_dtype)).get_function(KERNEL)
         grid = (math.ceil(n / TILE_N), math.ceil(m / TILE_M), 1)
         args = (
             _ptr(av.data), np.int64(av.i_stride), np.int64(av.k_stride), _ptr(av.scale),

@@ -207,3 +207,38 @@ def test_filter_is_a_regex_or_a_substring_and_shards_are_0_based():
     for bad in ("4/4", "x/2", "1/0"):
         with pytest.raises(cli.UsageError):
             cli.parse_shard(bad)
+
+
+def test_backend_prepare_runs_once_before_the_sweep_and_its_failure_does_not_stop_it(ids, tmp_path, capsys,
+                                                                                     monkeypatch):
+    class Ready:
+        name = "ready"
+
+        def prepare(self, cases, device):
+            return f"ready: {len(cases)} cases on {device}"
+
+    class Broken:
+        name = "broken"
+
+        def prepare(self, cases, device):
+            raise RuntimeError("NVRTC exploded\nsecond line")
+
+    class Plain:
+        name = "plain"
+
+    cli._prepare([Ready(), Broken(), Plain()], ["c1", "c2"], "cpu")
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["harness: ready: 2 cases on cpu",
+                   "harness: broken: prepare failed (RuntimeError: NVRTC exploded); going on"]
+
+    calls = []
+    real = cli._prepare
+    monkeypatch.setattr(cli, "_prepare", lambda b, c, d: (calls.append(([x.name for x in b], len(c), d)), real(b, c, d)))
+    fp8 = [i for i in ids if "fp8_current" in i and not i.startswith("gemm")][:1]
+    rc, text, e = main(capsys, "run", "--tier", "smoke", "--backend", "reference", "--filter", id_filter(fp8),
+                       "--out", str(tmp_path / "p"), "--device", "cpu", "--no-progress")
+    assert rc == 0, text + e
+    assert calls == [(["reference"], 1, "cpu")]
+    rc, text, e = main(capsys, "run", "--tier", "smoke", "--backend", "reference", "--filter", id_filter(fp8),
+                       "--out", str(tmp_path / "p"), "--device", "cpu", "--no-progress", "--resume")
+    assert rc == 0 and len(calls) == 1  # nothing left to run: no preparation

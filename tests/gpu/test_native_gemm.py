@@ -155,17 +155,18 @@ def test_operand_view_reproduces_reference_dequantize(config, orientation):
 
 def test_kernel_defines_come_from_format_rows():
     """A / B element defines follow the formats.py rows (Inf/NaN encodings included)."""
-    qa = QuantizedTensor(QuantConfig("fp8_current"), (32, 32), rowwise_data=torch.zeros(32, 32, dtype=torch.uint8),
-                         rowwise_scale=torch.ones(1))
-    qb = QuantizedTensor(QuantConfig("fp8_current", element="e5m2"), (32, 32),
-                         rowwise_data=torch.zeros(32, 32, dtype=torch.uint8), rowwise_scale=torch.ones(1))
-    d = kernel_defines(operand_view(qa, "rowwise", "a"), operand_view(qb, "rowwise", "b"), torch.bfloat16)
+    d = kernel_defines(QuantConfig("fp8_current"), QuantConfig("fp8_current", element="e5m2"), torch.bfloat16)
     e4, e5 = FORMATS["e4m3"], FORMATS["e5m2"]
     assert (d["A_EXP_BITS"], d["A_MAN_BITS"], d["A_BIAS"], d["A_HAS_INF"], d["A_NAN_CODE"]) == (
         e4.exp_bits, e4.man_bits, e4.bias, 0, e4.nan_code)
     assert (d["B_EXP_BITS"], d["B_MAN_BITS"], d["B_BIAS"], d["B_HAS_INF"], d["B_NAN_CODE"]) == (
         e5.exp_bits, e5.man_bits, e5.bias, 1, -1)
     assert d["OUT_BF16"] == 1 and d["SCALE_B_FIRST"] == 0 and d["BLOCK"] == 0
+    # NUMERICS: §6 - only a 2-D (128x128) a with a 1-D b applies b's scale first.
+    blk1, blk2 = QuantConfig("fp8_block"), QuantConfig("fp8_block", tile=(128, 128))
+    assert [kernel_defines(a, b, torch.float32)["SCALE_B_FIRST"] for a, b in
+            ((blk2, blk1), (blk1, blk2), (blk2, blk2), (blk1, blk1))] == [1, 0, 0, 0]
+    assert kernel_defines(blk1, blk1, torch.float32)["OUT_BF16"] == 0
 
 
 def _blank(config, shape, orientations):

@@ -250,3 +250,35 @@ def test_nvcc_check_fails_on_a_broken_file(tmp_path, monkeypatch):
     (tmp_path / "broken.cu").write_text('// schemes: fp8_block\n#include "common.cuh"\nthis is not C++;\n')
     monkeypatch.setattr(_compile, "CUDA_DIR", tmp_path)
     assert _compile.main(["--nvcc-check", "--arch", "sm_90"]) == 1
+
+
+def test_modules_for_names_the_file_and_defines_each_quantizer_loads():
+    from native.modules import modules_for
+    from native.nvfp4 import CU_FILE as NVFP4_CU
+    from native.quantize import CU_FILES
+
+    for cfg in (QuantConfig("fp8_current"), QuantConfig("fp8_delayed"), QuantConfig("mxfp8", tile=(32, 32)),
+                QuantConfig("fp8_block", element="e5m2"), QuantConfig("nvfp4", rht=True, stochastic=True)):
+        want = NVFP4_CU if cfg.scheme == "nvfp4" else CU_FILES[cfg.scheme]
+        for op in ("quantize", "dequantize"):
+            assert modules_for(op, cfg) == [(want, _compile.defines_for(cfg))]
+    with pytest.raises(ValueError, match="'transpose'"):
+        modules_for("transpose", QuantConfig("mxfp8"))
+
+
+def test_compile_many_compiles_every_item_in_order_on_threads(monkeypatch):
+    import threading
+
+    seen = []
+
+    def fake(name, defines, arch):
+        seen.append((name, defines["N"], arch, threading.current_thread().name))
+        return Path(f"/cache/{name}-{defines['N']}-{arch}.cubin")
+
+    monkeypatch.setattr(_compile, "compile_cubin", fake)
+    items = [(f"f{i}.cu", {"N": i}) for i in range(7)]
+    paths = _compile.compile_many(items, "sm_90", workers=3)
+    assert paths == [Path(f"/cache/f{i}.cu-{i}-sm_90.cubin") for i in range(7)]
+    assert sorted((n, d, a) for n, d, a, _ in seen) == [(f"f{i}.cu", i, "sm_90") for i in range(7)]
+    assert all(t.startswith("nvrtc") for *_, t in seen)  # the pool's threads, not the caller's
+    assert _compile.compile_many([], "sm_90") == []

@@ -1,0 +1,55 @@
+"""Which compiled CUDA modules a native operation needs, and compiling them before a sweep starts.
+
+Source: DESIGN.md §2 (one cached module per (file, config, arch)); `native._compile` owns the
+options and the cubin cache. Without this, a cold sweep compiles each module on the first case that
+needs it, one after another; `precompile` compiles all of them at once in threads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from reference.formats import QuantConfig
+from reference.types import Unsupported
+
+Module = tuple[str, dict[str, int | float | str]]  # (cu file name, defines)
+
+
+def modules_for(op: str, config: QuantConfig, *, b_config: QuantConfig | None = None,
+                out_dtype: torch.dtype = torch.bfloat16, device=None) -> list[Module]:
+    """The (file, defines) modules `op` of `config` loads on `device` (a GEMM on cuBLASLt: none)."""
+    from . import _compile
+
+    if op in ("quantize", "dequantize"):
+        if config.scheme == "nvfp4":
+            from .nvfp4 import CU_FILE, module_defines
+
+            return [(CU_FILE, module_defines(config))]
+        from .quantize import CU_FILES
+
+        return [(CU_FILES[config.scheme], _compile.defines_for(config))]
+    if op == "gemm":
+        from .gemm import CU_FILE, kernel_defines, resolve_method
+
+        try:
+            method, _ = resolve_method(config, "auto", device)
+        except Unsupported:
+            return []
+        return [(CU_FILE, kernel_defines(config, b_config or config, out_dtype))] if method == "portable" else []
+    raise ValueError(f"op {op!r} is unknown: expected 'quantize', 'dequantize' or 'gemm'")
+
+
+def precompile(modules: Iterable[Module], *, device=None, workers: int | None = None) -> int:
+    """Compile (or find cached) every distinct module for `device`'s arch; returns how many distinct ones."""
+    from . import _compile
+
+    dev = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    arch = _compile.device_arch(dev.index if dev.index is not None else torch.cuda.current_device())
+    unique: dict[tuple, Module] = {}
+    for name, defines in modules:
+        unique.setdefault((name, tuple(sorted((k, _compile.define_value(v)) for k, v in defines.items()))),
+                          (name, dict(defines)))
+    _compile.compile_many(list(unique.values()), arch, workers)
+    return len(unique)
