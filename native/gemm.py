@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from dataclasses import dataclass
 
 import torch
 
 from reference.formats import FORMATS, QuantConfig
 from reference.types import QuantizedTensor, SpecViolation, Unsupported
+
+from .launch import launch
 
 METHODS = ("auto", "cublaslt", "cublaslt_fast_accum", "portable")
 OUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -371,14 +372,7 @@ def kernel_defines(a_config: QuantConfig, b_config: QuantConfig, out_dtype: torc
     return d
 
 
-def _ptr(t: torch.Tensor | None):
-    import numpy as np
-
-    return np.uint64(0 if t is None else t.data_ptr())
-
-
 def _portable(av: OperandView, bv: OperandView, out_dtype, bias, c) -> torch.Tensor:
-    import cupy
     import numpy as np
 
     from ._compile import load_module
@@ -394,22 +388,19 @@ def _portable(av: OperandView, bv: OperandView, out_dtype, bias, c) -> torch.Ten
     # NUMERICS: §6 epilogue - fp8_block: bias, RN_out, D = RN_out(C + RN_out(Y)); the others:
     # RN(Y + C) in fp32, then RN(. + bias), then RN_out (reference.gemm's order).
     epilogue = 1 if av.config.scheme == "fp8_block" else 0
-    with cupy.cuda.Device(device.index):
-        fn = load_module(CU_FILE, kernel_defines(av.config, bv.config, out_dtype)).get_function(KERNEL)
-        grid = (math.ceil(n / TILE_N), math.ceil(m / TILE_M), 1)
-        args = (
-            _ptr(av.data), np.int64(av.i_stride), np.int64(av.k_stride), _ptr(av.scale),
-            np.int64(av.s_idiv), np.int64(av.s_istride), np.int64(av.s_kstride),
-            _ptr(bv.data), np.int64(bv.i_stride), np.int64(bv.k_stride), _ptr(bv.scale),
-            np.int64(bv.s_idiv), np.int64(bv.s_istride), np.int64(bv.s_kstride),
-            _ptr(alpha), _ptr(bias32), _ptr(c32), np.int32(epilogue), _ptr(out),
-            np.int64(m), np.int64(n), np.int64(k),
-        )  # fmt: skip
-        with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream; native/quantize.py uses it too
-            warnings.simplefilter("ignore", DeprecationWarning)
-            stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream, device.index)
-        with stream:
-            fn(grid, BLOCK_DIM, args)
+    dev_index = device.index if device.index is not None else torch.cuda.current_device()
+    with torch.cuda.device(dev_index):
+        module = load_module(CU_FILE, kernel_defines(av.config, bv.config, out_dtype))
+    grid = (math.ceil(n / TILE_N), math.ceil(m / TILE_M), 1)
+    args = (
+        av.data, np.int64(av.i_stride), np.int64(av.k_stride), av.scale,
+        np.int64(av.s_idiv), np.int64(av.s_istride), np.int64(av.s_kstride),
+        bv.data, np.int64(bv.i_stride), np.int64(bv.k_stride), bv.scale,
+        np.int64(bv.s_idiv), np.int64(bv.s_istride), np.int64(bv.s_kstride),
+        alpha, bias32, c32, np.int32(epilogue), out,
+        np.int64(m), np.int64(n), np.int64(k),
+    )  # fmt: skip
+    launch(module, KERNEL, grid, BLOCK_DIM, args, dev_index)
     # Keep the temporaries alive until the kernel has run on torch's stream.
     for t in (alpha, bias32, c32):
         if t is not None:

@@ -3,7 +3,7 @@
 Source: NUMERICS.md §5 (NVFP4: 5.1-5.4 scale chain and codes, 5.5 copies and 2-D tiles, 5.6 RHT,
 5.7 SR, 5.8 dequantization, 5.9 layouts), §0.3 (kernel rules). Same fields and bits as
 `reference.nvfp4`; kernels are built only through `native._compile` and run on torch's current
-stream, reading and writing torch tensors through DLPack (zero copy).
+stream, reading and writing torch tensors in place (raw device pointers, `native.launch`).
 
 Passes per call (grid-stride kernels, a thread per GROUP 16-element blocks; the copy
 modes RHT / SR / 2-D are compile-time, from defines_for(config)):
@@ -16,6 +16,7 @@ modes RHT / SR / 2-D are compile-time, from defines_for(config)):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -24,6 +25,8 @@ import torch
 from reference import layouts
 from reference.formats import RHT_SIZE, QuantConfig
 from reference.types import QuantizedTensor, SpecViolation, SRSeed
+
+from .launch import launch
 
 CU_FILE = "nvfp4.cu"
 
@@ -50,42 +53,29 @@ def module_defines(config: QuantConfig) -> dict[str, int | float | str]:
 
 
 class CupyLauncher:
-    """Launches nvfp4.cu kernels on torch's current stream; tensors cross over by DLPack (zero copy)."""
+    """Launches nvfp4.cu kernels of one config on torch's current stream (`native.launch`)."""
 
     def __init__(self, config: QuantConfig, device: torch.device):
-        import cupy
-
         from . import _compile
 
-        self._cp = cupy
         self._device_index = device.index if device.index is not None else torch.cuda.current_device()
-        with cupy.cuda.Device(self._device_index):
+        with torch.cuda.device(self._device_index):
             self._module = _compile.load_module(CU_FILE, module_defines(config))
-
-    def _arg(self, a):
-        if a is None:
-            return np.uint64(0)
-        if isinstance(a, torch.Tensor):
-            if a.dtype in (torch.bfloat16, torch.float16):
-                a = a.view(torch.int16)  # CuPy has no bfloat16; the kernel reads raw 16-bit words
-            return self._cp.from_dlpack(a)
-        if isinstance(a, np.generic):
-            return a
-        raise TypeError(f"kernel argument {a!r}: expected a torch tensor, None or a numpy scalar")
 
     def __call__(self, name: str, n_units: int, args: Sequence, max_blocks: int = MAX_BLOCKS) -> None:
         if n_units <= 0:
             return
-        cp = self._cp
         grid = min(-(-n_units // THREADS), max_blocks)
-        stream = torch.cuda.current_stream(self._device_index)
-        with cp.cuda.Device(self._device_index), cp.cuda.ExternalStream(stream.cuda_stream, self._device_index):
-            kernel = self._module.get_function(name)
-            kernel((grid,), (THREADS,), tuple(self._arg(a) for a in args))
+        launch(self._module, name, grid, THREADS, args, self._device_index)
+
+
+@functools.cache
+def _cached_launcher(config: QuantConfig, device_index: int) -> CupyLauncher:
+    return CupyLauncher(config, torch.device("cuda", device_index))
 
 
 def _launcher(config: QuantConfig, device: torch.device) -> Launcher:
-    return CupyLauncher(config, device)
+    return _cached_launcher(config, device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _check(x2d: torch.Tensor, config: QuantConfig) -> None:

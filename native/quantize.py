@@ -2,13 +2,15 @@
 
 Source: DESIGN.md §3-§4 (same signatures as `reference`, SpecViolation / Unsupported), NUMERICS.md
 §1 (fp8_current), §2 (fp8_delayed), §3 (mxfp8), §4 (fp8_block); "nvfp4" goes to `native.nvfp4`.
-Kernels live in native/cuda/*.cu and are built only by `native._compile.load_module`. Tensors cross
-into CuPy through DLPack (zero copy) and every launch runs on torch's current stream. CuPy is
+Kernels live in native/cuda/*.cu and are built only by `native._compile.load_module`. Tensors reach
+the kernels as raw device pointers (zero copy) and every launch runs on torch's current stream
+(`native.launch`). CuPy is
 imported lazily, so this module imports on a CPU-only machine.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 
@@ -19,6 +21,8 @@ from reference import layouts
 from reference.formats import QuantConfig
 from reference.quantization import DTYPE_NAMES, check_input
 from reference.types import QuantizedTensor, SpecViolation, SRSeed, Unsupported
+
+from .launch import launch
 
 # Scheme -> CUDA source (nvfp4: native/nvfp4.py owns its kernels).
 CU_FILES = {
@@ -94,40 +98,22 @@ def _require(op: str, config: QuantConfig, device) -> None:
 
 
 def _module(config: QuantConfig, device: torch.device):
+    """The compiled module of `config`'s scheme file for `device` (cached per config and device)."""
+    return _module_for(config, device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _module_for(config: QuantConfig, device_index: int):
     from . import _compile
 
-    with torch.cuda.device(device):
-        arch = _compile.device_arch(device.index if device.index is not None else torch.cuda.current_device())
-    return _compile.load_module(CU_FILES[config.scheme], _compile.defines_for(config), arch=arch)
-
-
-def _arg(t):
-    """A kernel argument: a CUDA tensor through DLPack (zero copy), None as a null pointer, ints as is."""
-    import cupy
-
-    if t is None:
-        return np.uint64(0)
-    if isinstance(t, torch.Tensor):
-        if t.dtype == torch.bfloat16:  # CuPy has no bfloat16: pass the same bytes as int16
-            t = t.view(torch.int16)
-        return cupy.from_dlpack(t)
-    return t
+    with torch.cuda.device(device_index):
+        arch = _compile.device_arch(device_index)
+        return _compile.load_module(CU_FILES[config.scheme], _compile.defines_for(config), arch=arch)
 
 
 def _launch(mod, name: str, grid: int, block: int, args: tuple, device: torch.device) -> None:
     """Launch `name` on torch's current stream of `device`."""
-    import cupy
-
-    stream = torch.cuda.current_stream(device)
-    with cupy.cuda.Device(device.index), _cupy_stream(cupy, stream, device):
-        kernel = mod.get_function(name)
-        kernel((int(grid),), (int(block),), tuple(_arg(a) for a in args))
-
-
-def _cupy_stream(cupy, stream: torch.cuda.Stream, device: torch.device):
-    """CuPy's view of torch's stream. (CuPy 14 deprecates ExternalStream for Stream.from_external;
-    ExternalStream is the path verified on the H200, so it stays until from_external is tested.)"""
-    return cupy.cuda.ExternalStream(stream.cuda_stream, device.index)
+    launch(mod, name, grid, block, args, device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _i64(v: int) -> np.int64:
@@ -146,9 +132,13 @@ def _n_tiles(m: int, k: int) -> int:
     return math.ceil(m / _TILE) * math.ceil(k / _TILE)
 
 
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _elementwise_grid(n: int, device: torch.device) -> int:
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(math.ceil(n / _ELEMENTWISE_THREADS), sms * 32))
+    return max(1, min(math.ceil(n / _ELEMENTWISE_THREADS), _sm_count(device) * 32))
 
 
 def _vec_flags(x2d: torch.Tensor, q_row: torch.Tensor | None, q_col: torch.Tensor | None) -> tuple[int, int, int]:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from native import _compile
 from reference.formats import E2M1, E4M3, E5M2, FLT_MAX, UE8M0, QuantConfig
@@ -282,3 +283,17 @@ def test_compile_many_compiles_every_item_in_order_on_threads(monkeypatch):
     assert sorted((n, d, a) for n, d, a, _ in seen) == [(f"f{i}.cu", i, "sm_90") for i in range(7)]
     assert all(t.startswith("nvrtc") for *_, t in seen)  # the pool's threads, not the caller's
     assert _compile.compile_many([], "sm_90") == []
+
+
+def test_kernel_args_are_raw_pointers_null_or_numpy_scalars():
+    import numpy as np
+
+    from native.launch import NULL, kernel_arg
+
+    assert kernel_arg(None) == NULL == 0 and isinstance(kernel_arg(None), np.uint64)
+    v = np.int64(-3)
+    assert kernel_arg(v) is v
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        kernel_arg(torch.zeros(2))
+    with pytest.raises(TypeError, match="numpy scalar"):
+        kernel_arg(3)  # a bare int has no C type: the kernel would read garbage
