@@ -81,12 +81,41 @@ static_assert((ELEM_FP8_INTERP == __NV_E4M3) == (ELEM_EXP_BITS == 4 && ELEM_MAN_
               "ELEM_FP8_INTERP does not match the element format's bit fields");
 static_assert((ELEM_FP8_INTERP == __NV_E5M2) == (ELEM_EXP_BITS == 5 && ELEM_MAN_BITS == 2),
               "ELEM_FP8_INTERP does not match the element format's bit fields");
-__device__ __forceinline__ unsigned char sat_elem(float v) { return sat_fp8<ELEM_NAN_CODE>(v, ELEM_FP8_INTERP); }
 
 // Exact fp32 value of an element code (NaN codes decode to NaN): fp8 -> fp16 is exact.
 __device__ __forceinline__ float decode_elem(unsigned char q) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(q), ELEM_FP8_INTERP);
   return __half2float(__half(h));
+}
+#endif
+
+// Eight elements at once: pairs go through the x2 conversion (cvt.rn.satfinite.<fmt>x2.f32, the same
+// per-lane rounding as the single form; x.x lands in the low byte), then NaN lanes are forced to
+// NAN_CODE as in sat_fp8.
+template <int NAN_CODE>
+__device__ __forceinline__ void sat_fp8x8(const float v[8], unsigned char q[8], __nv_fp8_interpretation_t interp) {
+#pragma unroll
+  for (int j = 0; j < 8; j += 2) {
+    const unsigned short w = static_cast<unsigned short>(
+        __nv_cvt_float2_to_fp8x2(make_float2(v[j], v[j + 1]), __NV_SATFINITE, interp));
+    q[j] = isnan(v[j]) ? static_cast<unsigned char>(NAN_CODE) : static_cast<unsigned char>(w & 0xFFu);
+    q[j + 1] = isnan(v[j + 1]) ? static_cast<unsigned char>(NAN_CODE) : static_cast<unsigned char>(w >> 8);
+  }
+}
+
+#ifdef ELEM_FP8_INTERP
+// NUMERICS: §0.3 q_j = sat(RN(v_j * s_j)): one fp32 multiply per element, then the saturating cast.
+__device__ __forceinline__ void sat_elem8_mul(const float v[8], const float s[8], unsigned char q[8]) {
+  float t[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) t[j] = __fmul_rn(v[j], s[j]);
+  sat_fp8x8<ELEM_NAN_CODE>(t, q, ELEM_FP8_INTERP);
+}
+__device__ __forceinline__ void sat_elem8_mul(const float v[8], float s, unsigned char q[8]) {
+  float t[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) t[j] = __fmul_rn(v[j], s);
+  sat_fp8x8<ELEM_NAN_CODE>(t, q, ELEM_FP8_INTERP);
 }
 #endif
 
@@ -255,8 +284,13 @@ __device__ __forceinline__ void store8(unsigned char* __restrict__ dst, const un
   }
 }
 
-// Transposed tile buffer (bytes): qT[c][r] holds the colwise code of tile element (r, c).
-constexpr int kTransposePitch = kTile + 16;  // keeps each row 16-byte aligned
+// Transposed tile buffer (bytes): row c holds the colwise codes of tile column c. Its 16-byte chunks
+// are XOR-swizzled by ((c >> 3) & 7): the 16 lanes of a writing half-warp hold columns 8 apart, which
+// without the swizzle all fall into one shared-memory bank (a 16-way conflict per byte store).
+constexpr int kTransposePitch = kTile;  // bytes per row; 16-byte aligned rows
+__device__ __forceinline__ int qT_offset(int c, int r) {
+  return c * kTransposePitch + ((((r >> 4) ^ (c >> 3)) & 7) << 4) + (r & 15);
+}
 
 // Write the transposed tile qT ([kTile][kTransposePitch] bytes in shared memory) to the row-major
 // [K, M] output `out` at (k0, m0): row c of qT is out[k0 + c, m0 .. m0 + 127].
@@ -271,16 +305,36 @@ __device__ __forceinline__ void store_transposed(const unsigned char* __restrict
   const i64 valid = M - (m0 + r0);
   if (valid <= 0) return;
   unsigned char* dst = out + k * M + m0 + r0;
-  const unsigned char* src = qT + c * kTransposePitch + r0;
   if (vec_ok && valid >= 64) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      *reinterpret_cast<uint4*>(dst + 16 * i) = *reinterpret_cast<const uint4*>(src + 16 * i);
+    for (int i = 0; i < 4; ++i)  // chunk r0/16 + i of row c, wherever the swizzle put it
+      *reinterpret_cast<uint4*>(dst + 16 * i) = *reinterpret_cast<const uint4*>(qT + qT_offset(c, r0 + 16 * i));
   } else {
     for (int i = 0; i < 64; ++i)
-      if (i < valid) dst[i] = src[i];
+      if (i < valid) dst[i] = qT[qT_offset(c, r0 + i)];
   }
 }
+
+#ifdef ELEM_FP8_INTERP
+// One scale for the whole tile (per-tensor FP8, 128x128 fp8_block): q = sat(RN(x*s)) for this
+// thread's 8 x 8 values; rowwise codes straight to q_row [M, K], colwise codes into the transposed
+// tile buffer qT (written out later by store_transposed). q_row / qT may be null.
+__device__ __forceinline__ void quantize_tile_one_scale(const float v[kPasses][kVec], float s, const TileThread& th,
+                                                        i64 m0, i64 M, i64 K, i64 kcol, unsigned char* q_row,
+                                                        bool vec_row, unsigned char* qT) {
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    unsigned char q[kVec];
+    sat_elem8_mul(v[p], s, q);  // NUMERICS: §1 / §4 q = sat(RN(x*s)), a multiply by s, never / sinv
+    const i64 m = m0 + th.row(p);
+    if (q_row && m < M && kcol < K) store8(q_row + m * K + kcol, q, K - kcol, vec_row);
+    if (qT) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) qT[qT_offset(th.col0() + j, th.row(p))] = q[j];
+    }
+  }
+}
+#endif
 
 // RN to the output dtype (NUMERICS §0.1 RN_out).
 __device__ __forceinline__ void store_out(float* p, float v) { *p = v; }

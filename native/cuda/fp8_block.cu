@@ -56,18 +56,8 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i
     if (s_row) s_row[mt * ld_sr + kt] = sinv;
     if (s_col) s_col[kt * ld_sc + mt] = sinv;
   }
-#pragma unroll
-  for (int p = 0; p < kPasses; ++p) {
-    unsigned char q[kVec];
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) q[j] = sat_elem(__fmul_rn(v[p][j], s));  // NUMERICS: §4 q = sat(RN(x*s))
-    const i64 m = m0 + th.row(p);
-    if (q_row && m < M && kcol < K) store8(q_row + m * K + kcol, q, K - kcol, vec_row != 0);
-    if (q_col) {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) qT[(th.col0() + j) * kTransposePitch + th.row(p)] = q[j];
-    }
-  }
+  // NUMERICS: §4 q = sat(RN(x*s)) with the tile's one scale, both copies.
+  quantize_tile_one_scale(v, s, th, m0, M, K, kcol, q_row, vec_row != 0, q_col ? qT : nullptr);
 #else
   if (q_row) {
     // NUMERICS: §4 1-D rowwise - block (m, kb) = x[m, 128 kb .. +127], amax over the valid elements.
@@ -79,8 +69,7 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i
       a = group_max<kLanesPerRow>(a);
       const float s = compute_scale(a, fp8_max, POW2 != 0, EPS, v_inf);
       unsigned char q[kVec];
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) q[j] = sat_elem(__fmul_rn(v[p][j], s));  // multiply by s, never / sinv
+      sat_elem8_mul(v[p], s, q);  // multiply by s, never / sinv
       const i64 m = m0 + th.row(p);
       if (m < M) {
         if (kcol < K) store8(q_row + m * K + kcol, q, K - kcol, vec_row != 0);
@@ -108,11 +97,16 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i
       if (k0 + threadIdx.x < K) s_col[mt * ld_sc + k0 + threadIdx.x] = scale_inverse(s);
     }
     __syncthreads();
+    float sc[kVec];
 #pragma unroll
-    for (int p = 0; p < kPasses; ++p)
+    for (int j = 0; j < kVec; ++j) sc[j] = col_scale[th.col0() + j];
 #pragma unroll
-      for (int j = 0; j < kVec; ++j)
-        qT[(th.col0() + j) * kTransposePitch + th.row(p)] = sat_elem(__fmul_rn(v[p][j], col_scale[th.col0() + j]));
+    for (int p = 0; p < kPasses; ++p) {
+      unsigned char q[kVec];
+      sat_elem8_mul(v[p], sc, q);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) qT[qT_offset(th.col0() + j, th.row(p))] = q[j];
+    }
   }
 #endif
   if (q_col) {

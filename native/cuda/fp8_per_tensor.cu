@@ -101,18 +101,8 @@ __device__ __forceinline__ void per_tensor_cast(const T* __restrict__ x, i64 M, 
   }
 
   const i64 kcol = k0 + th.col0();
-#pragma unroll
-  for (int p = 0; p < kPasses; ++p) {
-    unsigned char q[kVec];
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) q[j] = sat_elem(__fmul_rn(v[p][j], s));  // NUMERICS: §1 q = sat(RN(x*s))
-    const i64 m = m0 + th.row(p);
-    if (q_row && m < M && kcol < K) store8(q_row + m * K + kcol, q, K - kcol, vec_row != 0);
-    if (q_col) {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) qT[(th.col0() + j) * kTransposePitch + th.row(p)] = q[j];
-    }
-  }
+  // NUMERICS: §1 q = sat(RN(x*s)) for both copies (the colwise copy is the byte-exact transpose).
+  quantize_tile_one_scale(v, s, th, m0, M, K, kcol, q_row, vec_row != 0, q_col ? qT : nullptr);
   if (q_col) {
     __syncthreads();
     store_transposed(qT, q_col, M, K, m0, k0, vec_col != 0);

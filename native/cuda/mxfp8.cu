@@ -36,6 +36,7 @@ __device__ __forceinline__ void mx_quantize(const T* __restrict__ x, i64 M, i64 
                                             unsigned char* __restrict__ s_c, i64 ld_c) {
   __shared__ float col_part[kWarps][kMxPerTile][kTile];  // per-warp column amax of each 32-row block
   __shared__ unsigned int col_e[kMxPerTile][kTile];      // colwise exponent of block (b, column)
+  __shared__ __align__(16) float col_P[kMxPerTile][kTile];  // its quantization multiplier P(e)
 #if IS_2D
   __shared__ unsigned int tile_e[kMxPerTile][kMxPerTile];  // 32x32 tile exponents [row block][col block]
 #endif
@@ -79,7 +80,9 @@ __device__ __forceinline__ void mx_quantize(const T* __restrict__ x, i64 M, i64 
 #else
     for (int idx = threadIdx.x; idx < kMxPerTile * kTile; idx += kThreads) {
       const int b = idx / kTile, c = idx % kTile;
-      col_e[b][c] = mx_exponent(col_part[0][b][c]);
+      const unsigned int e = mx_exponent(col_part[0][b][c]);
+      col_e[b][c] = e;
+      col_P[b][c] = e8m0_multiplier(e);
     }
 #endif
     __syncthreads();
@@ -93,8 +96,7 @@ __device__ __forceinline__ void mx_quantize(const T* __restrict__ x, i64 M, i64 
     const unsigned int e = tile_e[p / 2][th.cl / kLanesPerMx];
     const float P = e8m0_multiplier(e);
     unsigned char q[kVec];
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) q[j] = sat_elem(__fmul_rn(v[p][j], P));  // NUMERICS: §3 q = sat(RN(x*P(e)))
+    sat_elem8_mul(v[p], P, q);  // NUMERICS: §3 q = sat(RN(x*P(e)))
     if (in) {
       if (q_row) store8(q_row + m * K + kcol, q, K - kcol, vec_out != 0);
       if (q_col) store8(q_col + m * K + kcol, q, K - kcol, vec_out != 0);
@@ -110,8 +112,7 @@ __device__ __forceinline__ void mx_quantize(const T* __restrict__ x, i64 M, i64 
       const unsigned int e = mx_exponent(a);
       const float P = e8m0_multiplier(e);
       unsigned char q[kVec];
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) q[j] = sat_elem(__fmul_rn(v[p][j], P));
+      sat_elem8_mul(v[p], P, q);
       if (in) {
         store8(q_row + m * K + kcol, q, K - kcol, vec_out != 0);
         if ((th.cl % kLanesPerMx) == 0) s_r[m * ld_r + kcol / kMx] = static_cast<unsigned char>(e);
@@ -119,9 +120,12 @@ __device__ __forceinline__ void mx_quantize(const T* __restrict__ x, i64 M, i64 
     }
     if (q_col) {
       // NUMERICS: §3 colwise 32x1 - block (mb, k) = x[32 mb .. +31, k], same [M, K] layout.
+      // P(e) of the 8 columns' block p / 2, precomputed once per tile (two 16-byte shared loads).
+      const float4 pa = *reinterpret_cast<const float4*>(&col_P[p / 2][th.col0()]);
+      const float4 pb = *reinterpret_cast<const float4*>(&col_P[p / 2][th.col0() + 4]);
+      const float P8[kVec] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
       unsigned char q[kVec];
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) q[j] = sat_elem(__fmul_rn(v[p][j], e8m0_multiplier(col_e[p / 2][th.col0() + j])));
+      sat_elem8_mul(v[p], P8, q);
       if (in) store8(q_col + m * K + kcol, q, K - kcol, vec_out != 0);
     }
 #endif
