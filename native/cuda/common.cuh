@@ -47,13 +47,19 @@ __device__ __forceinline__ void load8_vec(const float* p, float v[8]) {
   v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
   v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
 }
-__device__ __forceinline__ void unpack_pair(unsigned int w, float* v, const __nv_bfloat16*) {
-  v[0] = __uint_as_float(w << 16);           // bf16 -> fp32 is a shift (exact)
-  v[1] = __uint_as_float(w & 0xFFFF0000u);
+// The low / high 16-bit element of a 32-bit word, widened to fp32 (exact); the pointer only selects the type.
+__device__ __forceinline__ float widen_lo(unsigned int w, const __nv_bfloat16*) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float widen_hi(unsigned int w, const __nv_bfloat16*) { return __uint_as_float(w & 0xFFFF0000u); }
+__device__ __forceinline__ float widen_lo(unsigned int w, const __half*) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xFFFFu)));
 }
-__device__ __forceinline__ void unpack_pair(unsigned int w, float* v, const __half*) {
-  v[0] = __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xFFFFu)));
-  v[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+__device__ __forceinline__ float widen_hi(unsigned int w, const __half*) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+}
+template <typename T>
+__device__ __forceinline__ void unpack_pair(unsigned int w, float* v, const T* tag) {
+  v[0] = widen_lo(w, tag);  // bf16 -> fp32 is a shift; fp16 -> fp32 is exact
+  v[1] = widen_hi(w, tag);
 }
 template <typename T>
 __device__ __forceinline__ void load8_vec(const T* p, float v[8]) {
@@ -238,6 +244,11 @@ constexpr int kRowsPerPass = kThreads / kLanesPerRow;  // 16
 constexpr int kPasses = kTile / kRowsPerPass;     // 8
 constexpr int kWarps = kThreads / 32;             // 8
 
+// CTAs per SM each tile kernel is built for (__launch_bounds__): 16-bit inputs stay packed
+// (TileVals), so 3 CTAs' registers fit (80 each on sm_90, no or few spills); fp32 values need twice as many.
+template <typename T> struct TileMinBlocks { static constexpr int value = 3; };
+template <> struct TileMinBlocks<float> { static constexpr int value = 2; };
+
 struct TileThread {
   int w, rsub, cl;
   __device__ __forceinline__ TileThread() {
@@ -250,21 +261,67 @@ struct TileThread {
   __device__ __forceinline__ int col0() const { return cl * kVec; }
 };
 
-// Load this thread's 8 x 8 values of the tile at (m0, k0) of the row-major [M, K] input `x`.
-// Out-of-range elements are 0 (zero padding; they never change an amax). `vec_ok`: the base is
-// 16-byte aligned and K * sizeof(T) is a multiple of 16, so full 8-element rows load as vectors.
+// This thread's 8 x 8 values of a tile, as loaded. fp32 inputs are kept as floats; 16-bit inputs stay
+// packed two per register (half the registers, so more CTAs fit on an SM) and are widened where they
+// are read. Widening bf16/fp16 -> fp32 is exact (NUMERICS §0.1), so at() gives the same values either way.
 template <typename T>
-__device__ __forceinline__ void load_tile(const T* __restrict__ x, i64 M, i64 K, i64 m0, i64 k0, bool vec_ok,
-                                          const TileThread& th, float v[kPasses][kVec]) {
+struct TileVals {
+  unsigned int w[kPasses][kVec / 2];  // element j of pass p: 16-bit half (j & 1) of w[p][j / 2]
+  __device__ __forceinline__ float at(int p, int j) const {
+    const T* tag = nullptr;
+    return (j & 1) ? widen_hi(w[p][j >> 1], tag) : widen_lo(w[p][j >> 1], tag);
+  }
+};
+template <>
+struct TileVals<float> {
+  float v[kPasses][kVec];
+  __device__ __forceinline__ float at(int p, int j) const { return v[p][j]; }
+};
+
+// The 8 values of pass p as fp32.
+template <typename T>
+__device__ __forceinline__ void tile_row(const TileVals<T>& t, int p, float out[kVec]) {
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) out[j] = t.at(p, j);
+}
+
+__device__ __forceinline__ unsigned int raw16(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
+__device__ __forceinline__ unsigned int raw16(__half v) { return __half_as_ushort(v); }
+
+// Load this thread's 8 x 8 values of the tile at (m0, k0) of the row-major [M, K] input `x`.
+// Out-of-range elements are +0 (zero padding; they never change an amax). `vec_ok`: the base is
+// 16-byte aligned and K * sizeof(T) is a multiple of 16, so full 8-element rows load as vectors.
+__device__ __forceinline__ void load_tile(const float* __restrict__ x, i64 M, i64 K, i64 m0, i64 k0, bool vec_ok,
+                                          const TileThread& th, TileVals<float>& t) {
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
     const i64 m = m0 + th.row(p);
     const i64 k = k0 + th.col0();
     if (m < M && k + kVec <= K && vec_ok) {
-      load8_vec(x + m * K + k, v[p]);
+      load8_vec(x + m * K + k, t.v[p]);
     } else {
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) v[p][j] = (m < M && k + j < K) ? to_f32(x[m * K + k + j]) : 0.0f;
+      for (int j = 0; j < kVec; ++j) t.v[p][j] = (m < M && k + j < K) ? x[m * K + k + j] : 0.0f;
+    }
+  }
+}
+template <typename T>
+__device__ __forceinline__ void load_tile(const T* __restrict__ x, i64 M, i64 K, i64 m0, i64 k0, bool vec_ok,
+                                          const TileThread& th, TileVals<T>& t) {
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const i64 m = m0 + th.row(p);
+    const i64 k = k0 + th.col0();
+    if (m < M && k + kVec <= K && vec_ok) {
+      const uint4 u = *reinterpret_cast<const uint4*>(x + m * K + k);
+      t.w[p][0] = u.x; t.w[p][1] = u.y; t.w[p][2] = u.z; t.w[p][3] = u.w;
+    } else {
+#pragma unroll
+      for (int i = 0; i < kVec / 2; ++i) {
+        const unsigned int lo = (m < M && k + 2 * i < K) ? raw16(x[m * K + k + 2 * i]) : 0u;
+        const unsigned int hi = (m < M && k + 2 * i + 1 < K) ? raw16(x[m * K + k + 2 * i + 1]) : 0u;
+        t.w[p][i] = lo | (hi << 16);
+      }
     }
   }
 }
@@ -319,13 +376,16 @@ __device__ __forceinline__ void store_transposed(const unsigned char* __restrict
 // One scale for the whole tile (per-tensor FP8, 128x128 fp8_block): q = sat(RN(x*s)) for this
 // thread's 8 x 8 values; rowwise codes straight to q_row [M, K], colwise codes into the transposed
 // tile buffer qT (written out later by store_transposed). q_row / qT may be null.
-__device__ __forceinline__ void quantize_tile_one_scale(const float v[kPasses][kVec], float s, const TileThread& th,
+template <typename T>
+__device__ __forceinline__ void quantize_tile_one_scale(const TileVals<T>& t, float s, const TileThread& th,
                                                         i64 m0, i64 M, i64 K, i64 kcol, unsigned char* q_row,
                                                         bool vec_row, unsigned char* qT) {
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
+    float r[kVec];
+    tile_row(t, p, r);
     unsigned char q[kVec];
-    sat_elem8_mul(v[p], s, q);  // NUMERICS: §1 / §4 q = sat(RN(x*s)), a multiply by s, never / sinv
+    sat_elem8_mul(r, s, q);  // NUMERICS: §1 / §4 q = sat(RN(x*s)), a multiply by s, never / sinv
     const i64 m = m0 + th.row(p);
     if (q_row && m < M && kcol < K) store8(q_row + m * K + kcol, q, K - kcol, vec_row);
     if (qT) {

@@ -30,7 +30,7 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i
   const i64 kt = static_cast<i64>(blockIdx.x) % n_kt;
   const i64 m0 = mt * kTile, k0 = kt * kTile;
   const TileThread th;
-  float v[kPasses][kVec];
+  TileVals<T> v;
   load_tile(x, M, K, m0, k0, vec_in != 0, th, v);
 
   const float fp8_max = ELEM_MAX;
@@ -43,7 +43,7 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i
 #pragma unroll
   for (int p = 0; p < kPasses; ++p)
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) a = amax_step(a, v[p][j]);
+    for (int j = 0; j < kVec; ++j) a = amax_step(a, v.at(p, j));
   a = group_max<32>(a);
   if ((threadIdx.x & 31) == 0) col_part[0][th.w] = a;
   __syncthreads();
@@ -65,11 +65,13 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i
     for (int p = 0; p < kPasses; ++p) {
       float a = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) a = amax_step(a, v[p][j]);
+      for (int j = 0; j < kVec; ++j) a = amax_step(a, v.at(p, j));
       a = group_max<kLanesPerRow>(a);
       const float s = compute_scale(a, fp8_max, POW2 != 0, EPS, v_inf);
       unsigned char q[kVec];
-      sat_elem8_mul(v[p], s, q);  // multiply by s, never / sinv
+      float r[kVec];
+      tile_row(v, p, r);
+      sat_elem8_mul(r, s, q);  // multiply by s, never / sinv
       const i64 m = m0 + th.row(p);
       if (m < M) {
         if (kcol < K) store8(q_row + m * K + kcol, q, K - kcol, vec_row != 0);
@@ -83,7 +85,7 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i
     for (int j = 0; j < kVec; ++j) {
       float a = 0.0f;
 #pragma unroll
-      for (int p = 0; p < kPasses; ++p) a = amax_step(a, v[p][j]);
+      for (int p = 0; p < kPasses; ++p) a = amax_step(a, v.at(p, j));
       a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 16));  // the other row of the warp's pair
       if (th.rsub == 0) col_part[th.w][th.col0() + j] = a;
     }
@@ -103,7 +105,9 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       unsigned char q[kVec];
-      sat_elem8_mul(v[p], sc, q);
+      float r[kVec];
+      tile_row(v, p, r);
+      sat_elem8_mul(r, sc, q);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) qT[qT_offset(th.col0() + j, th.row(p))] = q[j];
     }
@@ -116,7 +120,7 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i
 }
 
 #define NH_BLOCK_QUANTIZE(SUFFIX, T)                                                                         \
-  extern "C" __global__ void __launch_bounds__(kThreads)                                                     \
+  extern "C" __global__ void __launch_bounds__(kThreads, TileMinBlocks<T>::value)                               \
       fp8_block_quantize_##SUFFIX(const T* x, i64 M, i64 K, int vec_in, int vec_row, int vec_col,          \
                                   unsigned char* q_row, float* s_row, i64 ld_sr, unsigned char* q_col,     \
                                   float* s_col, i64 ld_sc) {                                               \

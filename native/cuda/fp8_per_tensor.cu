@@ -78,7 +78,7 @@ __device__ __forceinline__ void per_tensor_cast(const T* __restrict__ x, i64 M, 
   const i64 m0 = (static_cast<i64>(blockIdx.x) / n_kt) * kTile;
   const i64 k0 = (static_cast<i64>(blockIdx.x) % n_kt) * kTile;
   const TileThread th;
-  float v[kPasses][kVec];
+  TileVals<T> v;
   load_tile(x, M, K, m0, k0, vec_in != 0, th, v);
   const float s = scale[0];
   if (sinv && blockIdx.x == 0 && threadIdx.x == 0) sinv[0] = scale_inverse(s);  // NUMERICS: §1/§2 sinv = RN(1/s)
@@ -88,7 +88,7 @@ __device__ __forceinline__ void per_tensor_cast(const T* __restrict__ x, i64 M, 
 #pragma unroll
     for (int p = 0; p < kPasses; ++p)
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) a = amax_step(a, v[p][j]);
+      for (int j = 0; j < kVec; ++j) a = amax_step(a, v.at(p, j));
     a = group_max<32>(a);
     if ((threadIdx.x & 31) == 0) warp_part[th.w] = a;
     __syncthreads();
@@ -110,7 +110,7 @@ __device__ __forceinline__ void per_tensor_cast(const T* __restrict__ x, i64 M, 
 }
 
 #define NH_CAST(SUFFIX, T)                                                                                  \
-  extern "C" __global__ void __launch_bounds__(kThreads)                                                    \
+  extern "C" __global__ void __launch_bounds__(kThreads, TileMinBlocks<T>::value)                               \
       per_tensor_cast_##SUFFIX(const T* x, i64 M, i64 K, int vec_in, int vec_row, int vec_col,            \
                                const float* scale, float* sinv, float* amax_acc, unsigned char* q_row,    \
                                unsigned char* q_col) {                                                    \

@@ -45,7 +45,7 @@ __device__ __forceinline__ void mx_quantize(const T* __restrict__ x, i64 M, i64 
   const i64 m0 = mt * kTile;
   const i64 k0 = (static_cast<i64>(blockIdx.x) % n_kt) * kTile;
   const TileThread th;
-  float v[kPasses][kVec];
+  TileVals<T> v;
   load_tile(x, M, K, m0, k0, vec_in != 0, th, v);
   const i64 kcol = k0 + th.col0();
 
@@ -56,7 +56,7 @@ __device__ __forceinline__ void mx_quantize(const T* __restrict__ x, i64 M, i64 
     for (int b = 0; b < kMxPerTile; ++b)
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
-        float a = amax_step(amax_step(0.0f, v[2 * b][j]), v[2 * b + 1][j]);
+        float a = amax_step(amax_step(0.0f, v.at(2 * b, j)), v.at(2 * b + 1, j));
         a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 16));
         if (th.rsub == 0) col_part[th.w][b][th.col0() + j] = a;
       }
@@ -96,7 +96,9 @@ __device__ __forceinline__ void mx_quantize(const T* __restrict__ x, i64 M, i64 
     const unsigned int e = tile_e[p / 2][th.cl / kLanesPerMx];
     const float P = e8m0_multiplier(e);
     unsigned char q[kVec];
-    sat_elem8_mul(v[p], P, q);  // NUMERICS: §3 q = sat(RN(x*P(e)))
+    float r[kVec];
+    tile_row(v, p, r);
+    sat_elem8_mul(r, P, q);  // NUMERICS: §3 q = sat(RN(x*P(e)))
     if (in) {
       if (q_row) store8(q_row + m * K + kcol, q, K - kcol, vec_out != 0);
       if (q_col) store8(q_col + m * K + kcol, q, K - kcol, vec_out != 0);
@@ -107,12 +109,14 @@ __device__ __forceinline__ void mx_quantize(const T* __restrict__ x, i64 M, i64 
       // NUMERICS: §3 rowwise 1x32 - block (m, kb) = x[m, 32 kb .. +31].
       float a = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) a = amax_step(a, v[p][j]);
+      for (int j = 0; j < kVec; ++j) a = amax_step(a, v.at(p, j));
       a = group_max<kLanesPerMx>(a);
       const unsigned int e = mx_exponent(a);
       const float P = e8m0_multiplier(e);
       unsigned char q[kVec];
-      sat_elem8_mul(v[p], P, q);
+      float r[kVec];
+      tile_row(v, p, r);
+      sat_elem8_mul(r, P, q);
       if (in) {
         store8(q_row + m * K + kcol, q, K - kcol, vec_out != 0);
         if ((th.cl % kLanesPerMx) == 0) s_r[m * ld_r + kcol / kMx] = static_cast<unsigned char>(e);
@@ -125,7 +129,9 @@ __device__ __forceinline__ void mx_quantize(const T* __restrict__ x, i64 M, i64 
       const float4 pb = *reinterpret_cast<const float4*>(&col_P[p / 2][th.col0() + 4]);
       const float P8[kVec] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
       unsigned char q[kVec];
-      sat_elem8_mul(v[p], P8, q);
+      float r[kVec];
+      tile_row(v, p, r);
+      sat_elem8_mul(r, P8, q);
       if (in) store8(q_col + m * K + kcol, q, K - kcol, vec_out != 0);
     }
 #endif
@@ -148,7 +154,7 @@ __device__ __forceinline__ void mx_quantize(const T* __restrict__ x, i64 M, i64 
 }
 
 #define NH_MX_QUANTIZE(SUFFIX, T)                                                                            \
-  extern "C" __global__ void __launch_bounds__(kThreads)                                                     \
+  extern "C" __global__ void __launch_bounds__(kThreads, TileMinBlocks<T>::value)                               \
       mxfp8_quantize_##SUFFIX(const T* x, i64 M, i64 K, int vec_in, int vec_out, unsigned char* q_row,      \
                               unsigned char* s_r, i64 ld_r, unsigned char* q_col, unsigned char* s_c,      \
                               i64 ld_c) {                                                                  \
