@@ -35,6 +35,7 @@ _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _TILE = 128  # the kernels' CTA tile (native/cuda/common.cuh kTile)
 _THREADS = 256  # the kernels' CTA size (common.cuh kThreads)
 _ELEMENTWISE_THREADS = 256
+_SCALAR_SLOT = 4  # fp32 elements per scalar slot in the per-tensor buffer (16 bytes: aligned scale pointers)
 
 
 # --------------------------------------------------------------------------------------------
@@ -169,20 +170,22 @@ def _per_tensor(x2d: torch.Tensor, config: QuantConfig, rowwise: bool, colwise: 
     m, k = x2d.shape
     mod = _module(config, dev)
     sfx = _SUFFIX[x2d.dtype]
-    f32 = dict(dtype=torch.float32, device=dev)
-    amax = torch.zeros(1, **f32)  # +0: the start of every amax (NUMERICS §0.1)
-    sinv = torch.empty(1, **f32)
+    # One zeroed fp32 buffer (one memset) holds every scalar, each slot 16-byte aligned:
+    # amax (+0: the start of every amax, NUMERICS §0.1), scale, sinv, and the colwise copy's amax and sinv.
+    slots = torch.zeros(5 * _SCALAR_SLOT, dtype=torch.float32, device=dev)
+    amax, scale, sinv, amax_c, sinv_c = (slots[i * _SCALAR_SLOT:i * _SCALAR_SLOT + 1] for i in range(5))
     q_row = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None  # (M, K)
     q_col = torch.empty((k, m), dtype=torch.uint8, device=dev) if colwise else None  # (K, M)
     vec_in, vec_row, vec_col = _vec_flags(x2d, q_row, q_col)
+    both = rowwise and colwise
     if config.scheme == "fp8_current":
         if state is not None:
             raise ValueError(f"{config.id}: state is only for fp8_delayed (got {type(state).__name__})")
         n = m * k
         grid = _elementwise_grid(math.ceil(n / 8), dev)
         _launch(mod, f"tensor_amax_{sfx}", grid, _THREADS, (x2d, _i64(n), _i32(_aligned(x2d)), amax), dev)
-        scale = torch.empty(1, **f32)
-        _launch(mod, "current_scale", 1, 32, (amax, scale, sinv), dev)
+        _launch(mod, "current_scale", 1, 32, (amax, scale, sinv, amax_c if both else None, sinv_c if both else None),
+                dev)
         cast_sinv, amax_acc = None, None
     else:
         from reference.per_tensor import AmaxHistory
@@ -206,12 +209,15 @@ def _per_tensor(x2d: torch.Tensor, config: QuantConfig, rowwise: bool, colwise: 
     )
     if config.scheme == "fp8_delayed":
         state.record(amax)  # NUMERICS: §2 H[0] <- fmax(H[0], amax(x)) on the state's own device
+        if both:  # the cast kernel wrote amax and sinv once; the colwise copy gets its own tensors
+            amax_c.copy_(amax)
+            sinv_c.copy_(sinv)
     out: dict = {}
+    # NUMERICS: §1 the transposed copy shares sinv and the amax (as separate tensors of equal value).
     if rowwise:
-        out.update(rowwise_data=q_row, rowwise_scale=sinv.clone(), rowwise_amax=amax.clone())
+        out.update(rowwise_data=q_row, rowwise_scale=sinv, rowwise_amax=amax)
     if colwise:
-        # NUMERICS: §1 the transposed copy shares sinv (and the amax).
-        out.update(colwise_data=q_col, colwise_scale=sinv.clone(), colwise_amax=amax.clone())
+        out.update(colwise_data=q_col, colwise_scale=sinv_c if both else sinv, colwise_amax=amax_c if both else amax)
     return out
 
 

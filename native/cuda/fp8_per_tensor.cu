@@ -53,11 +53,16 @@ NH_AMAX(bf16, __nv_bfloat16)
 NH_AMAX(f16, __half)
 
 // NUMERICS: §1 - s = compute_scale(A, fp8_max, pow2, eps, v_inf = FLT_MAX); sinv = RN(1/s).
-extern "C" __global__ void current_scale(const float* amax, float* scale, float* sinv) {
+// amax_copy / sinv_copy (may be null): the second copy's own amax and sinv tensors, written here so
+// the call needs no separate copy kernels.
+extern "C" __global__ void current_scale(const float* amax, float* scale, float* sinv, float* amax_copy,
+                                         float* sinv_copy) {
   if (threadIdx.x == 0 && blockIdx.x == 0) {
     const float s = compute_scale(amax[0], ELEM_MAX, POW2 != 0, EPS, FP32_MAX);
     scale[0] = s;
     sinv[0] = scale_inverse(s);
+    if (amax_copy) amax_copy[0] = amax[0];
+    if (sinv_copy) sinv_copy[0] = sinv[0];
   }
 }
 
