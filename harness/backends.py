@@ -159,10 +159,10 @@ class NativeBackend:
         from native.modules import modules_for, precompile  # noqa: PLC0415
 
         items = []
-        for c in cases:
-            if self.supports(c.op, c.config, device)[0]:
-                out = torch_dtype(c.out_dtype, torch.bfloat16 if c.op == "gemm" else torch.float32)
-                items += modules_for(c.op, c.config, b_config=c.b_config, out_dtype=out, device=device)
+        for op, cfg, b_cfg, out_name in {(c.op, c.config, c.b_config, c.out_dtype) for c in cases}:  # distinct only
+            if self.supports(op, cfg, device)[0]:
+                out = torch_dtype(out_name, torch.bfloat16 if op == "gemm" else torch.float32)
+                items += modules_for(op, cfg, b_config=b_cfg, out_dtype=out, device=device)
         t0 = time.perf_counter()
         n = precompile(items, device=device)
         return f"native: {n} CUDA modules compiled or found in the cache in {time.perf_counter() - t0:.1f} s"

@@ -100,6 +100,27 @@ def test_native_on_cpu_is_unsupported_with_a_reason():
     assert not ok and "CUDA" in why
 
 
+def test_native_prepare_compiles_the_modules_of_distinct_supported_cases_once(monkeypatch):
+    """prepare() asks `supports` once per distinct (op, config, b_config, out_dtype) and hands every
+    module of the supported ones to one precompile call (the CUDA side is faked here)."""
+    import native.modules
+    from harness.cases import Case
+
+    b = backends.NativeBackend()
+    asked, got = [], []
+    monkeypatch.setattr(b, "_native", lambda: object())
+    monkeypatch.setattr(b, "supports", lambda op, cfg, dev: (asked.append((op, cfg.id)), (cfg.scheme != "nvfp4", ""))[1])
+    monkeypatch.setattr(native.modules, "modules_for",
+                        lambda op, cfg, *, b_config=None, out_dtype=None, device=None: [(f"{cfg.scheme}.cu", {"D": 1})])
+    monkeypatch.setattr(native.modules, "precompile", lambda items, *, device=None: got.append(list(items)) or 7)
+    mx, nv = QuantConfig("mxfp8"), QuantConfig("nvfp4")
+    cases = [Case("quantize", mx, (32, 32), seed=s) for s in range(5)] + [Case("quantize", nv, (32, 32))]
+    line = b.prepare(cases, "cuda")
+    assert sorted(asked) == [("quantize", mx.id), ("quantize", nv.id)]  # not once per case
+    assert got == [[("mxfp8.cu", {"D": 1})]]  # the unsupported nvfp4 case adds nothing
+    assert line.startswith("native: 7 CUDA modules")
+
+
 def test_torch_backend_supports_per_tensor_quantize_only_and_no_cpu_gemm():
     t = get_backend("torch")
     assert t.supports("quantize", QuantConfig("fp8_current"), "cpu") == (True, "")
