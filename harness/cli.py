@@ -172,9 +172,10 @@ def cmd_run(args) -> int:
 
             res = runner.sweep_parallel(cases, [backend_spec(b) for b in backends], args.workers,
                                         device=args.device if args.device not in (None, "auto") else None,
-                                        writer=writer, out_dir=out, progress=progress)
+                                        writer=writer, out_dir=out, progress=progress, golden=args.golden_device)
         else:
-            res = runner.sweep(cases, backends, device=device, writer=writer, out_dir=out, progress=progress)
+            res = runner.sweep(cases, backends, device=device, writer=writer, out_dir=out, progress=progress,
+                               golden=args.golden_device)
     finally:
         progress.close()
         writer.close()
@@ -255,7 +256,7 @@ def cmd_repro(args) -> int:
             be = get_backend(name.strip())
         except UnknownBackend as e:
             raise UsageError(str(e)) from e
-        rows = runner.run_case(case, be, device, inputs=inputs, worker="repro")
+        rows = runner.run_case(case, be, device, inputs=inputs, worker="repro", golden=args.golden_device)
         print(f"== {case.id} [{be.name} on {device}]")
         for r in rows:
             metrics = " ".join(f"{k}={r[k]:.6g}" for k in ("max_abs", "max_rel", "sqnr_db")
@@ -376,6 +377,14 @@ def _selection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if visible, else cpu)")
 
 
+def _golden(p: argparse.ArgumentParser) -> None:
+    from .runner import GOLDEN_DEVICES  # noqa: PLC0415
+
+    p.add_argument("--golden-device", choices=GOLDEN_DEVICES, default="same",
+                   help="where the golden reference runs: on the backend's device (default; same bits, "
+                        "harness/runner.py) or always on the cpu")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m harness", description="Low-precision numerics verification harness")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -387,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="report directory (default reports/<tier>)")
     p.add_argument("--resume", action="store_true", help="keep the CSV and skip (case, backend) pairs already in it")
     p.add_argument("--workers", type=int, default=1, help="worker processes (each pinned to one GPU; CPU without GPUs)")
+    _golden(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--progress", dest="progress", action="store_true", default=None, help="force the progress bar")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -403,6 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", default="reference", help="backend name or spec (comma list allowed)")
     p.add_argument("--device", default=None)
     p.add_argument("--inputs", default=None, help="inputs.pt saved by a failing run (default: regenerate)")
+    _golden(p)
     p.add_argument("--out", default=None, help="save a failure directory here")
     p.set_defaults(func=cmd_repro)
 

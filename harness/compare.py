@@ -78,28 +78,27 @@ class TensorResult:
 def metrics(approx: torch.Tensor, truth: torch.Tensor) -> dict:
     """max_abs, max_rel, rmse, sqnr_db of `approx` against `truth` (fp64), plus counts.
 
-    Non-finite values never raise: positions where either side is NaN/Inf are left out of the
-    error statistics and counted (`n_nonfinite`); `n_nonfinite_mismatch` counts those where the two
-    sides disagree (NaN vs number, +Inf vs -Inf, ...). max_rel skips truth == 0. sqnr_db =
-    10 log10(Σ truth² / Σ err²): +inf for zero error, -inf for zero signal with non-zero error.
+    Computed on truth's device (approx is moved there). Non-finite values never raise: positions
+    where either side is NaN/Inf are left out of the error statistics and counted (`n_nonfinite`);
+    `n_nonfinite_mismatch` counts those where the two sides disagree (NaN vs number, +Inf vs -Inf,
+    ...). max_rel skips truth == 0. sqnr_db = 10 log10(Σ truth² / Σ err²): +inf for zero error,
+    -inf for zero signal with non-zero error.
     """
-    a = approx.detach().to("cpu", torch.float64).reshape(-1)
-    t = truth.detach().to("cpu", torch.float64).reshape(-1)
+    t = truth.detach().to(torch.float64).reshape(-1)
+    a = approx.detach().to(device=t.device, dtype=torch.float64).reshape(-1)
     if a.shape != t.shape:
         raise ValueError(f"metrics: shapes differ ({tuple(approx.shape)} vs {tuple(truth.shape)})")
     fin = torch.isfinite(a) & torch.isfinite(t)
-    same_nonfinite = (torch.isnan(a) & torch.isnan(t)) | (torch.isinf(a) & torch.isinf(t) & (a == t))
-    out = {
-        "n": int(a.numel()),
-        "n_nonfinite": int((~fin).sum()),
-        "n_nonfinite_mismatch": int((~fin & ~same_nonfinite).sum()),
-    }
-    a, t = a[fin], t[fin]
+    n_nonfinite = int((~fin).sum())
+    out = {"n": int(a.numel()), "n_nonfinite": n_nonfinite, "n_nonfinite_mismatch": 0}
+    if n_nonfinite:  # compact only when needed: boolean indexing copies the whole tensor
+        same_nonfinite = (torch.isnan(a) & torch.isnan(t)) | (torch.isinf(a) & torch.isinf(t) & (a == t))
+        out["n_nonfinite_mismatch"] = int((~fin & ~same_nonfinite).sum())
+        a, t = a[fin], t[fin]
     if a.numel() == 0:
         out.update(max_abs=math.nan, max_rel=math.nan, rmse=math.nan, sqnr_db=math.nan)
         return out
     err = a - t
-    nz = t != 0
     sig = float((t * t).sum())
     noise = float((err * err).sum())
     if noise == 0:
@@ -108,9 +107,11 @@ def metrics(approx: torch.Tensor, truth: torch.Tensor) -> dict:
         sqnr = -math.inf
     else:
         sqnr = 10 * math.log10(sig / noise)
+    t_abs = t.abs()
+    rel = err.abs() / torch.where(t_abs > 0, t_abs, torch.ones_like(t_abs))
     out.update(
         max_abs=float(err.abs().max()),
-        max_rel=float((err[nz].abs() / t[nz].abs()).max()) if bool(nz.any()) else 0.0,
+        max_rel=float(torch.where(t_abs > 0, rel, torch.zeros_like(rel)).max()),  # 0 when truth is all zero
         rmse=math.sqrt(noise / a.numel()),
         sqnr_db=sqnr,
     )
@@ -490,9 +491,19 @@ def _decode(codes: torch.Tensor, fmt) -> torch.Tensor:
     return _lut(fmt)[codes.to(torch.int64) & ((1 << fmt.bits) - 1)]
 
 
+def _same_field(golden: QuantizedTensor, candidate: QuantizedTensor, name: str) -> bool:
+    """Fast path: the candidate field has the golden's shape, dtype and bytes (compared on the
+    golden's device, so a GPU golden and a GPU candidate never leave the GPU)."""
+    g, c = getattr(golden, name), getattr(candidate, name)
+    return g.shape == c.shape and g.dtype == c.dtype and _same_bits(g, c.to(g.device))
+
+
 def _compare_data(golden, candidate, name, cp: _Copy) -> TensorResult:
     cfg = golden.config
     fmt = cfg.element_format
+    if _same_field(golden, candidate, name):
+        n = getattr(golden, name).numel() * (2 if cfg.scheme == "nvfp4" else 1)  # FP4: two codes per byte
+        return _result(name, n, {}, None, *_identical(n), {})
     g = _codes(golden, name)
     c = _codes(candidate, name)
     n = g.numel()
@@ -610,8 +621,14 @@ def _scale_step_apart(g: torch.Tensor, c: torch.Tensor, sfmt) -> torch.Tensor:
 def _compare_scale(golden, candidate, name, cp: _Copy, strict_padding: bool) -> TensorResult:
     cfg = golden.config
     sfmt = _scale_format(cfg)
-    g_full, c_full = getattr(golden, name).to("cpu"), getattr(candidate, name).to("cpu")
     valid = _valid_shape(cfg, cp.o, cp.m, cp.k)
+    if _same_field(golden, candidate, name):  # valid region and padding identical
+        n = math.prod(valid)
+        detail = {"valid_shape": list(valid)}
+        if getattr(golden, name).numel() > n:
+            detail["padding_mismatches"] = 0
+        return _result(name, n, {}, None, *_identical(n), detail)
+    g_full, c_full = getattr(golden, name).to("cpu"), getattr(candidate, name).to("cpu")
     sl = tuple(slice(0, v) for v in valid)
     g = g_full[sl]
     n = g.numel()
@@ -764,8 +781,8 @@ def compare_output(golden_out: torch.Tensor, candidate_out: torch.Tensor, tensor
     compare_quantized), not the payload or sign of a NaN in a float output, which differs between
     CPU and GPU arithmetic (e.g. 0·inf).
     """
-    g = golden_out.detach().to("cpu")
-    c = candidate_out.detach().to("cpu")
+    g = golden_out.detach()  # compared where the golden lives
+    c = candidate_out.detach().to(g.device)
     n = g.numel()
     if g.shape != c.shape:
         swap = g.dim() == 2 and c.shape == g.t().shape and torch.equal(c.to(g.dtype), g.t())
@@ -787,7 +804,8 @@ def compare_output(golden_out: torch.Tensor, candidate_out: torch.Tensor, tensor
         g64, c64 = g.to(torch.float64), c.to(torch.float64)
         fin = torch.isfinite(g64) & torch.isfinite(c64)
         same_nonfinite = nan_both | (torch.isinf(g64) & (g64 == c64))
-        b = bound.to(torch.float64).expand_as(g64)
+        bound = bound.to(device=g.device, dtype=torch.float64)
+        b = bound.expand_as(g64)
         within = (c64 - g64).abs() <= b
         mism = torch.where(fin, ~within, ~same_nonfinite)
         excess = torch.where(fin, (c64 - g64).abs() - b, torch.zeros_like(g64))
@@ -817,7 +835,7 @@ def compare_output(golden_out: torch.Tensor, candidate_out: torch.Tensor, tensor
             "ulps": int((og - oc).abs()[0]),
         }
         if bound is not None:
-            first["bound"] = float(bound.to(torch.float64).expand_as(g).reshape(-1)[pos])
+            first["bound"] = float(b.reshape(-1)[pos])
     met = metrics(c, g)
     return _result(tensor, n, classes, first, met, ulp_hist_float(g, cg), detail)
 

@@ -6,7 +6,8 @@ controller writes the files) and the issue's plugin requirements.
     pytest cases/smoke.toml --backend native -n 4 --report-dir reports/pytest
 
 Options: `--backend` (name or spec, default reference), `--report-dir` (write results.csv and
-run_meta.json there; failing cases also save inputs and a repro.sh), `--harness-device`.
+run_meta.json there; failing cases also save inputs and a repro.sh), `--harness-device`,
+`--harness-golden-device` (`same`: the golden runs on the candidate's device, or `cpu`).
 Unsupported -> skip with its reason; a mismatch -> failure whose message locates the first
 mismatch and ends with a repro command. Each xdist worker is pinned to GPU
 `worker_index % device_count` when CUDA is present.
@@ -32,6 +33,9 @@ def pytest_addoption(parser):
                     help="write results.csv + run_meta.json for the collected cases into this directory")
     group.addoption("--harness-device", action="store", default=None,
                     help="device for the candidate backend (default: the pinned GPU, else cpu)")
+    group.addoption("--harness-golden-device", action="store", default="same", choices=("same", "cpu"),
+                    help="where the golden reference runs: the candidate's device (default) or the cpu "
+                         "(harness/runner.py GOLDEN_DEVICES)")
 
 
 def _worker_id(config) -> str:
@@ -98,7 +102,8 @@ def pytest_configure(config):
         from .report import ReportWriter  # noqa: PLC0415
 
         opts = {"runner": "pytest", "backend": config.getoption("--backend"), "args": list(config.args),
-                "xdist_workers": getattr(config.option, "numprocesses", None)}
+                "xdist_workers": getattr(config.option, "numprocesses", None),
+                "golden_device": config.getoption("--harness-golden-device")}
         config.pluginmanager.register(_Recorder(ReportWriter(report_dir, run_meta(opts))), "harness-recorder")
 
 
@@ -168,7 +173,8 @@ class CaseItem(pytest.Item):
 
         backend = _backend(self.config)
         device = _device(self.config)
-        rows = run_case(self.case, backend, device, worker=self.config._harness_worker)
+        rows = run_case(self.case, backend, device, worker=self.config._harness_worker,
+                        golden=self.config.getoption("--harness-golden-device"))
         # Recorded before any assertion (DESIGN.md §5): the controller writes them.
         self.user_properties.append((ROWS_PROPERTY, json.dumps(as_jsonable(rows))))
         verdict = case_verdict(rows)

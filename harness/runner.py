@@ -1,4 +1,4 @@
-"""Run cases: inputs -> golden (reference, CPU) -> candidate (backend, its device) -> compare -> rows.
+"""Run cases: inputs (CPU) -> golden (reference) -> candidate (backend, its device) -> compare -> rows.
 
 Source: DESIGN.md §5 (data flow; results recorded before any assertion; failures keep their
 inputs), the issue's runner requirements. Per case and backend the rows are:
@@ -9,6 +9,14 @@ inputs), the issue's runner requirements. Per case and backend the rows are:
   RHT copy), or its GEMM output vs an fp64 GEMM of the high-precision operands;
 - a single `skip` row (Unsupported, with its reason) or `error` row (the exception) when the
   backend cannot produce a candidate.
+
+Where the golden runs (`golden="same"`, the default, or `"cpu"`): inputs are always drawn on the
+CPU (harness.inputs); with "same" the reference then runs on the candidate's device and the
+comparison and accuracy metrics are computed there, so a GPU sweep keeps its big tensors on the
+GPU. The reference gives the same bits on CPU and CUDA (NUMERICS.md §0.2.8, asserted by
+tests/gpu/test_reference_devices.py), except a GEMM whose fp64 sums are not exact: its golden output
+is then computed on the CPU (`reference.gemm.fp64_sums_exact`), so every golden byte is the CPU's.
+Accuracy metrics (fp64 sums) may differ in their last digits between devices.
 """
 
 from __future__ import annotations
@@ -47,6 +55,8 @@ EXACT_GEMM_DISTRIBUTIONS = ("exact_representable",)
 # for one, rounds Y to the output type before adding C).
 EXACT_ACCUMULATE_SCHEMES = ("fp8_block", "nvfp4")
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# Where the golden reference runs: on the candidate's device, or always on the CPU.
+GOLDEN_DEVICES = ("same", "cpu")
 # The B operand of a stochastic GEMM draws SR bits from stream + 2 (A uses stream, stream + 1).
 B_STREAM_OFFSET = 2
 
@@ -177,8 +187,8 @@ def result_row(base: Mapping, tr: Any, kind: str = "conformance") -> dict:
 
 
 def accuracy_row(base: Mapping, tensor: str, approx: torch.Tensor, truth: torch.Tensor) -> dict:
-    """An `info` row with compare.metrics(approx, truth) (SQNR, max abs/rel error, RMSE)."""
-    m = _compare_mod().metrics(approx.detach().to("cpu"), truth.detach().to("cpu"))
+    """An `info` row with compare.metrics(approx, truth) (SQNR, max abs/rel error, RMSE), on truth's device."""
+    m = _compare_mod().metrics(approx, truth)
     return {
         **base,
         "tensor": tensor,
@@ -199,15 +209,32 @@ def _exc_text(e: BaseException) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# Golden side (computed once per case, on CPU)
+# Golden side (computed once per case, on the golden device)
 # ----------------------------------------------------------------------------------------------
+
+
+def golden_device(device: str | torch.device, golden: str = "same") -> torch.device:
+    """The device the golden reference runs on for a candidate on `device` (see GOLDEN_DEVICES)."""
+    if golden not in GOLDEN_DEVICES:
+        raise ValueError(f"golden={golden!r} is invalid: expected one of {GOLDEN_DEVICES}")
+    return torch.device("cpu") if golden == "cpu" else _normalized(device)
+
+
+def _normalized(device: str | torch.device) -> torch.device:
+    """`device` with an explicit index for CUDA ("cuda" -> "cuda:<current>"), so devices compare equal."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return d
 
 
 @dataclass
 class Golden:
-    """Inputs and reference outputs of one case (CPU tensors)."""
+    """Inputs (CPU, as generated) and reference outputs of one case (on `device`)."""
 
     inputs: dict
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    on_device: dict = field(default_factory=dict)  # the inputs moved to `device`
     quantized: QuantizedTensor | None = None  # quantize / dequantize ops
     state: Any = None  # fp8_delayed AmaxHistory after the golden run
     dequantized: dict = field(default_factory=dict)  # dequantize op: orientation -> tensor
@@ -280,19 +307,33 @@ def _out_dtype(case, default: torch.dtype) -> torch.dtype:
     return backends_mod.torch_dtype(getattr(case, "out_dtype", None), default)
 
 
-def prepare(case, inputs: Mapping | None = None) -> Golden:
-    """Generate the inputs (unless given) and run the golden reference on CPU; errors are kept, not raised."""
+def _gemm_golden(case, g: Golden, out_dtype: torch.dtype) -> torch.Tensor:
+    """reference.gemm of the golden operands; recomputed on the CPU when its fp64 sums are not exact
+    on another device (then the summation order could change the bits, NUMERICS.md §0.2.8)."""
+    from reference.gemm import fp64_sums_exact  # noqa: PLC0415
+
+    layout = case.layout or "TN"
+    kw = dict(layout=layout, out_dtype=out_dtype, method="auto")
+    if g.device.type == "cpu" or fp64_sums_exact(g.qa, g.qb, layout)[0]:
+        return reference.gemm(g.qa, g.qb, bias=g.on_device.get("bias"), c=g.on_device.get("c"), **kw)
+    return reference.gemm(g.qa.to("cpu"), g.qb.to("cpu"), bias=g.inputs.get("bias"), c=g.inputs.get("c"), **kw)
+
+
+def prepare(case, inputs: Mapping | None = None, device: str | torch.device = "cpu") -> Golden:
+    """Generate the inputs on the CPU (unless given) and run the golden reference on `device`;
+    errors are kept, not raised."""
     try:
         inputs = dict(inputs) if inputs is not None else dict(_inputs_mod().generate(case, device="cpu"))
     except Exception as e:  # noqa: BLE001 - reported as an error row for every backend
         return Golden(inputs={}, error=f"inputs.generate raised {_exc_text(e)}")
-    g = Golden(inputs=inputs)
+    g = Golden(inputs=inputs, device=_normalized(device))
     t0 = time.perf_counter()
     try:
-        cfg, rng = case.config, inputs.get("rng")
+        g.on_device = {k: v.to(g.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        on, cfg, rng = g.on_device, case.config, inputs.get("rng")
         if case.op in ("quantize", "dequantize"):
             rw, cw = _copies(case.orientation)
-            g.quantized, g.state = _quantize_with_state(reference.quantize, inputs["x"], cfg, "cpu", rw, cw, rng)
+            g.quantized, g.state = _quantize_with_state(reference.quantize, on["x"], cfg, g.device, rw, cw, rng)
             if case.op == "dequantize":
                 dt = _out_dtype(case, torch.float32)
                 for o in ("rowwise", "colwise"):
@@ -301,13 +342,10 @@ def prepare(case, inputs: Mapping | None = None) -> Golden:
         elif case.op == "gemm":
             a_rw, a_cw, b_rw, b_cw = LAYOUT_COPIES[case.layout or "TN"]
             b_cfg = case.b_config or cfg
-            g.qa = reference.quantize(inputs["a"], cfg, rowwise=a_rw, colwise=a_cw, rng=rng)
-            g.qb = reference.quantize(inputs["b"], b_cfg, rowwise=b_rw, colwise=b_cw, rng=_b_rng(rng))
-            g.out = reference.gemm(
-                g.qa, g.qb, layout=case.layout or "TN", out_dtype=_out_dtype(case, torch.bfloat16),
-                bias=inputs.get("bias"), c=inputs.get("c"), method="auto",
-            )
-            g.truth = gemm_truth(case, inputs)
+            g.qa = reference.quantize(on["a"], cfg, rowwise=a_rw, colwise=a_cw, rng=rng)
+            g.qb = reference.quantize(on["b"], b_cfg, rowwise=b_rw, colwise=b_cw, rng=_b_rng(rng))
+            g.out = _gemm_golden(case, g, _out_dtype(case, torch.bfloat16))
+            g.truth = gemm_truth(case, on)
         else:
             raise ValueError(f"case op {case.op!r} is invalid: expected quantize, dequantize or gemm")
     except Exception as e:  # noqa: BLE001
@@ -367,9 +405,12 @@ def _is_exact_gemm(case) -> bool:
 def _run_candidate(case, golden: Golden, backend, device, base: dict) -> list[dict]:
     """Rows of one backend on one case (golden already computed)."""
     compare = _compare_mod()
-    inputs = golden.inputs
+    inputs, on = golden.inputs, golden.on_device
     cfg = case.config
-    reuse_golden = isinstance(backend, backends_mod.ReferenceBackend) and backends_mod.device_type(device) == "cpu"
+    dev = _normalized(device)
+    gdev = golden.out.device if case.op == "gemm" else golden.device
+    # The reference on the golden's own device is the golden run itself (no second pass).
+    reuse_golden = isinstance(backend, backends_mod.ReferenceBackend) and dev == _normalized(gdev)
     rows: list[dict] = []
     t0 = time.perf_counter()  # reset after the host-to-device copies below; wall_ms times the backend call
     if case.op in ("quantize", "dequantize"):
@@ -377,11 +418,10 @@ def _run_candidate(case, golden: Golden, backend, device, base: dict) -> list[di
         x = inputs["x"]
         if case.op == "quantize":
             if reuse_golden:
-                # The CPU reference against itself: the golden run is the candidate (no second pass).
                 cand, state = golden.quantized, golden.state
                 wall = golden.wall_ms
             else:
-                x_dev = x.to(device)
+                x_dev = on["x"] if dev == golden.device else x.to(dev)
                 update = getattr(backend, "update_amax_history", None)
                 _sync(device)
                 t0 = time.perf_counter()
@@ -390,15 +430,15 @@ def _run_candidate(case, golden: Golden, backend, device, base: dict) -> list[di
                 _sync(device)
                 wall = (time.perf_counter() - t0) * 1e3
             base["wall_ms"] = wall
-            cand_cpu = cand.to("cpu")
-            for tr in compare.compare_quantized(golden.quantized, cand_cpu, x):
+            cand_g = cand.to(golden.device)  # compared where the golden lives
+            for tr in compare.compare_quantized(golden.quantized, cand_g, x):
                 rows.append(result_row(base, tr))
             if state is not None and golden.state is not None:
                 rows += _state_rows(base, golden.state, state)
             for o in ("rowwise", "colwise"):
-                if cand_cpu.has(o):
-                    xh = reference.dequantize(cand_cpu, o, torch.float32)
-                    rows.append(accuracy_row(base, f"accuracy_{o}", xh, _accuracy_truth(case, x, o)))
+                if cand_g.has(o):
+                    xh = reference.dequantize(cand_g, o, torch.float32)
+                    rows.append(accuracy_row(base, f"accuracy_{o}", xh, _accuracy_truth(case, on["x"], o)))
         else:
             dt = _out_dtype(case, torch.float32)
             q_dev = golden.quantized.to(device)
@@ -410,29 +450,27 @@ def _run_candidate(case, golden: Golden, backend, device, base: dict) -> list[di
             _sync(device)
             base["wall_ms"] = golden.wall_ms if reuse_golden else (time.perf_counter() - t0) * 1e3
             for o, out in outs.items():
-                truth = _accuracy_truth(case, x, o)
-                # Dequantized outputs are compared bit for bit (NaN payloads included).
-                rows.append(result_row(base, compare.compare_output(golden.dequantized[o], out.to("cpu"),
-                                                                    f"dequant_{o}")))
-                rows.append(accuracy_row(base, f"accuracy_{o}", out.to("cpu", torch.float32), truth))
+                truth = _accuracy_truth(case, on["x"], o)
+                # Dequantized outputs are compared bit for bit (a NaN matches any NaN, compare_output).
+                rows.append(result_row(base, compare.compare_output(golden.dequantized[o], out, f"dequant_{o}")))
+                rows.append(accuracy_row(base, f"accuracy_{o}", out.to(torch.float32), truth))
     else:
         if reuse_golden:
             out = golden.out
             base["wall_ms"] = golden.wall_ms
         else:
-            qa, qb = golden.qa.to(device), golden.qb.to(device)
-            bias, c = (None if t is None else t.to(device) for t in (inputs.get("bias"), inputs.get("c")))
+            qa, qb = golden.qa.to(dev), golden.qb.to(dev)
+            bias, c = (None if t is None else t.to(dev) for t in (on.get("bias"), on.get("c")))
             _sync(device)
             t0 = time.perf_counter()
             out = backend.gemm(qa, qb, layout=case.layout or "TN", out_dtype=_out_dtype(case, torch.bfloat16),
                                bias=bias, c=c)
             _sync(device)
             base["wall_ms"] = (time.perf_counter() - t0) * 1e3
-        out_cpu = out.to("cpu")
-        tr = compare.compare_gemm(golden.out, out_cpu, golden.truth, case, _is_exact_gemm(case), a=golden.qa,
-                                  b=golden.qb, bias=inputs.get("bias"), c=inputs.get("c"))
+        tr = compare.compare_gemm(golden.out, out, golden.truth, case, _is_exact_gemm(case), a=golden.qa,
+                                  b=golden.qb, bias=on.get("bias"), c=on.get("c"))
         rows.append(result_row(base, tr))
-        rows.append(accuracy_row(base, "accuracy_out", out_cpu.to(torch.float64), golden.truth))
+        rows.append(accuracy_row(base, "accuracy_out", out, golden.truth))
     return rows
 
 
@@ -469,23 +507,25 @@ def run_backend(case, golden: Golden | Callable[[], Golden], backend, device: st
 
 
 def run_case(case, backend, device: str | torch.device = "cpu", *, inputs: Mapping | None = None,
-             worker: str = "") -> list[dict]:
-    """Rows of one backend on one case (interfaces: `harness.runner.run_case`)."""
+             worker: str = "", golden: str = "same") -> list[dict]:
+    """Rows of one backend on one case (interfaces: `harness.runner.run_case`); `golden`: GOLDEN_DEVICES."""
     backend = backends_mod.get_backend(backend)
-    return run_backend(case, lambda: prepare(case, inputs), backend, device, worker=worker)
+    gdev = golden_device(device, golden)
+    return run_backend(case, lambda: prepare(case, inputs, gdev), backend, device, worker=worker)
 
 
 def run_case_backends(case, backends: Sequence, device, *, worker: str = "",
-                      inputs: Mapping | None = None) -> dict[str, list[dict]]:
+                      inputs: Mapping | None = None, golden: str = "same") -> dict[str, list[dict]]:
     """backend name -> rows; the golden side is computed at most once per case, and only if needed."""
     cache: list[Golden] = []
+    gdev = golden_device(device, golden)
 
-    def golden() -> Golden:
+    def golden_once() -> Golden:
         if not cache:
-            cache.append(prepare(case, inputs))
+            cache.append(prepare(case, inputs, gdev))
         return cache[0]
 
-    return {b.name: run_backend(case, golden, b, device, worker=worker) for b in backends}
+    return {b.name: run_backend(case, golden_once, b, device, worker=worker) for b in backends}
 
 
 def case_verdict(rows: Iterable[Mapping]) -> str:
@@ -591,13 +631,13 @@ def _todo(cases, names, writer) -> list[tuple[Any, list[str]]]:
 
 
 def sweep(cases: Sequence, backends: Sequence, *, device, writer=None, out_dir=None, progress=None,
-          worker: str = "main") -> SweepResult:
+          worker: str = "main", golden: str = "same") -> SweepResult:
     """Run every (case, backend) in this process, writing rows as each case finishes."""
     result = SweepResult()
     by_name = {b.name: b for b in backends}
     specs = {b.name: backends_mod.backend_spec(b) for b in backends}
     for case, names in _todo(cases, list(by_name), writer):
-        rows = run_case_backends(case, [by_name[n] for n in names], device, worker=worker)
+        rows = run_case_backends(case, [by_name[n] for n in names], device, worker=worker, golden=golden)
         _handle(case, rows, specs, writer, out_dir, progress, result)
     return result
 
@@ -612,7 +652,8 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
-def _worker_main(index: int, gpu: str | None, specs: list[str], device: str, threads: int, tasks, results) -> None:
+def _worker_main(index: int, gpu: str | None, specs: list[str], device: str, threads: int, golden: str, tasks,
+                 results) -> None:
     """Worker process: pin to one GPU (CUDA_VISIBLE_DEVICES, set before CUDA starts), then serve tasks."""
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
@@ -629,7 +670,7 @@ def _worker_main(index: int, gpu: str | None, specs: list[str], device: str, thr
             break
         case, names = item
         try:
-            rows = run_case_backends(case, [bs[n] for n in names], device, worker=name)
+            rows = run_case_backends(case, [bs[n] for n in names], device, worker=name, golden=golden)
         except Exception as e:  # noqa: BLE001 - should not happen: run_backend catches backend errors
             base = {**case_columns(case), "device": device, "worker": name}
             rows = {n: [status_row({**base, "backend": n}, "error", f"worker raised {_exc_text(e)}")] for n in names}
@@ -638,13 +679,15 @@ def _worker_main(index: int, gpu: str | None, specs: list[str], device: str, thr
 
 
 def sweep_parallel(cases: Sequence, specs: Sequence[str], n_workers: int, *, device: str | None = None,
-                   writer=None, out_dir=None, progress=None) -> SweepResult:
+                   writer=None, out_dir=None, progress=None, golden: str = "same") -> SweepResult:
     """Run the sweep over `n_workers` processes; worker i is pinned to GPU i % n_gpus (CPU without GPUs).
 
     Rows come back to this process, which alone writes the report (no concurrent writers).
     """
     import multiprocessing as mp  # noqa: PLC0415
 
+    if golden not in GOLDEN_DEVICES:
+        raise ValueError(f"golden={golden!r} is invalid: expected one of {GOLDEN_DEVICES}")
     ctx = mp.get_context("spawn")
     gpus = visible_gpus() if (device is None or backends_mod.device_type(device) == "cuda") else []
     wdev = "cuda" if gpus else "cpu"
@@ -660,7 +703,8 @@ def sweep_parallel(cases: Sequence, specs: Sequence[str], n_workers: int, *, dev
     procs = []
     for i in range(n_workers):
         gpu = gpus[i % len(gpus)] if gpus else None
-        p = ctx.Process(target=_worker_main, args=(i, gpu, list(specs), wdev, threads, tasks, results), daemon=True)
+        p = ctx.Process(target=_worker_main, args=(i, gpu, list(specs), wdev, threads, golden, tasks, results),
+                        daemon=True)
         p.start()
         procs.append(p)
     result = SweepResult()

@@ -118,10 +118,10 @@ def unit_roundoff(out_dtype: str) -> tuple[float, float]:
 def _dequantized(q, orientation: str) -> torch.Tensor:
     """A consumed copy as its logical fp64 tensor (QuantizedTensor -> reference.dequantize)."""
     if isinstance(q, torch.Tensor):
-        return q.to("cpu", torch.float64)
+        return q.to(torch.float64)
     import reference  # noqa: PLC0415 - only when QuantizedTensors are passed
 
-    return reference.dequantize(q.to("cpu"), orientation, torch.float32).to(torch.float64)
+    return reference.dequantize(q, orientation, torch.float32).to(torch.float64)  # on q's own device
 
 
 def abs_product_sum(case: Case, a, b) -> torch.Tensor:
@@ -129,7 +129,7 @@ def abs_product_sum(case: Case, a, b) -> torch.Tensor:
     shapes (TN: [M, K], [N, K]; NN: [M, K], [K, N]; NT: [K, M], [K, N]) or QuantizedTensors."""
     ca, cb = case.consumed
     a64 = _dequantized(a, ca).abs()
-    b64 = _dequantized(b, cb).abs()
+    b64 = _dequantized(b, cb).abs().to(a64.device)
     a64 = torch.nan_to_num(a64, nan=0.0, posinf=0.0)
     b64 = torch.nan_to_num(b64, nan=0.0, posinf=0.0)
     if case.layout == "TN":
@@ -152,11 +152,11 @@ def gemm_bound(case: Case, a, b, golden: torch.Tensor | None = None, *, bias=Non
     s = abs_product_sum(case, a, b)
     s_y = s.clone()
     if bias is not None:
-        s_y = s_y + bias.to("cpu", torch.float64).abs().unsqueeze(0)
+        s_y = s_y + bias.to(s.device, torch.float64).abs().unsqueeze(0)
     if golden is not None:
-        y = golden.to("cpu", torch.float64).abs()
+        y = golden.to(s.device, torch.float64).abs()
     else:
-        y = s_y + (c.to("cpu", torch.float64).abs() if c is not None else 0.0)
+        y = s_y + (c.to(s.device, torch.float64).abs() if c is not None else 0.0)
     y = torch.nan_to_num(y, nan=0.0, posinf=0.0)
     gamma = tol.gamma(k, case.layout)
     bound = gamma * s + u_out * 2 * y

@@ -436,20 +436,58 @@ def gemm(
 # ---- exact-representable mode -----------------------------------------------------------------
 
 
-def _lsb_exponent(u: torch.Tensor) -> torch.Tensor:
-    """For finite non-zero fp64 u: the exponent of its lowest set significand bit (u = odd * 2^e)."""
+def _lsb_bits(u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For finite non-zero fp64 u = odd * 2^e: (e, the exponent of the lowest set significand bit,
+    and the number of significant bits of odd)."""
     mant, e = torch.frexp(u)  # u = mant * 2^e, 0.5 <= |mant| < 1
     i = torch.ldexp(mant.abs(), torch.full_like(e, _F64_SIG_BITS)).to(torch.int64)  # exact integer significand
-    low = i & (-i)  # lowest set bit, a power of two
+    low = i & (-i)  # lowest set bit, a power of two 2^(el - 1)
     _, el = torch.frexp(low.to(torch.float64))
-    return e.to(torch.int64) - _F64_SIG_BITS + (el.to(torch.int64) - 1)
+    tz = el.to(torch.int64) - 1
+    return e.to(torch.int64) - _F64_SIG_BITS + tz, _F64_SIG_BITS - tz
 
 
 def _min_lsb(u: torch.Tensor) -> int | None:
     nz = u[u != 0]
     if nz.numel() == 0:
         return None
-    return int(_lsb_exponent(nz).min())
+    return int(_lsb_bits(nz)[0].min())
+
+
+def fp64_sums_exact(a: QuantizedTensor, b: QuantizedTensor, layout: str = "TN", method: str = "auto"
+                    ) -> tuple[bool, str]:
+    """Whether every fp64 product and partial sum `gemm(a, b, method=method)` forms is exact: (ok, reason).
+
+    When it holds, the fp64 summation order (the CPU BLAS's, cuBLAS's, einsum's) cannot change the
+    result, so `gemm` gives the same bits on every device (NUMERICS.md §0.2.8). Terms:
+    "blockwise_order" sums unscaled codes per 128-deep K block; "exact" and "block_sum" sum the
+    block-scaled values (the per-tensor sinv is applied after the sum). Every partial sum is a
+    subset sum of one output's terms t_k, all multiples of 2^q (q = min lsb of a + min lsb of b),
+    so it is exact when sum_k |t_k| < 2^(q + 52); products are exact when the significand bits add
+    up to at most 53.
+    """
+    oa, ob, scheme = operands(a, b, layout)
+    meth = _resolve_method(method, scheme)
+
+    def terms(op: Operand) -> torch.Tensor:
+        return op.values if meth == "blockwise_order" else _dequantized(op)
+
+    ua, ub = terms(oa), terms(ob)
+    if not (bool(torch.isfinite(ua).all()) and bool(torch.isfinite(ub).all())):
+        return False, "an operand holds a non-finite value"
+    nza, nzb = ua[ua != 0], ub[ub != 0]
+    if nza.numel() == 0 or nzb.numel() == 0:
+        return True, "an operand is all zero"
+    la, sig_a = _lsb_bits(nza)
+    lb, sig_b = _lsb_bits(nzb)
+    if meth == "exact" and int(sig_a.max()) + int(sig_b.max()) > _F64_SIG_BITS:
+        return False, (f"products of {int(sig_a.max())}-bit by {int(sig_b.max())}-bit significands round in fp64 "
+                       f"(e.g. fp32 block scales that are not powers of two)")
+    q = int(la.min()) + int(lb.min())
+    s = float((ua.abs() @ ub.abs().t()).max())  # exact when below the bound (all multiples of 2^q)
+    if s >= math.ldexp(1.0, q + _F64_SIG_BITS - 1):
+        return False, f"a K sum spans more than 52 bits (max sum |t| = {s:.3e}, lsb 2^{q})"
+    return True, f"lsb 2^{q}, max sum |t| = {s:.3e}"
 
 
 def exact_representable_ok(

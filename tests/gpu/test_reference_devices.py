@@ -22,7 +22,7 @@ What is NOT expected to be bitwise equal across devices, and how it is handled:
    that a NaN matches any NaN. Quantized fields (codes, scales, amaxes) compare byte for byte.
 2. `reference.gemm` takes fp64 sums with a matmul / einsum (cuBLAS on CUDA, the CPU BLAS on the
    CPU), whose summation orders differ. The results are equal when every fp64 product and partial
-   sum is exact, which each GEMM test checks before asserting (`fp64_sums_exact`), and otherwise
+   sum is exact, which each GEMM test checks before asserting (`reference.gemm.fp64_sums_exact`), and otherwise
    skips with the reason. Expected skips: method "exact" of fp8_block with fp32 (non-pow2) scales
    (28-bit x 28-bit products round in fp64), and "exact" / "block_sum" on special inputs whose
    K sums span more than 52 bits (tiny-amax or subnormal blocks next to large ones; fp8_block and
@@ -34,8 +34,6 @@ What is NOT expected to be bitwise equal across devices, and how it is handled:
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -43,14 +41,13 @@ import reference
 from harness.cases import Case
 from harness.inputs import generate
 from reference.formats import QuantConfig
-from reference.gemm import METHODS_FOR_SCHEME, operands
+from reference.gemm import METHODS_FOR_SCHEME, fp64_sums_exact
 from reference.per_tensor import AmaxHistory
 from reference.types import QuantizedTensor, SRSeed
 
 DEVICE = "cuda"  # the device compared against the CPU
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SR_SEED = SRSeed((1 << 40) + 0x2345, 3)  # a seed with a non-zero high key word (NUMERICS §5.7)
-F64_SIG_BITS = 53
 
 # --------------------------------------------------------------------------------------------
 # Comparison helpers
@@ -278,49 +275,6 @@ def test_delayed_steps_same_bytes(cfg, dtype):
 # --------------------------------------------------------------------------------------------
 # GEMM: every method of reference.gemm
 # --------------------------------------------------------------------------------------------
-
-
-def _lsb_exponents(u: torch.Tensor) -> torch.Tensor:
-    """(exponent of the lowest set significand bit, significant bits) of finite non-zero fp64 u."""
-    mant, e = torch.frexp(u)  # u = mant * 2^e, 0.5 <= |mant| < 1
-    i = torch.ldexp(mant.abs(), torch.full_like(e, F64_SIG_BITS)).to(torch.int64)  # in [2^52, 2^53)
-    _, tz1 = torch.frexp((i & -i).to(torch.float64))  # lowest set bit = 2^(tz1 - 1)
-    tz = tz1.to(torch.int64) - 1
-    return e.to(torch.int64) - F64_SIG_BITS + tz, F64_SIG_BITS - tz
-
-
-def fp64_sums_exact(a: QuantizedTensor, b: QuantizedTensor, layout: str, method: str) -> tuple[bool, str]:
-    """Whether every fp64 product and partial sum `reference.gemm(method)` forms is exact (so the
-    summation order of the device's BLAS cannot matter), with the reason.
-
-    Terms: "blockwise_order" sums unscaled codes per 128-K block; "exact" and "block_sum" sum the
-    block-scaled values (per-tensor sinv is applied after the sum). Every partial sum is a subset
-    sum of one output's terms t_k, all multiples of 2^q (q = min lsb of a + min lsb of b), so it is
-    exact when sum_k |t_k| < 2^(q + 53); products are exact when the significand bits add to <= 53.
-    """
-    oa, ob, scheme = operands(a, b, layout)
-
-    def terms(op):
-        if method == "blockwise_order" or op.scale is None:
-            return op.values
-        return op.values * op.scale.to(torch.float64).repeat_interleave(op.block, dim=1)[:, : op.depth]
-
-    ua, ub = terms(oa), terms(ob)
-    if not (bool(torch.isfinite(ua).all()) and bool(torch.isfinite(ub).all())):
-        return False, "an operand holds a non-finite value"
-    nza, nzb = ua[ua != 0], ub[ub != 0]
-    if nza.numel() == 0 or nzb.numel() == 0:
-        return True, "an operand is all zero"
-    la, sig_a = _lsb_exponents(nza)
-    lb, sig_b = _lsb_exponents(nzb)
-    if method == "exact" and int(sig_a.max()) + int(sig_b.max()) > F64_SIG_BITS:
-        return False, (f"products of {int(sig_a.max())}-bit by {int(sig_b.max())}-bit significands round in fp64 "
-                       f"(e.g. fp32 block scales that are not powers of two)")
-    q = int(la.min()) + int(lb.min())
-    s = float((ua.abs() @ ub.abs().t()).max())
-    if s >= math.ldexp(1.0, q + F64_SIG_BITS - 1):
-        return False, f"a K sum spans more than 52 bits (max sum |t| = {s:.3e}, lsb 2^{q})"
-    return True, f"lsb 2^{q}, max sum |t| = {s:.3e}"
 
 
 # (id, a config, b config, (M, N, K), layouts)

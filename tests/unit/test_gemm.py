@@ -16,7 +16,7 @@ import torch
 import reference
 from reference import casts
 from reference.formats import E2M1, E4M3, FORMATS, QuantConfig
-from reference.gemm import METHODS_FOR_SCHEME, exact_representable_ok, gemm, round_out
+from reference.gemm import METHODS_FOR_SCHEME, exact_representable_ok, fp64_sums_exact, gemm, round_out
 from reference.types import QuantizedTensor, SpecViolation
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
@@ -471,6 +471,39 @@ def test_exact_representable_ok_rejects():
     qx, _, _ = build_per_tensor(cfg, x, 1.0)
     assert exact_representable_ok(qx, qx)[0]
     assert not exact_representable_ok(qx, qx, fast_accum=True)[0]
+
+
+# ---- device independence (fp64 sums exact) -----------------------------------------------------------
+
+
+def test_fp64_sums_exact_accepts_fp8_sums_and_rejects_wide_spans_and_long_products():
+    cfg = QuantConfig("fp8_current")
+    g = torch.Generator().manual_seed(5)
+    # E4M3 values times E4M3 values: lsb 2^-18, K = 256 sums of |t| <= 448^2 * 256 < 2^34 -> exact.
+    qa, _, _ = random_operand(cfg, 8, 256, g)
+    qb, _, _ = random_operand(cfg, 4, 256, g)
+    ok, why = fp64_sums_exact(qa, qb)
+    assert ok, why
+    # All-zero operand: Y = 0 in every order.
+    z, _, _ = build_per_tensor(cfg, torch.zeros(2, 4, dtype=torch.float64), 1.0)
+    assert fp64_sums_exact(z, z) == (True, "an operand is all zero")
+    # MXFP8 blocks 2^-80 apart: the K sums span more than 52 bits, so the order could matter.
+    mx = QuantConfig("mxfp8")
+    v = torch.ones(32, 64, dtype=torch.float64)
+    v[:, :32] = 2.0**-80 * 1.5
+    qm = reference.quantize(v.to(torch.float32), mx)
+    ok, why = fp64_sums_exact(qm, qm)
+    assert not ok and "52 bits" in why
+    # fp8_block with fp32 (non-power-of-two) scales, method "exact": 28-bit x 28-bit products round.
+    fb = QuantConfig("fp8_block", pow2_scales=False)
+    x = torch.randn(4, 128, generator=g) * 3.3
+    y = torch.randn(4, 128, generator=g) * 7.1
+    qx, qy = reference.quantize(x, fb), reference.quantize(y, fb)
+    ok, why = fp64_sums_exact(qx, qy, method="exact")
+    assert not ok and "significands" in why
+    # blockwise_order sums the unscaled codes only: exact for the same operands.
+    assert fp64_sums_exact(qx, qy, method="blockwise_order")[0]
+    assert fp64_sums_exact(qx, qy)[0]  # auto -> blockwise_order for fp8_block
 
 
 # ---- operand compatibility ------------------------------------------------------------------------

@@ -210,3 +210,15 @@ def test_exact_gemm_mode_follows_numerics_section_6_for_accumulate():
     assert _is_exact_gemm(Case.from_id(base.format(s="nvfp4-e2m1-1x16", acc="-acc", dist="exact_representable")))
     assert not _is_exact_gemm(Case.from_id(base.format(s="fp8_current-e4m3", acc="-acc", dist="exact_representable")))
     assert not _is_exact_gemm(Case.from_id(base.format(s="mxfp8-e4m3-1x32", acc="-acc", dist="exact_representable")))
+
+
+def test_golden_device_is_the_candidates_or_the_cpu_and_rejects_other_values():
+    assert runner.golden_device("cpu") == torch.device("cpu")
+    assert runner.golden_device("cuda:1", "cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match="golden='gpu' is invalid"):
+        runner.golden_device("cpu", "gpu")
+    with pytest.raises(ValueError, match="golden='gpu' is invalid"):
+        runner.run_case(qcase(), "reference", "cpu", golden="gpu")
+    g = runner.prepare(qcase(shape=(32, 32)), device="cpu")
+    assert g.device == torch.device("cpu") and g.on_device["x"] is g.inputs["x"]
+
