@@ -5,13 +5,13 @@ Source: NUMERICS.md §5 (NVFP4: 5.1-5.4 scale chain and codes, 5.5 copies and 2-
 `reference.nvfp4`; kernels are built only through `native._compile` and run on torch's current
 stream, reading and writing torch tensors in place (raw device pointers, `native.launch`).
 
-Passes per call (grid-stride kernels, a thread per GROUP 16-element blocks; the copy
-modes RHT / SR / 2-D are compile-time, from defines_for(config)):
+Passes per call (the copy modes RHT / SR / 2-D are compile-time, from defines_for(config)):
 1. amax(X) (the rowwise copy's A_g; also the columnwise one's without RHT), or, when the
    columnwise copy uses RHT, one pass giving both amax(X) and the post-RHT amax (the RHT is
-   recomputed in pass 3, not stored);
-2. 2-D only: the 16x16 tile amaxes;
-3. quantize the rowwise copy (X read along rows) and/or the columnwise copy (X^T read in place).
+   recomputed in pass 2, not stored); grid-stride kernels, a thread per GROUP 16-element blocks;
+2. one tiled kernel quantizes the requested copies: each CTA reads a 128-row tile of X once into
+   shared memory and encodes its rowwise blocks and its column segments (the blocks of X^T) from
+   there; 2-D builds reduce the 16x16 tile amaxes from the same tile (no separate pass).
 """
 
 from __future__ import annotations
@@ -30,17 +30,21 @@ from .launch import launch
 
 CU_FILE = "nvfp4.cu"
 
-THREADS = 256  # a multiple of 32: the amax reductions use full-warp shuffles
+THREADS = 256  # a multiple of 32: the amax reductions use full-warp shuffles (nvfp4.cu NVFP4_THREADS)
 MAX_BLOCKS = 1 << 20  # kernels are grid-stride loops; this only caps the launch size
 REDUCE_BLOCKS = 1024  # amax kernels: few blocks, one atomic each
 GROUP = 4  # 16-element blocks per thread (nvfp4.cu GROUP)
 WARP = 32
+TILE_M = 128  # rows of X per quantize tile (nvfp4.cu TILE_M)
+TILE_BYTES = 128  # bytes of X per tile row (nvfp4.cu TILE_WORDS * 4): 64 16-bit or 32 fp32 columns
 
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _MASK32 = 0xFFFFFFFF
 
 # A launcher runs kernel `name` over `n_units` work units with positional `args`: torch tensors
-# (passed as device pointers), None (a null pointer) or numpy scalars (their C type is the param's);
+# (passed as device pointers), None (a null pointer) or numpy scalars (their C type is the param's).
+# CTAs have THREADS threads; `units_per_block` is how many units one CTA covers per grid-stride step
+# (THREADS for the thread-per-unit kernels, 1 for the quantize kernel: a CTA per tile), and
 # `max_blocks` caps the grid (the kernels are grid-stride loops).
 Launcher = Callable[..., None]
 
@@ -62,10 +66,12 @@ class CupyLauncher:
         with torch.cuda.device(self._device_index):
             self._module = _compile.load_module(CU_FILE, module_defines(config))
 
-    def __call__(self, name: str, n_units: int, args: Sequence, max_blocks: int = MAX_BLOCKS) -> None:
+    def __call__(
+        self, name: str, n_units: int, args: Sequence, max_blocks: int = MAX_BLOCKS, units_per_block: int = THREADS
+    ) -> None:
         if n_units <= 0:
             return
-        grid = min(-(-n_units // THREADS), max_blocks)
+        grid = min(-(-n_units // units_per_block), max_blocks)
         launch(self._module, name, grid, THREADS, args, self._device_index)
 
 
@@ -143,32 +149,20 @@ def quantize_with(
         launch(f"nvfp4_amax_{sfx}", _contiguous_units(n_blocks), [x2d, _i64(n_blocks), bits], max_blocks=REDUCE_BLOCKS)
         a_x = a_c = bits.view(torch.float32)
 
-    tile = None
-    if config.is_2d:
-        # NUMERICS: §5.5 - one amax per 16x16 tile, shared by its 16 rows and by the colwise copy.
-        tile = torch.empty((m // blk, k // blk), dtype=torch.float32, device=dev)
-        launch(f"nvfp4_tile_amax_{sfx}", tile.numel(), [x2d, _i64(k), _i64(tile.numel()), tile])
-
-    if rowwise:
-        data = torch.empty(layouts.data_shape(config, "rowwise", m, k), dtype=torch.uint8, device=dev)
-        scale = torch.zeros(layouts.scale_padded_shape(config, "rowwise", m, k), dtype=torch.uint8, device=dev)
-        launch(
-            f"nvfp4_quantize_rowwise_{sfx}",
-            _contiguous_units(m * (k // blk)),
-            [x2d, _i64(m), _i64(k), a_x, tile, seed_u64, stream_row, data, scale, _i64(scale.shape[1])],
-        )
-        out.update(rowwise_data=data, rowwise_scale=scale, rowwise_amax=a_x.clone())
-
-    if colwise:
-        data = torch.empty(layouts.data_shape(config, "colwise", m, k), dtype=torch.uint8, device=dev)
-        scale = torch.zeros(layouts.scale_padded_shape(config, "colwise", m, k), dtype=torch.uint8, device=dev)
-        # The copy is X^T [K, M], read in place from X (the kernel applies the RHT in RHT builds).
-        launch(
-            f"nvfp4_quantize_colwise_{sfx}",
-            k * _cdiv(m // blk, GROUP),
-            [x2d, _i64(k), _i64(m), a_c, tile, seed_u64, stream_col, data, scale, _i64(scale.shape[1])],
-        )
-        out.update(colwise_data=data, colwise_scale=scale, colwise_amax=a_c.clone())
+    # One launch for both copies; a copy that is not requested gets null pointers (the kernel skips it).
+    copies = []
+    for on, orientation, a_g, stream in ((rowwise, "rowwise", a_x, stream_row), (colwise, "colwise", a_c, stream_col)):
+        if not on:
+            copies += [None, None, _i64(0), None, np.uint32(0)]
+            continue
+        data = torch.empty(layouts.data_shape(config, orientation, m, k), dtype=torch.uint8, device=dev)
+        scale = torch.zeros(layouts.scale_padded_shape(config, orientation, m, k), dtype=torch.uint8, device=dev)
+        copies += [data, scale, _i64(scale.shape[1]), a_g, stream]
+        out.update({f"{orientation}_data": data, f"{orientation}_scale": scale, f"{orientation}_amax": a_g.clone()})
+    # The columnwise copy is X^T [K, M], read from the same shared-memory tiles of X (the kernel applies
+    # the RHT in RHT builds); 2-D builds reduce the 16x16 tile amaxes (NUMERICS: §5.5) in the same kernel.
+    n_tiles = _cdiv(m, TILE_M) * _cdiv(k, TILE_BYTES // x2d.element_size())
+    launch(f"nvfp4_quantize_{sfx}", n_tiles, [x2d, _i64(m), _i64(k), seed_u64, *copies], units_per_block=1)
     return out
 
 

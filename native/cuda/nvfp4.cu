@@ -1,19 +1,22 @@
-// NVFP4 quantize / dequantize kernels: global amax, post-RHT amax, 16x16 tile amax, 1x16 and
-// 16x16 block quantization of the rowwise and the columnwise copy (RN or SR, optional RHT), and
-// TE's dequantization.
+// NVFP4 quantize / dequantize kernels: global amax, post-RHT amax, the tiled quantization of the
+// rowwise and the columnwise copy (1x16 or 16x16 blocks, RN or SR, optional RHT), and TE's
+// dequantization.
 //
 // Source: NUMERICS.md §5 (NVFP4), §0.3 (kernel rules); TE common/cast/nvfp4/
 // (quantize_transpose_nvfp4.cuh, dequantize_nvfp4.cuh), common/hadamard_transform/.
 //
-// The copy being quantized is a logical [R, C] matrix: the rowwise copy is X [M, K], read along its
-// rows; the columnwise copy is X^T [K, M], read in place from X (element (k, m) = X[m, k]), with the
-// 16-point RHT applied to each of its 16-element blocks in RHT builds (the RHT chunk of column k is
-// exactly that block). A thread owns GROUP consecutive blocks of one copy row; columnwise, consecutive
-// threads take consecutive k so the strided reads of X coalesce. Copy modes (RHT, SR, 2-D tiles)
-// are compile-time, from defines_for(config), so each kernel carries only its own path.
+// The copy being quantized is a logical [R, C] matrix: the rowwise copy is X [M, K], blocks along
+// X's rows; the columnwise copy is X^T [K, M], whose 16-element blocks are 16-row segments of one
+// column of X, with the 16-point RHT applied to each in RHT builds (the RHT chunk of column k is
+// exactly that block). One kernel per input dtype quantizes both copies: a CTA loads a 128-row tile
+// of X into shared memory once (coalesced 16-byte loads, 16-bit inputs kept packed), then encodes
+// the tile's rowwise blocks and its column segments from there; in 2-D builds the 16x16 tile amaxes
+// are reduced from the same tile. Copy modes (RHT, SR, 2-D tiles) are compile-time, from
+// defines_for(config), so each kernel carries only its own path.
 //
-// Per-thread work lives in __host__ __device__ *_unit functions so the same code can be replayed on
-// a CPU; the __global__ wrappers only map threads to units and reduce amaxes.
+// The rounding code (encode_block and the nvfp4.cuh rules it calls) is __host__ __device__ so the
+// same code can be replayed on a CPU; the amax kernels keep their per-thread work in *_unit
+// functions, the quantize kernel only moves data between X, the shared tile and encode_block.
 // schemes: nvfp4
 #include "nvfp4.cuh"
 
@@ -76,14 +79,6 @@ NVFP4_HD void widen(const Raw<DT>& raw, float (&v)[BLOCK]) {
             v[i] = DT == IN_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
         }
     }
-}
-
-// The 16 elements src[off + i * cs], widened exactly to fp32.
-template <int DT>
-NVFP4_HD void load_block(const void* src, i64 off, i64 cs, float (&v)[BLOCK]) {
-    Raw<DT> raw;
-    load_raw<DT>(src, off, cs, raw);
-    widen<DT>(raw, v);
 }
 
 // NUMERICS: §0.1 amax - fmax over |v| from +0; NaN ignored, +inf kept.
@@ -151,50 +146,21 @@ NVFP4_HD void rht_amax_unit(const void* x, i64 m_rows, i64 k_cols, i64 unit, flo
     }
 }
 
-// amax of 16x16 tile `unit` of X [M, K] (unit = tm * K/16 + tk). NUMERICS: §5.5 2-D.
-template <int DT>
-NVFP4_HD float tile_amax_unit(const void* x, i64 k_cols, i64 unit) {
-    const i64 nbk = k_cols / BLOCK, tm = unit / nbk, tk = unit % nbk;
-    float a = 0.0f;
-#pragma unroll 4
-    for (int row = 0; row < BLOCK; ++row) {
-        float v[BLOCK];
-        load_block<DT>(x, (tm * BLOCK + row) * k_cols + tk * BLOCK, 1, v);
-        a = fmax_nn(a, block_amax(v));
-    }
-    return a;
-}
-
+// One copy's outputs and scale chain; data is null when the copy is not requested.
 struct QuantArgs {
-    const void* src;         // high-precision input X [M, K], contiguous
-    i64 rows, cols;          // the copy's logical [R, C]: rowwise [M, K], colwise [K, M]
-    const float* amax_g;     // [1] global amax A_g of this copy
-    const float* tile_amax;  // 2-D: [M/16, K/16] tile amaxes (IS_2D builds only)
-    u64 seed;                // SR key (STOCHASTIC builds only)
-    u32 stream;              // SR stream of this copy
-    u8* data;                // [R, C/2] packed codes
-    u8* scale;               // [>= R, scale_stride] UE4M3 block scales
+    i64 cols;             // C of the copy [R, C]: rowwise K, colwise M
+    const float* amax_g;  // [1] global amax A_g of this copy
+    u64 seed;             // SR key (STOCHASTIC builds only)
+    u32 stream;           // SR stream of this copy
+    u8* data;             // [R, C/2] packed codes
+    u8* scale;            // [>= R, scale_stride] UE4M3 block scales
     i64 scale_stride;
 };
 
-// Element (r, c) of the copy: rowwise X[r, c] = src[r * C + c]; colwise X^T[r, c] = src[c * R + r].
-template <bool ROWWISE>
-NVFP4_HD i64 copy_offset(const QuantArgs& a, i64 r, i64 c) {
-    return ROWWISE ? r * a.cols + c : c * a.rows + r;
-}
-
-// Encode block (r, cb) of the copy from its 16 values. NUMERICS: §5.1-§5.5, §5.7, §5.9.
-template <bool ROWWISE, bool SR, bool TILE2D>
-NVFP4_HD void encode_block(const QuantArgs& a, GlobalScale g, i64 r, i64 cb, const float (&v)[BLOCK]) {
-    float amax_b;
-    if (TILE2D) {
-        // NUMERICS: §5.5 - the 16x16 tile amax stands for every row's block amax; the tile of the
-        // colwise copy's (k, m-block b) is tile[b, k/16].
-        const i64 tiles_k = (ROWWISE ? a.cols : a.rows) / BLOCK;
-        amax_b = ROWWISE ? a.tile_amax[(r / BLOCK) * tiles_k + cb] : a.tile_amax[cb * tiles_k + r / BLOCK];
-    } else {
-        amax_b = block_amax(v);
-    }
+// Encode block (r, cb) of the copy from its 16 values v, whose block amax is amax_b (NUMERICS.md
+// §5.5: block_amax(v) in 1-D builds, the 16x16 tile amax in 2-D ones). NUMERICS: §5.1-§5.4, §5.7, §5.9.
+template <bool SR>
+NVFP4_HD void encode_block(const QuantArgs& a, GlobalScale g, i64 r, i64 cb, float amax_b, const float (&v)[BLOCK]) {
     const BlockScale s = block_scale(amax_b, g);
 
     u32 codes[BLOCK];
@@ -232,46 +198,71 @@ NVFP4_HD void encode_block(const QuantArgs& a, GlobalScale g, i64 r, i64 cb, con
     a.scale[r * a.scale_stride + cb] = (u8)s.code;
 }
 
-// Quantize unit `unit` of the copy. Rowwise: GROUP blocks of X's contiguous block sequence
-// (contiguous_block); colwise: row r = k of X^T, GROUP consecutive m-blocks, consecutive units taking
-// consecutive k (coalesced strided reads of X). RHT: the 16-point transform of each colwise block
-// (NUMERICS.md §5.6).
-template <bool ROWWISE>
-NVFP4_HD bool unit_block(const QuantArgs& a, i64 unit, int j, i64& r, i64& cb) {
-    const i64 nbc = a.cols / BLOCK;
-    if (ROWWISE) {  // blocks of X's rows are consecutive in memory: block id b = r * C/16 + cb
-        const i64 b = contiguous_block(unit, j);
-        r = b / nbc;
-        cb = b % nbc;
-        return b < a.rows * nbc;
-    }
-    r = unit % a.rows;  // consecutive units take consecutive k, each GROUP consecutive m-blocks
-    cb = unit / a.rows * GROUP + j;
-    return cb < nbc;
+// ---- the quantize tile ------------------------------------------------------------------------
+// A CTA quantizes both copies of one TILE_M x Tile<DT>::COLS tile of X [M, K] at a time (a
+// grid-stride loop over the tiles, k fastest). The tile sits in shared memory as TILE_M rows of
+// TILE_WORDS 32-bit words: 128 bytes of X per row, 64 16-bit elements (kept packed, element 2j in
+// the low half as in X) or 32 fp32 ones, loaded once with coalesced 16-byte vectors. M and K are
+// multiples of 16, so a partial tile at the bottom or right edge of X still holds whole 16-row
+// m-blocks and 16-column blocks: loads, rowwise blocks and column segments are guarded at that
+// granularity (rows, cols: the tile's valid extent).
+//
+// Thread maps (t = threadIdx.x, warp w, lane l):
+// - load: 16-byte chunks id = t + QUANT_THREADS * j (row id / 8, chunk id % 8), LOAD_ITEMS of them
+//   in flight per thread; a warp reads four whole 128-byte row pieces of X.
+// - rowwise: block b = t + QUANT_THREADS * j of the tile's TILE_M x ROW_BLOCKS blocks (row
+//   b / ROW_BLOCKS, column block b % ROW_BLOCKS); a warp stores the codes of 8 (16-bit) or 16 (fp32)
+//   rows, the blocks of each row contiguous.
+// - colwise: word column cw = 4 w + l / 8 (one fp32 column, or a pair of 16-bit columns) and m-block
+//   mb = l % 8: 8 consecutive lanes store the 8 code groups of one column (64 contiguous bytes of
+//   X^T's row k) and its 8 consecutive scale bytes.
+// Shared-memory layout: tile row m starts at word m * TILE_PITCH (16 bytes of padding) and holds its
+// 16-byte chunk q at chunk position q ^ (m / 16). The XOR spreads the 8 m-blocks that a colwise warp
+// reads at once over all 32 banks (without it, rows 16 apart share their bank); the padding moves
+// each row one chunk further, so the 16-byte accesses of a quarter warp (the tile stores: one row;
+// rowwise reads: 2 or 4 consecutive rows) are conflict-free as well.
+constexpr int QUANT_THREADS = 256;
+constexpr int TILE_M = 128;                                       // rows of X per tile
+constexpr int TILE_MBLOCKS = TILE_M / BLOCK;                      // 8 m-blocks: column segments per word column
+constexpr int TILE_WORDS = 32;                                    // words of X per tile row (128 bytes)
+constexpr int CHUNK_WORDS = 4;                                    // one 16-byte vector
+constexpr int TILE_CHUNKS = TILE_WORDS / CHUNK_WORDS;             // 8 per tile row
+constexpr int TILE_PITCH = TILE_WORDS + CHUNK_WORDS;              // words per shared-memory row
+constexpr int LOAD_ITEMS = TILE_M * TILE_CHUNKS / QUANT_THREADS;  // 16-byte loads per thread
+constexpr int COL_WORDS_PER_WARP = WARP / TILE_MBLOCKS;           // 4 word columns per warp
+static_assert(TILE_MBLOCKS == TILE_CHUNKS, "the chunk swizzle q ^ (m / 16) needs as many m-blocks as chunks");
+static_assert(QUANT_THREADS / WARP * COL_WORDS_PER_WARP == TILE_WORDS, "one colwise item per thread");
+static_assert(TILE_M * TILE_CHUNKS % QUANT_THREADS == 0, "whole 16-byte loads per thread");
+
+template <int DT>
+struct Tile {
+    static constexpr int PER_WORD = DT == IN_F32 ? 1 : 2;                  // elements per 32-bit word
+    static constexpr int COLS = TILE_WORDS * PER_WORD;                     // columns of X per tile: 32 or 64
+    static constexpr int CHUNK_ELEMS = CHUNK_WORDS * PER_WORD;             // elements per 16-byte chunk
+    static constexpr int ROW_BLOCKS = COLS / BLOCK;                        // rowwise blocks per tile row: 2 or 4
+    static constexpr int BLOCK_CHUNKS = BLOCK / CHUNK_ELEMS;               // chunks per rowwise block: 4 or 2
+    static constexpr int ROW_ITEMS = TILE_M * ROW_BLOCKS / QUANT_THREADS;  // rowwise blocks per thread: 1 or 2
+    static constexpr int TILE_WORD_COLS = BLOCK / PER_WORD;                // word columns per 16x16 tile
+    static_assert(TILE_WORD_COLS % COL_WORDS_PER_WARP == 0, "a warp's colwise items lie in one 16x16 tile");
+};
+
+// Shared-memory word index of word w (0 .. TILE_WORDS-1) of tile row m.
+NVFP4_HD int tile_word(int m, int w) {
+    return m * TILE_PITCH + ((w / CHUNK_WORDS) ^ (m / BLOCK)) * CHUNK_WORDS + w % CHUNK_WORDS;
 }
 
-template <int DT, bool ROWWISE, bool RHT_ON, bool SR, bool TILE2D>
-NVFP4_HD void quantize_unit(const QuantArgs& a, i64 unit) {
-    const i64 step = ROWWISE ? 1 : a.rows;  // offset between consecutive elements of a copy row
-    Raw<DT> raw[GROUP];
+// Column `half` of a colwise item, as a loaded block of that column: words[i] is the item's word of
+// tile row 16 mb + i; fp32 (half 0) takes it whole, 16-bit inputs its low (half 0) or high (half 1)
+// element.
+template <int DT>
+NVFP4_HD void column_raw(const u32 (&words)[BLOCK], int half, Raw<DT>& raw) {
 #pragma unroll
-    for (int j = 0; j < GROUP; ++j) {
-        i64 r, cb;
-        if (unit_block<ROWWISE>(a, unit, j, r, cb)) load_raw<DT>(a.src, copy_offset<ROWWISE>(a, r, cb * BLOCK), step, raw[j]);
-    }
-    const GlobalScale g = global_scale(*a.amax_g);
-#pragma unroll
-    for (int j = 0; j < GROUP; ++j) {
-        i64 r, cb;
-        if (!unit_block<ROWWISE>(a, unit, j, r, cb)) continue;
-        float v[BLOCK];
-        widen<DT>(raw[j], v);
-        if (RHT_ON) {
-            float t[BLOCK];
-            rht16(v, t);
-            encode_block<ROWWISE, SR, TILE2D>(a, g, r, cb, t);
+    for (int j = 0; j < Raw<DT>::WORDS; ++j) {
+        if constexpr (DT == IN_F32) {
+            raw.w[j] = words[j];
         } else {
-            encode_block<ROWWISE, SR, TILE2D>(a, g, r, cb, v);
+            raw.w[j] = half == 0 ? (words[2 * j] & 0xFFFFu) | (words[2 * j + 1] << 16)
+                                 : (words[2 * j] >> 16) | (words[2 * j + 1] & 0xFFFF0000u);
         }
     }
 }
@@ -332,13 +323,141 @@ __device__ __forceinline__ void amax_commit(float a, u32* out) {
 }
 
 #define NVFP4_THREADS 256
+// Resident quantize CTAs per SM that the register allocation must allow (<= 80 registers a thread):
+// 24 warps per SM, so tile loads of some CTAs overlap the encoding of others. The encodes of a
+// thread run one after another (unroll 1 below) to fit without spilling; only the rare fp64 path
+// of rht16 (RHT builds) spills a few words on sm_90.
+#define NVFP4_QUANT_MIN_BLOCKS 3
+static_assert(QUANT_THREADS == NVFP4_THREADS, "native/nvfp4.py launches NVFP4_THREADS-thread CTAs");
 
-#define NVFP4_QUANT_PARAMS                                                                             \
-    const void *src, i64 rows, i64 cols, const float *amax_g, const float *tile_amax, u64 seed, u32 stream, \
-        u8 *data, u8 *scale, i64 scale_stride
-#define NVFP4_QUANT_ARGS {src, rows, cols, amax_g, tile_amax, seed, stream, data, scale, scale_stride}
+// Load tile (m0, k0) of X into shared memory (layout: see tile_word); only the valid rows x cols
+// part (multiples of 16) is read and written.
+template <int DT>
+__device__ __forceinline__ void load_tile(const void* __restrict__ x, i64 k_cols, i64 m0, i64 k0, int rows, int cols,
+                                          u32* tile) {
+    using T = Tile<DT>;
+    constexpr int ELEM_BYTES = DT == IN_F32 ? 4 : 2;
+    const char* base = static_cast<const char*>(x);
+    uint4 v[LOAD_ITEMS];
+#pragma unroll
+    for (int j = 0; j < LOAD_ITEMS; ++j) {  // all loads first: LOAD_ITEMS vectors in flight
+        const int id = threadIdx.x + j * QUANT_THREADS, m = id / TILE_CHUNKS, q = id % TILE_CHUNKS;
+        if (m < rows && q * T::CHUNK_ELEMS < cols)
+            v[j] = *reinterpret_cast<const uint4*>(base + ((m0 + m) * k_cols + k0 + q * T::CHUNK_ELEMS) * ELEM_BYTES);
+    }
+#pragma unroll
+    for (int j = 0; j < LOAD_ITEMS; ++j) {
+        const int id = threadIdx.x + j * QUANT_THREADS, m = id / TILE_CHUNKS, q = id % TILE_CHUNKS;
+        if (m < rows && q * T::CHUNK_ELEMS < cols)
+            *reinterpret_cast<uint4*>(tile + tile_word(m, q * CHUNK_WORDS)) = v[j];
+    }
+}
 
-// Per input dtype: amax(X) (units of GROUP blocks), 16x16 tile amaxes, and the two copies.
+// Quantize the rowwise copy (row.data non-null) and/or the columnwise copy (col.data non-null) of
+// X [M, K], one tile per CTA and loop step (see "the quantize tile" above for the maps and layout).
+template <int DT>
+__device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m_rows, i64 k_cols, const QuantArgs& row,
+                                               const QuantArgs& col) {
+    using T = Tile<DT>;
+    __shared__ __align__(16) u32 tile[TILE_M * TILE_PITCH];
+    __shared__ u32 tile_amax[TILE_MBLOCKS][T::ROW_BLOCKS];  // 2-D: fp32 bits of each 16x16 tile's amax
+    const int lane = threadIdx.x % WARP;
+    const int cw = threadIdx.x / WARP * COL_WORDS_PER_WARP + lane / TILE_MBLOCKS;  // colwise item: word column
+    const int mb = lane % TILE_MBLOCKS;                                            // and m-block
+    const int tk = cw / T::TILE_WORD_COLS;  // its 16-column tile (2-D)
+    const bool do_row = row.data != nullptr, do_col = col.data != nullptr;
+    GlobalScale g_row{}, g_col{};
+    if (do_row) g_row = global_scale(*row.amax_g);
+    if (do_col) g_col = global_scale(*col.amax_g);
+
+    const i64 tiles_k = ceil_div(k_cols, T::COLS), n_tiles = ceil_div(m_rows, TILE_M) * tiles_k;
+    for (i64 t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+        const i64 m0 = t / tiles_k * TILE_M, k0 = t % tiles_k * T::COLS;
+        const int rows = (int)(m_rows - m0 < TILE_M ? m_rows - m0 : TILE_M);
+        const int cols = (int)(k_cols - k0 < T::COLS ? k_cols - k0 : T::COLS);
+        if (k2d && threadIdx.x < TILE_MBLOCKS * T::ROW_BLOCKS)
+            tile_amax[threadIdx.x / T::ROW_BLOCKS][threadIdx.x % T::ROW_BLOCKS] = 0u;
+        load_tile<DT>(x, k_cols, m0, k0, rows, cols, tile);
+        __syncthreads();
+
+        // The colwise item's 16 words: word column cw of tile rows 16 mb .. 16 mb + 15.
+        const bool col_in = mb * BLOCK < rows && cw * T::PER_WORD < cols;
+        u32 words[BLOCK];
+        if ((do_col || k2d) && col_in) {
+#pragma unroll
+            for (int i = 0; i < BLOCK; ++i) words[i] = tile[tile_word(mb * BLOCK + i, cw)];
+        }
+        if (k2d) {
+            // NUMERICS: §5.5 2-D - the amax of each 16x16 tile, as §0.1 (fmax over |v| from +0, NaN
+            // ignored): the item's column amaxes, then a max over the warp's 4 word columns (one
+            // 16x16 tile) and, through shared memory, over the 2 (16-bit) or 4 (fp32) warps of the
+            // tile, as an integer max on the bits (valid: every value is >= +0). A max taken in any
+            // order is the same value, so this equals the per-tile fmax_nn chain exactly.
+            float a = 0.0f;
+            if (col_in) {
+#pragma unroll
+                for (int e = 0; e < T::PER_WORD; ++e) {
+                    Raw<DT> raw;
+                    column_raw<DT>(words, e, raw);
+                    float v[BLOCK];
+                    widen<DT>(raw, v);
+                    a = fmax_nn(a, block_amax(v));
+                }
+            }
+            u32 bits = f2u(a);
+#pragma unroll
+            for (int off = TILE_MBLOCKS; off < WARP; off <<= 1)  // lanes of one m-block: l % 8 equal
+                bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, off));
+            if (lane < TILE_MBLOCKS) atomicMax(&tile_amax[mb][tk], bits);
+            __syncthreads();
+        }
+
+        if (do_col && col_in) {
+            // Column k = k0 + PER_WORD * cw + e, m-block m0 / 16 + mb: block (k, m0 / 16 + mb) of X^T.
+#pragma unroll 1
+            for (int e = 0; e < T::PER_WORD; ++e) {
+                Raw<DT> raw;
+                column_raw<DT>(words, e, raw);
+                float v[BLOCK];
+                widen<DT>(raw, v);
+                const i64 k = k0 + cw * T::PER_WORD + e, cb = m0 / BLOCK + mb;
+                if constexpr (Modes<DT>::rht_colwise) {
+                    float h[BLOCK];
+                    rht16(v, h);  // NUMERICS: §5.6 - the colwise block is the RHT chunk of column k
+                    encode_block<kSr>(col, g_col, k, cb, k2d ? u2f(tile_amax[mb][tk]) : block_amax(h), h);
+                } else {
+                    encode_block<kSr>(col, g_col, k, cb, k2d ? u2f(tile_amax[mb][tk]) : block_amax(v), v);
+                }
+            }
+        }
+
+        if (do_row) {
+#pragma unroll 1
+            for (int j = 0; j < T::ROW_ITEMS; ++j) {
+                const int b = threadIdx.x + j * QUANT_THREADS, r = b / T::ROW_BLOCKS, cb = b % T::ROW_BLOCKS;
+                if (r >= rows || cb * BLOCK >= cols) continue;
+                Raw<DT> raw;
+#pragma unroll
+                for (int q = 0; q < T::BLOCK_CHUNKS; ++q) {
+                    const int w = (cb * T::BLOCK_CHUNKS + q) * CHUNK_WORDS;
+                    const uint4 c = *reinterpret_cast<const uint4*>(tile + tile_word(r, w));
+                    raw.w[4 * q] = c.x;
+                    raw.w[4 * q + 1] = c.y;
+                    raw.w[4 * q + 2] = c.z;
+                    raw.w[4 * q + 3] = c.w;
+                }
+                float v[BLOCK];
+                widen<DT>(raw, v);
+                const float amax_b = k2d ? u2f(tile_amax[r / BLOCK][cb]) : block_amax(v);
+                encode_block<kSr>(row, g_row, m0 + r, k0 / BLOCK + cb, amax_b, v);
+            }
+        }
+        __syncthreads();  // the next tile overwrites the shared tile
+    }
+}
+
+// Per input dtype: amax(X) (units of GROUP blocks) and the tiled quantization of both copies (a
+// copy whose data pointer is null is skipped; its other arguments are then unused).
 #define NVFP4_INSTANTIATE(SUFFIX, DT)                                                                            \
     extern "C" __global__ void __launch_bounds__(NVFP4_THREADS)                                                  \
         nvfp4_amax_##SUFFIX(const void* x, i64 n_blocks, u32* out) {                                             \
@@ -346,18 +465,13 @@ __device__ __forceinline__ void amax_commit(float a, u32* out) {
         NVFP4_GRID_STRIDE(u, contiguous_units(n_blocks)) a = fmax_nn(a, amax_unit<DT>(x, n_blocks, u));         \
         amax_commit(a, out);                                                                                     \
     }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(NVFP4_THREADS)                                                  \
-        nvfp4_tile_amax_##SUFFIX(const void* x, i64 k_cols, i64 n_tiles, float* out) {                           \
-        NVFP4_GRID_STRIDE(u, n_tiles) out[u] = tile_amax_unit<DT>(x, k_cols, u);                                 \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(NVFP4_THREADS) nvfp4_quantize_rowwise_##SUFFIX(NVFP4_QUANT_PARAMS) { \
-        const QuantArgs a = NVFP4_QUANT_ARGS;                                                                    \
-        NVFP4_GRID_STRIDE(u, contiguous_units(rows * (cols / BLOCK))) quantize_unit<DT, true, false, kSr, k2d>(a, u); \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(NVFP4_THREADS) nvfp4_quantize_colwise_##SUFFIX(NVFP4_QUANT_PARAMS) { \
-        const QuantArgs a = NVFP4_QUANT_ARGS;                                                                    \
-        NVFP4_GRID_STRIDE(u, rows * ceil_div(cols / BLOCK, GROUP))                                              \
-        quantize_unit<DT, false, Modes<DT>::rht_colwise, kSr, k2d>(a, u);                                        \
+    extern "C" __global__ void __launch_bounds__(NVFP4_THREADS, NVFP4_QUANT_MIN_BLOCKS) nvfp4_quantize_##SUFFIX( \
+        const void* x, i64 m_rows, i64 k_cols, u64 seed, u8* row_data, u8* row_scale, i64 row_scale_stride,     \
+        const float* row_amax, u32 row_stream, u8* col_data, u8* col_scale, i64 col_scale_stride,               \
+        const float* col_amax, u32 col_stream) {                                                                 \
+        const QuantArgs row = {k_cols, row_amax, seed, row_stream, row_data, row_scale, row_scale_stride};      \
+        const QuantArgs col = {m_rows, col_amax, seed, col_stream, col_data, col_scale, col_scale_stride};      \
+        quantize_tiles<DT>(x, m_rows, k_cols, row, col);                                                         \
     }
 
 NVFP4_INSTANTIATE(f32, IN_F32)
