@@ -49,8 +49,15 @@ def filter_ids(ids: Sequence[str], pattern: str | None) -> list[bool]:
 
 
 def select_cases(tier: str | None, cases_file: str | None, pattern: str | None, shard: str | None) -> list:
-    """Cases of a tier or file, filtered by --filter, then the --shard slice (round robin)."""
+    """Cases of a tier or file, filtered by --filter, then the --shard slice.
+
+    Shards partition the selection into whole groups of cases that share one input generation
+    (harness.inputs.input_key), so a shard keeps the input reuse a whole run gets: each group, in
+    order of first appearance, goes to the shard with the fewest cases so far (the lowest index on
+    a tie), which keeps the shards within one group's size of each other.
+    """
     from . import cases as cases_mod  # noqa: PLC0415
+    from .inputs import input_key  # noqa: PLC0415
 
     source = cases_file or tier or "smoke"
     if cases_file and not Path(cases_file).exists():
@@ -64,7 +71,13 @@ def select_cases(tier: str | None, cases_file: str | None, pattern: str | None, 
     sh = parse_shard(shard)
     if sh:
         i, n = sh
-        picked = picked[i::n]
+        groups: dict = {}
+        for c in picked:
+            groups.setdefault(input_key(c), []).append(c)
+        shards: list[list] = [[] for _ in range(n)]
+        for g in groups.values():
+            min(shards, key=len).extend(g)  # min() returns the first of equals: the lowest index
+        picked = shards[i]
     return picked
 
 
@@ -373,7 +386,7 @@ def _selection(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tier", default=None, help="case tier (a file in cases/; default smoke)")
     p.add_argument("--cases", default=None, metavar="FILE", help="a cases TOML file instead of a tier")
     p.add_argument("--filter", default=None, metavar="PATTERN", help="regex (or substring) searched in case ids")
-    p.add_argument("--shard", default=None, metavar="I/N", help="run the I-th of N round-robin slices (0-based)")
+    p.add_argument("--shard", default=None, metavar="I/N", help="run the I-th of N balanced slices (0-based; cases sharing one input stay together)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if visible, else cpu)")
 
 

@@ -490,6 +490,29 @@ def _operand(case: Case, cfg: QuantConfig, shape: tuple[int, ...], orientation: 
     return _cast(x, case.in_dtype, neg_nan).reshape(shape)
 
 
+# Distributions whose values depend only on the generator key, the shape and the input dtype, not on
+# the case's configs or orientation (the structured ones are built around a scheme's blocks).
+CONFIG_FREE = ("normal", "uniform", "heavy_tail", "outliers")
+
+
+def input_key(case: Case) -> tuple:
+    """A key that determines `generate(case)`: cases with equal keys get identical inputs.
+
+    Everything generate reads: the op family (x vs a/b), shape, layout, seed, distribution and input
+    dtype (the `_generator` key and `_cast`); for GEMMs, accumulate / bias and the output dtype of C
+    and bias; whether an SR seed is attached; and, unless the distribution is CONFIG_FREE, the configs
+    and orientation too (conservatively). Used to reuse one generation for consecutive cases.
+    """
+    gemm = case.op == "gemm"
+    stochastic = case.config.stochastic or bool(gemm and case.b_config is not None and case.b_config.stochastic)
+    key: tuple = (gemm, tuple(case.shape), case.layout, case.seed, case.distribution, case.in_dtype, stochastic)
+    if gemm:
+        key += (case.accumulate, case.bias, case.out_dtype if (case.accumulate or case.bias) else None)
+    if case.distribution not in CONFIG_FREE:
+        key += (case.config, case.b_config, case.orientation)
+    return key
+
+
 def generate(case: Case, device: str | torch.device = "cpu") -> dict:
     """The case's inputs (interfaces.md): quantize/dequantize -> {"x"}; gemm -> {"a", "b"} in the
     layout's logical shapes, plus "c" [M, N] (accumulate) and "bias" [N] (bias) in the output

@@ -243,3 +243,21 @@ def test_backend_prepare_runs_once_before_the_sweep_and_its_failure_does_not_sto
     rc, text, e = main(capsys, "run", "--tier", "smoke", "--backend", "reference", "--filter", id_filter(fp8),
                        "--out", str(tmp_path / "p"), "--device", "cpu", "--no-progress", "--resume")
     assert rc == 0 and len(calls) == 1  # nothing left to run: no preparation
+
+
+def test_shards_partition_the_selection_and_keep_cases_sharing_an_input_together():
+    from collections import Counter
+
+    from harness import cli
+    from harness.inputs import input_key
+
+    whole = cli.select_cases("gemm", None, None, None)
+    shards = [cli.select_cases("gemm", None, None, f"{i}/3") for i in range(3)]
+    ids = [c.id for s in shards for c in s]
+    assert sorted(ids) == sorted(c.id for c in whole) and len(set(ids)) == len(ids)
+    owner = {}
+    for i, s in enumerate(shards):
+        for c in s:
+            assert owner.setdefault(input_key(c), i) == i, c.id  # one input, one shard
+    biggest = max(Counter(input_key(c) for c in whole).values())
+    assert max(map(len, shards)) - min(map(len, shards)) <= biggest  # balanced within one group

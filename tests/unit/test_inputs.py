@@ -334,3 +334,38 @@ def test_same_bits_on_cuda(dist, cuda_device):
     gpu = generate(case, device=cuda_device)["x"]
     assert gpu.device.type == "cuda"
     assert torch.equal(_bits(cpu), _bits(gpu.cpu()))
+
+
+def _same_inputs(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, torch.Tensor):
+            if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(x.view(torch.uint8), y.view(torch.uint8)):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def test_input_key_groups_only_cases_with_identical_inputs():
+    from harness.cases import load_cases
+    from harness.inputs import CONFIG_FREE, input_key
+
+    cases = [c for tier in ("smoke", "gemm", "fp8", "mxfp8", "nvfp4") for c in load_cases(tier)]
+    groups: dict = {}
+    for c in cases:
+        groups.setdefault(input_key(c), []).append(c)
+    shared = [g for g in groups.values() if len({c.config for c in g}) > 1]
+    assert shared, "config-free distributions should share inputs across configs"
+    assert all(g[0].distribution in CONFIG_FREE for g in shared)
+    checked = 0
+    for g in groups.values():
+        if len(g) < 2 or max(math.prod(s) for s in g[0].operand_shapes.values()) > 1 << 16:
+            continue
+        first = generate(g[0])
+        for other in g[1 :: max(1, len(g) // 6)]:  # up to ~6 members, spread over the group
+            assert _same_inputs(first, generate(other)), (g[0].id, other.id)
+        checked += 1
+    assert checked > 100

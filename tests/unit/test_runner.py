@@ -222,3 +222,27 @@ def test_golden_device_is_the_candidates_or_the_cpu_and_rejects_other_values():
     g = runner.prepare(qcase(shape=(32, 32)), device="cpu")
     assert g.device == torch.device("cpu") and g.on_device["x"] is g.inputs["x"]
 
+
+
+def test_consecutive_cases_with_one_input_key_share_a_generation_but_not_tensors(monkeypatch):
+    from harness import inputs
+
+    calls = []
+    real = inputs.generate
+    monkeypatch.setattr(inputs, "generate", lambda case, device="cpu": calls.append(case.id) or real(case, device))
+    monkeypatch.setattr(runner, "_LAST_INPUTS", [])
+    a, b = qcase(element="e4m3"), qcase(scheme="mxfp8", shape=(64, 96))  # normal: config-free, same key
+    c = qcase(dist="ties")  # structured: its own key
+    assert inputs.input_key(a) == inputs.input_key(b) != inputs.input_key(c)
+    xa = runner._generate(a)["x"]
+    xa.fill_(7.0)  # a backend scribbling on its input must not reach the next case
+    xb = runner._generate(b)["x"]
+    runner._generate(c)
+    assert calls == [a.id, c.id]
+    assert torch.equal(xb, real(b)["x"]) and not torch.equal(xb, xa)
+
+
+def test_sweeps_run_cases_of_one_input_key_back_to_back_in_first_seen_order():
+    a1, t1, a2 = qcase(element="e4m3"), qcase(dist="ties"), qcase(element="e5m2")
+    groups = runner._grouped([(a1, ["r"]), (t1, ["r"]), (a2, ["r"])])
+    assert [[c.id for c, _ in g] for g in groups] == [[a1.id, a2.id], [t1.id]]
