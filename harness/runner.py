@@ -649,13 +649,17 @@ def _todo(cases, names, writer) -> list[tuple[Any, list[str]]]:
 
 
 def _grouped(todo: Sequence[tuple[Any, list[str]]]) -> list[list[tuple[Any, list[str]]]]:
-    """`todo` grouped by harness.inputs.input_key, groups in order of first appearance: the cases of
-    one group get identical inputs, generated once when the group runs back to back (`_generate`)."""
+    """`todo` grouped by harness.inputs.input_key: the cases of one group get identical inputs,
+    generated once when the group runs back to back (`_generate`).
+
+    Largest groups first (work ~ the product of the case shapes: M*K, or M*N*K for a GEMM; ties in
+    order of first appearance), so workers do not end on one long group while the others idle.
+    """
     key = _inputs_mod().input_key
     groups: dict = {}
     for item in todo:
         groups.setdefault(key(item[0]), []).append(item)
-    return list(groups.values())
+    return sorted(groups.values(), key=lambda g: -sum(math.prod(c.shape) for c, _ in g))
 
 
 def sweep(cases: Sequence, backends: Sequence, *, device, writer=None, out_dir=None, progress=None,

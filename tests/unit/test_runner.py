@@ -242,7 +242,9 @@ def test_consecutive_cases_with_one_input_key_share_a_generation_but_not_tensors
     assert torch.equal(xb, real(b)["x"]) and not torch.equal(xb, xa)
 
 
-def test_sweeps_run_cases_of_one_input_key_back_to_back_in_first_seen_order():
+def test_sweeps_run_cases_of_one_input_key_back_to_back_largest_groups_first():
     a1, t1, a2 = qcase(element="e4m3"), qcase(dist="ties"), qcase(element="e5m2")
-    groups = runner._grouped([(a1, ["r"]), (t1, ["r"]), (a2, ["r"])])
-    assert [[c.id for c, _ in g] for g in groups] == [[a1.id, a2.id], [t1.id]]
+    u1, big = qcase(dist="uniform"), qcase(dist="special", shape=(256, 256))
+    groups = runner._grouped([(a1, ["r"]), (t1, ["r"]), (a2, ["r"]), (u1, ["r"]), (big, ["r"])])
+    # big (65536 elements) > a1 + a2 (2 x 6144) > t1 = u1 (6144 each, in order of first appearance)
+    assert [[c.id for c, _ in g] for g in groups] == [[big.id], [a1.id, a2.id], [t1.id], [u1.id]]
