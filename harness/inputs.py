@@ -303,22 +303,32 @@ def _special(cfg, rows, cols, g, in_dtype, seed):
     sprinkle = torch.rand(rows, cols, generator=g) < 0.125
     sub_mant = torch.randint(1, 1 << 6, (rows, cols), generator=g).to(torch.float64)
     const = grid.per_tile(_pow2(torch.randint(-8, 9, (grid.nti, grid.ntj), generator=g)))
-    p = {name: pat == i for i, name in enumerate(SPECIAL_PATTERNS)}
     nan, inf = float("nan"), float("inf")
+    # Each element takes the value of its tile's pattern (the patterns are disjoint), computed on
+    # that pattern's elements only: f(i) gets their flat indices and returns their values.
+    rule = {
+        "zeros": lambda i: torch.zeros(i.numel(), dtype=torch.float64),
+        "signed_zeros": lambda i: torch.where(sign[i] < 0, -0.0, 0.0).to(torch.float64),
+        "nan_sprinkled": lambda i: torch.where(sprinkle[i], nan, base[i]),
+        "inf_sprinkled": lambda i: torch.where(sprinkle[i], sign[i] * inf, base[i]),
+        # Subnormals of the input dtype: integer multiples (1..63) of its min subnormal, all < min normal.
+        "subnormals": lambda i: sign[i] * torch.clamp(sub_mant[i] * dsub, max=dmin_normal / 2),
+        "all_max": lambda i: sign[i] * dmax,
+        "tiny_amax": lambda i: base[i] * dmin_normal,
+        "single_nonzero": lambda i: torch.where(diag[i], base[i], 0.0),
+        "all_nan": lambda i: torch.full((i.numel(),), nan, dtype=torch.float64),
+        "constant": lambda i: sign[i] * const[i],
+    }
+    pat, base, sign, sprinkle = pat.reshape(-1), base.reshape(-1), sign.reshape(-1), sprinkle.reshape(-1)
+    sub_mant, const = sub_mant.reshape(-1), const.expand(rows, cols).reshape(-1)
+    diag = grid.diag.expand(rows, cols).reshape(-1)
     x = base.clone()
-    x = torch.where(p["zeros"], torch.zeros_like(x), x)
-    x = torch.where(p["signed_zeros"], torch.where(sign < 0, torch.full_like(x, -0.0), torch.zeros_like(x)), x)
-    x = torch.where(p["nan_sprinkled"] & sprinkle, torch.full_like(x, nan), x)
-    x = torch.where(p["inf_sprinkled"] & sprinkle, sign * inf, x)
-    # Subnormals of the input dtype: integer multiples (1..63) of its min subnormal, all < min normal.
-    x = torch.where(p["subnormals"], sign * torch.clamp(sub_mant * dsub, max=dmin_normal / 2), x)
-    x = torch.where(p["all_max"], sign * dmax, x)
-    x = torch.where(p["tiny_amax"], base * dmin_normal, x)
-    x = torch.where(p["single_nonzero"], torch.where(grid.diag, base, torch.zeros_like(x)), x)
-    x = torch.where(p["all_nan"], torch.full_like(x, nan), x)
-    x = torch.where(p["constant"], sign * const, x)
+    for k, name in enumerate(SPECIAL_PATTERNS):
+        if name in rule:  # "normal" keeps base
+            idx = (pat == k).nonzero().squeeze(1)
+            x[idx] = rule[name](idx)
     neg_nan = torch.isnan(x) & (sign < 0)
-    return x, neg_nan
+    return x.reshape(rows, cols), neg_nan.reshape(rows, cols)
 
 
 # ----------------------------------------------------------------------------------------------
