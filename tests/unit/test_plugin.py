@@ -28,23 +28,8 @@ scheme = "mxfp8"
 shape = [32, 64]
 """
 
-FLIPPER = '''
-import reference
-
-
-class FlipByte:
-    """The reference with data byte (0, 0) flipped: a located mismatch every time."""
-
-    name = "flip_byte"
-
-    def supports(self, op, config, device):
-        return True, ""
-
-    def quantize(self, x, config, **kw):
-        q = reference.quantize(x, config, **kw)
-        q.rowwise_data[0, 0] ^= 1
-        return q
-'''
+# The reference with one data byte flipped (a located mismatch every time), loaded by its spec.
+FLIPPER = "tests.unit.test_runner:_FlipByte"
 
 
 QUIET = ("-p", "no:cacheprovider", "-p", "no:benchmark")
@@ -78,15 +63,13 @@ def test_torch_backend_passes_fp8_skips_mxfp8_and_the_controller_writes_rows(pyt
 
 
 def test_a_mismatch_fails_with_the_located_first_mismatch_and_a_repro_command(pytester, tiny):
-    pytester.makepyfile(flipper=FLIPPER)
-    pytester.syspathinsert()
-    result = pytester.runpytest("cases/tiny.toml", "-k", "fp8_current", "--backend", "flipper:FlipByte",
+    result = pytester.runpytest("cases/tiny.toml", "-k", "fp8_current", "--backend", FLIPPER,
                                 "--report-dir", "rep", *QUIET)
     result.assert_outcomes(failed=2)
     text = result.stdout.str()
     assert "rowwise_data: 1 of 2048 differ" in text
     assert "first mismatch:" in text
-    assert f"repro: python -m harness repro {tiny[0]} --backend flipper:FlipByte" in text
+    assert f"repro: python -m harness repro {tiny[0]} --backend {FLIPPER}" in text
     df = report.read_results(pytester.path / "rep")  # recorded although the tests failed
     assert (df[df["tensor"] == "rowwise_data"]["status"] == "fail").all()
     assert (pytester.path / "rep" / "failures").is_dir()
