@@ -481,16 +481,6 @@ def _layout_swap(golden: QuantizedTensor, candidate: QuantizedTensor, name: str,
     return None
 
 
-@functools.lru_cache(maxsize=None)
-def _lut(fmt) -> torch.Tensor:
-    """fp32 value of every code of `fmt` (casts.decode of the full code table), for fast decoding."""
-    return casts.decode(torch.arange(1 << fmt.bits, dtype=torch.int64).to(torch.uint8), fmt)
-
-
-def _decode(codes: torch.Tensor, fmt) -> torch.Tensor:
-    return _lut(fmt)[codes.to(torch.int64) & ((1 << fmt.bits) - 1)]
-
-
 def _same_field(golden: QuantizedTensor, candidate: QuantizedTensor, name: str) -> bool:
     """Fast path: the candidate field has the golden's shape, dtype and bytes (compared on the
     golden's device, so a GPU golden and a GPU candidate never leave the GPU)."""
@@ -521,7 +511,7 @@ def _compare_data(golden, candidate, name, cp: _Copy) -> TensorResult:
     n_mis = pos.shape[0]
     rr, cc = pos[:, 0], pos[:, 1]
     gm, cm = g[rr, cc].to(torch.int64), c[rr, cc].to(torch.int64)  # only the mismatching codes
-    met = metrics(_decode(c, fmt), _decode(g, fmt))
+    met = metrics(casts.decode(c, fmt), casts.decode(g, fmt))
     hist = ulp_hist_codes(gm, cm, fmt)
     hist["0"] += n - n_mis
     swap = _layout_swap(golden, candidate, name, c, g)
@@ -539,7 +529,7 @@ def _compare_data(golden, candidate, name, cp: _Copy) -> TensorResult:
     adjacent = same_sign & ((gm & ~fmt.sign_mask) - (cm & ~fmt.sign_mask)).abs().eq(1) & ~_is_nan_code(cm, fmt)
     # A tie flip: y is a midpoint and the candidate is the other of its two neighbours.
     y64 = y.to(torch.float64)
-    other_side = (_decode(cm, fmt).to(torch.float64) - y64).abs() == (_decode(gm, fmt).to(torch.float64) - y64).abs()
+    other_side = (casts.decode(cm, fmt).to(torch.float64) - y64).abs() == (casts.decode(gm, fmt).to(torch.float64) - y64).abs()
     tie = is_midpoint(y, fmt) & adjacent & other_side
     cls = torch.full((n_mis,), MISMATCH_CLASSES.index("other"), dtype=torch.int64)
     cls = torch.where(tie, MISMATCH_CLASSES.index("tie_flip"), cls)

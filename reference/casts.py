@@ -9,6 +9,8 @@ same bits.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import fp32
@@ -95,8 +97,22 @@ def saturating_cast(v: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
 
 
 def decode(codes: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
-    """`fmt` codes (uint8, low `fmt.bits` bits) to their exact fp32 values (NUMERICS.md §0.4)."""
+    """`fmt` codes (uint8, low `fmt.bits` bits) to their exact fp32 values (NUMERICS.md §0.4).
+
+    A lookup in the table of every code's value (`_decode_values` of all 2^bits codes, built once
+    per format and device), so a large tensor costs one gather.
+    """
     c = codes.to(torch.int64) & ((1 << fmt.bits) - 1)
+    return _decode_table(fmt, c.device)[c]
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_table(fmt: ScalarFormat, device: torch.device) -> torch.Tensor:
+    return _decode_values(torch.arange(1 << fmt.bits, dtype=torch.int64), fmt).to(device)
+
+
+def _decode_values(c: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
+    """The exact fp32 value of each code in c (int64, low `fmt.bits` bits): NUMERICS.md §0.4."""
     neg = (c & fmt.sign_mask) != 0 if fmt.signed else torch.zeros_like(c, dtype=torch.bool)
     mag = c & ~fmt.sign_mask if fmt.signed else c
     ef = mag >> fmt.man_bits

@@ -145,6 +145,18 @@ def test_decode_is_exact_inverse_on_finite_codes(fmt):
     assert torch.equal(casts.saturating_cast(casts.decode(finite, fmt), fmt), finite)
 
 
+@pytest.mark.parametrize("fmt", [E4M3, E5M2, E2M1], ids=lambda f: f.name)
+def test_decode_of_a_tensor_equals_the_per_code_formula_bits_and_shape(fmt):
+    # decode looks codes up in a table built once per format; a random [37, 53] tensor of bytes
+    # (high bits set too: only the low fmt.bits count) must give the formula's bits element by element.
+    g = torch.Generator().manual_seed(11)
+    codes = torch.randint(0, 256, (37, 53), generator=g, dtype=torch.int64).to(torch.uint8)
+    got = casts.decode(codes, fmt)
+    want = casts._decode_values(codes.to(torch.int64) & ((1 << fmt.bits) - 1), fmt)
+    assert got.shape == codes.shape and got.dtype == torch.float32
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+
+
 def test_torch_fast_path_is_in_use_and_agrees():
     """The clamped PyTorch cast is used only after equalling the arithmetic definition on every probe."""
     for fmt in (E4M3, E5M2):
