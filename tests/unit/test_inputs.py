@@ -369,3 +369,14 @@ def test_input_key_groups_only_cases_with_identical_inputs():
             assert _same_inputs(first, generate(other)), (g[0].id, other.id)
         checked += 1
     assert checked > 100
+
+
+def test_sign_draws_what_an_int64_randint_draws_and_leaves_the_same_generator_state():
+    # _sign stores its randint draws as int8; the values and the stream must be the default int64's.
+    from harness.inputs import _sign
+
+    for shape in ((7,), (33, 5), (512, 1024)):
+        g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+        want = torch.randint(0, 2, shape, generator=g1).to(torch.float64) * 2 - 1
+        assert torch.equal(_sign(shape, g2), want)
+        assert torch.equal(torch.rand(4, generator=g1), torch.rand(4, generator=g2))
