@@ -418,6 +418,11 @@ def _nvrtc_compile(nvrtc, source: Path, options: list[str], arch: str, out: Path
     return out
 
 
+def module_key(cu_file_name: str, defines: Mapping[str, int | float | str]) -> tuple:
+    """What makes two modules of one arch the same: the file and its defines as compiled (sorted)."""
+    return cu_file_name, tuple(sorted((k, define_value(v)) for k, v in defines.items()))
+
+
 def load_module(cu_file_name: str, defines: Mapping[str, int | float | str], *, arch: str | None = None):
     """The `cupy.RawModule` of `cu_file_name` built with `defines`, one per (file, defines, arch).
 
@@ -427,7 +432,7 @@ def load_module(cu_file_name: str, defines: Mapping[str, int | float | str], *, 
     import cupy
 
     arch = arch or device_arch()
-    key = (cu_file_name, tuple(sorted((k, define_value(v)) for k, v in defines.items())), arch)
+    key = (*module_key(cu_file_name, defines), arch)
     with _LOCK:
         mod = _MODULES.get(key)
         if mod is None:

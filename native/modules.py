@@ -49,7 +49,6 @@ def precompile(modules: Iterable[Module], *, device=None, workers: int | None = 
     arch = _compile.device_arch(dev.index if dev.index is not None else torch.cuda.current_device())
     unique: dict[tuple, Module] = {}
     for name, defines in modules:
-        unique.setdefault((name, tuple(sorted((k, _compile.define_value(v)) for k, v in defines.items()))),
-                          (name, dict(defines)))
+        unique.setdefault(_compile.module_key(name, defines), (name, dict(defines)))
     _compile.compile_many(list(unique.values()), arch, workers)
     return len(unique)

@@ -126,6 +126,13 @@ def test_define_formatting():
     assert _compile.defines_for(QuantConfig("mxfp8"))["FP32_MAX"] == FLT_MAX
 
 
+def test_module_key_ignores_define_order_and_spelling_but_not_values():
+    k = _compile.module_key("mxfp8.cu", {"B": 2, "A": 448.0, "D": True})
+    assert k == _compile.module_key("mxfp8.cu", {"D": 1, "A": 448.0, "B": 2})  # the same -D options
+    assert k != _compile.module_key("mxfp8.cu", {"B": 2, "A": 57344.0, "D": True})
+    assert k != _compile.module_key("fp8_block.cu", {"B": 2, "A": 448.0, "D": True})
+
+
 # ---- options ---------------------------------------------------------------------------------
 
 
