@@ -57,7 +57,7 @@ def select_cases(tier: str | None, cases_file: str | None, pattern: str | None, 
     a tie), which keeps the shards within one group's size of each other.
     """
     from . import cases as cases_mod  # noqa: PLC0415
-    from .inputs import input_key  # noqa: PLC0415
+    from .inputs import input_groups  # noqa: PLC0415
 
     source = cases_file or tier or "smoke"
     if cases_file and not Path(cases_file).exists():
@@ -71,11 +71,8 @@ def select_cases(tier: str | None, cases_file: str | None, pattern: str | None, 
     sh = parse_shard(shard)
     if sh:
         i, n = sh
-        groups: dict = {}
-        for c in picked:
-            groups.setdefault(input_key(c), []).append(c)
         shards: list[list] = [[] for _ in range(n)]
-        for g in groups.values():
+        for g in input_groups(picked):
             min(shards, key=len).extend(g)  # min() returns the first of equals: the lowest index
         picked = shards[i]
     return picked

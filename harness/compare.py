@@ -108,10 +108,11 @@ def metrics(approx: torch.Tensor, truth: torch.Tensor) -> dict:
     else:
         sqnr = 10 * math.log10(sig / noise)
     t_abs = t.abs()
-    rel = err.abs() / torch.where(t_abs > 0, t_abs, torch.ones_like(t_abs))
+    nz = t_abs > 0
+    rel = err.abs() / torch.where(nz, t_abs, torch.ones_like(t_abs))
     out.update(
         max_abs=float(err.abs().max()),
-        max_rel=float(torch.where(t_abs > 0, rel, torch.zeros_like(rel)).max()),  # 0 when truth is all zero
+        max_rel=float(torch.where(nz, rel, torch.zeros_like(rel)).max()),  # 0 when truth is all zero
         rmse=math.sqrt(noise / a.numel()),
         sqnr_db=sqnr,
     )

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 import torch
 
@@ -46,6 +48,7 @@ from reference.formats import E2M1, E4M3, QuantConfig
 
 from .cases import DISTRIBUTIONS, LAYOUT_CONSUMES, Case
 
+T = TypeVar("T")
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PER_TENSOR_TILE = 32  # pattern tile of per-tensor schemes (they have no blocks)
 # NUMERICS: §6 exact-representable mode - sum_k |t_k| <= 2^13 q (Hopper fast-accumulation bound).
@@ -524,6 +527,14 @@ def input_key(case: Case) -> tuple:
     if case.distribution not in CONFIG_FREE:
         key += (case.config, case.b_config, case.orientation)
     return key
+
+
+def input_groups(items: Iterable[T], case: Callable[[T], Case] = lambda c: c) -> list[list[T]]:
+    """`items` grouped by the input_key of `case(item)`, groups and members in order of first appearance."""
+    groups: dict[tuple, list[T]] = {}
+    for item in items:
+        groups.setdefault(input_key(case(item)), []).append(item)
+    return list(groups.values())
 
 
 def generate(case: Case, device: str | torch.device = "cpu") -> dict:

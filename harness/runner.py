@@ -213,10 +213,14 @@ def _exc_text(e: BaseException) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
-def golden_device(device: str | torch.device, golden: str = "same") -> torch.device:
-    """The device the golden reference runs on for a candidate on `device` (see GOLDEN_DEVICES)."""
+def _check_golden(golden: str) -> None:
     if golden not in GOLDEN_DEVICES:
         raise ValueError(f"golden={golden!r} is invalid: expected one of {GOLDEN_DEVICES}")
+
+
+def golden_device(device: str | torch.device, golden: str = "same") -> torch.device:
+    """The device the golden reference runs on for a candidate on `device` (see GOLDEN_DEVICES)."""
+    _check_golden(golden)
     return torch.device("cpu") if golden == "cpu" else _normalized(device)
 
 
@@ -428,7 +432,7 @@ def _run_candidate(case, golden: Golden, backend, device, base: dict) -> list[di
     dev = _normalized(device)
     gdev = golden.out.device if case.op == "gemm" else golden.device
     # The reference on the golden's own device is the golden run itself (no second pass).
-    reuse_golden = isinstance(backend, backends_mod.ReferenceBackend) and dev == _normalized(gdev)
+    reuse_golden = isinstance(backend, backends_mod.ReferenceBackend) and dev == gdev
     rows: list[dict] = []
     t0 = time.perf_counter()  # reset after the host-to-device copies below; wall_ms times the backend call
     if case.op in ("quantize", "dequantize"):
@@ -655,11 +659,8 @@ def _grouped(todo: Sequence[tuple[Any, list[str]]]) -> list[list[tuple[Any, list
     Largest groups first (work ~ the product of the case shapes: M*K, or M*N*K for a GEMM; ties in
     order of first appearance), so workers do not end on one long group while the others idle.
     """
-    key = _inputs_mod().input_key
-    groups: dict = {}
-    for item in todo:
-        groups.setdefault(key(item[0]), []).append(item)
-    return sorted(groups.values(), key=lambda g: -sum(math.prod(c.shape) for c, _ in g))
+    groups = _inputs_mod().input_groups(todo, lambda item: item[0])
+    return sorted(groups, key=lambda g: -sum(math.prod(c.shape) for c, _ in g))
 
 
 def sweep(cases: Sequence, backends: Sequence, *, device, writer=None, out_dir=None, progress=None,
@@ -720,8 +721,7 @@ def sweep_parallel(cases: Sequence, specs: Sequence[str], n_workers: int, *, dev
     """
     import multiprocessing as mp  # noqa: PLC0415
 
-    if golden not in GOLDEN_DEVICES:
-        raise ValueError(f"golden={golden!r} is invalid: expected one of {GOLDEN_DEVICES}")
+    _check_golden(golden)  # before any worker starts
     ctx = mp.get_context("spawn")
     gpus = visible_gpus() if (device is None or backends_mod.device_type(device) == "cuda") else []
     wdev = "cuda" if gpus else "cpu"
