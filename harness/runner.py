@@ -323,35 +323,53 @@ def _gemm_golden(case, g: Golden, out_dtype: torch.dtype) -> torch.Tensor:
     return reference.gemm(g.qa.to("cpu"), g.qb.to("cpu"), bias=g.inputs.get("bias"), c=g.inputs.get("c"), **kw)
 
 
-# This process's last generated inputs, [input_key, inputs]: consecutive cases with one
-# harness.inputs.input_key share a generation (sweeps run such cases back to back, `_grouped`).
+# This process's last generated inputs, [input_key, CPU inputs, {device: the inputs moved there}]:
+# consecutive cases with one harness.inputs.input_key share a generation and one host-to-device
+# copy (sweeps run such cases back to back, `_grouped`).
 _LAST_INPUTS: list = []
 
 
-def _generate(case) -> dict:
-    """harness.inputs.generate(case) on the CPU, reusing the previous case's inputs when its key is equal.
+def _tensor_copies(inputs: Mapping, fn: Callable[[torch.Tensor], torch.Tensor]) -> dict:
+    return {k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
-    Every call returns fresh copies, so no backend ever sees (or changes) the tensors kept for reuse.
+
+def _generate(case, device: torch.device) -> tuple[dict, dict]:
+    """(inputs on the CPU, the inputs on `device`) of `case`: harness.inputs.generate(case) on the CPU,
+    reusing the previous case's tensors (and their copy on `device`) when its input key is equal.
+
+    No backend ever sees (or changes) a kept tensor: the `device` inputs are fresh copies, and on a
+    CPU device the CPU inputs are those copies. Off the CPU, the CPU inputs are the kept tensors
+    themselves; the harness only reads them (comparison, CPU golden fallbacks).
     """
     inputs_mod = _inputs_mod()
     key = inputs_mod.input_key(case)
     if not (_LAST_INPUTS and _LAST_INPUTS[0] == key):
         _LAST_INPUTS[:] = []  # drop the old tensors before generating the new ones
-        _LAST_INPUTS[:] = [key, inputs_mod.generate(case, device="cpu")]
-    return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in _LAST_INPUTS[1].items()}
+        _LAST_INPUTS[:] = [key, inputs_mod.generate(case, device="cpu"), {}]
+    cpu, moved = _LAST_INPUTS[1], _LAST_INPUTS[2]
+    if device.type == "cpu":
+        fresh = _tensor_copies(cpu, torch.clone)
+        return fresh, fresh
+    if device not in moved:
+        moved[device] = _tensor_copies(cpu, lambda t: t.to(device))
+    return dict(cpu), _tensor_copies(moved[device], torch.clone)
 
 
 def prepare(case, inputs: Mapping | None = None, device: str | torch.device = "cpu") -> Golden:
-    """Generate the inputs on the CPU (unless given) and run the golden reference on `device`;
-    errors are kept, not raised."""
+    """Generate the inputs on the CPU (unless given), move them to `device` and run the golden
+    reference there; errors are kept, not raised."""
+    dev = _normalized(device)
     try:
-        inputs = dict(inputs) if inputs is not None else _generate(case)
+        if inputs is not None:
+            inputs = dict(inputs)
+            on_device = _tensor_copies(inputs, lambda t: t.to(dev))
+        else:
+            inputs, on_device = _generate(case, dev)
     except Exception as e:  # noqa: BLE001 - reported as an error row for every backend
         return Golden(inputs={}, error=f"inputs.generate raised {_exc_text(e)}")
-    g = Golden(inputs=inputs, device=_normalized(device))
+    g = Golden(inputs=inputs, device=dev, on_device=on_device)
     t0 = time.perf_counter()
     try:
-        g.on_device = {k: v.to(g.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
         on, cfg, rng = g.on_device, case.config, inputs.get("rng")
         if case.op in ("quantize", "dequantize"):
             rw, cw = _copies(case.orientation)

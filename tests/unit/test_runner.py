@@ -234,12 +234,30 @@ def test_consecutive_cases_with_one_input_key_share_a_generation_but_not_tensors
     a, b = qcase(element="e4m3"), qcase(scheme="mxfp8", shape=(64, 96))  # normal: config-free, same key
     c = qcase(dist="ties")  # structured: its own key
     assert inputs.input_key(a) == inputs.input_key(b) != inputs.input_key(c)
-    xa = runner._generate(a)["x"]
-    xa.fill_(7.0)  # a backend scribbling on its input must not reach the next case
-    xb = runner._generate(b)["x"]
-    runner._generate(c)
+    cpu = torch.device("cpu")
+    xa, on_a = runner._generate(a, cpu)
+    assert on_a["x"] is xa["x"]  # on the CPU the golden's inputs are the case's own copies
+    xa["x"].fill_(7.0)  # a backend scribbling on its input must not reach the next case
+    xb = runner._generate(b, cpu)[0]["x"]
+    runner._generate(c, cpu)
     assert calls == [a.id, c.id]
-    assert torch.equal(xb, real(b)["x"]) and not torch.equal(xb, xa)
+    assert torch.equal(xb, real(b)["x"]) and not torch.equal(xb, xa["x"])
+
+
+def test_off_the_cpu_a_group_moves_its_inputs_once_and_each_case_gets_fresh_device_copies(monkeypatch):
+    monkeypatch.setattr(runner, "_LAST_INPUTS", [])
+    moves = []
+    real_to = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda t, *a, **k: moves.append(a) or real_to(t, *a, **k))
+    meta = torch.device("meta")  # stands in for a GPU: tensors without storage
+    a, b = qcase(element="e4m3"), qcase(element="e5m2")  # one input key
+    cpu_a, on_a = runner._generate(a, meta)
+    cpu_b, on_b = runner._generate(b, meta)
+    assert [m for m in moves if m and m[0] == meta] == [(meta,)]  # one host-to-device copy for the group
+    assert on_a["x"].device == meta and on_a["x"] is not on_b["x"]
+    assert cpu_a["x"] is cpu_b["x"] is runner._LAST_INPUTS[1]["x"]  # kept tensors, only read
+    g = runner.prepare(b, device=meta)
+    assert g.on_device["x"].device == meta and g.inputs["x"] is cpu_a["x"]
 
 
 def test_sweeps_run_cases_of_one_input_key_back_to_back_largest_groups_first():
