@@ -36,6 +36,7 @@ Distributions (x = generated values; "scaled domain" = x times the scheme's enco
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Callable, Iterable
@@ -106,13 +107,22 @@ class _Grid:
     def __init__(self, rows: int, cols: int, tr: int, tc: int) -> None:
         r = torch.arange(rows)
         c = torch.arange(cols)
-        self.rows, self.cols = rows, cols
+        self.rows, self.cols, self.tr, self.tc = rows, cols, tr, tc
         self.ti, self.tj = (r // tr).unsqueeze(1), (c // tc).unsqueeze(0)  # (rows, 1), (1, cols)
         self.i, self.j = (r % tr).unsqueeze(1), (c % tc).unsqueeze(0)
         self.nti, self.ntj = -(-rows // tr), -(-cols // tc)
-        rt = torch.clamp(rows - self.ti * tr, max=tr)  # (rows, 1) actual tile height
-        ct = torch.clamp(cols - self.tj * tc, max=tc)  # (1, cols) actual tile width
-        self.diag = (self.j == self.i % ct) | (self.i == self.j % rt)  # (rows, cols)
+
+    def diag_at(self, r: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        """`diag` at rows r and columns c (broadcast together)."""
+        i, j = r % self.tr, c % self.tc
+        rt = torch.clamp(self.rows - (r // self.tr) * self.tr, max=self.tr)  # actual tile height
+        ct = torch.clamp(self.cols - (c // self.tc) * self.tc, max=self.tc)  # actual tile width
+        return (j == i % ct) | (i == j % rt)
+
+    @functools.cached_property
+    def diag(self) -> torch.Tensor:
+        """(rows, cols) bool; built on first use (per_tile_scales never needs it)."""
+        return self.diag_at(torch.arange(self.rows).unsqueeze(1), torch.arange(self.cols).unsqueeze(0))
 
     def per_tile(self, t: torch.Tensor) -> torch.Tensor:
         """[nti, ntj] per-tile values -> [rows, cols]."""
@@ -204,15 +214,18 @@ def _outliers(rows, cols, g):
     return x
 
 
-def _per_tile_scales(cfg, rows, cols, g, in_dtype, orientation):
+def _scale_tiles(cfg: QuantConfig, orientation: str) -> tuple[int, int]:
+    """The tiles per_tile_scales scales together: the blocks of the consumed copy (2-D tiles as they are)."""
     b = _block(cfg)
     if cfg.is_2d:
-        tr, tc = cfg.tile
-    elif orientation == "colwise":
-        tr, tc = b, 1  # blocks run along M for the consumed columnwise copy
-    else:
-        tr, tc = 1, b
-    grid = _Grid(rows, cols, tr, tc)
+        return tuple(cfg.tile)
+    if orientation == "colwise":
+        return b, 1  # blocks run along M for the consumed columnwise copy
+    return 1, b
+
+
+def _per_tile_scales(cfg, rows, cols, g, in_dtype, orientation):
+    grid = _Grid(rows, cols, *_scale_tiles(cfg, orientation))
     span = 8 if in_dtype == "float16" else 40
     scale = grid.per_tile(_pow2(torch.randint(-span, span + 1, (grid.nti, grid.ntj), generator=g)))
     return torch.randn(rows, cols, generator=g, dtype=torch.float64) * scale
@@ -321,14 +334,14 @@ def _special(cfg, rows, cols, g, in_dtype, seed):
         "subnormals": lambda i: sign[i] * torch.clamp(sub_mant[i] * dsub, max=dmin_normal / 2),
         "all_max": lambda i: sign[i] * dmax,
         "tiny_amax": lambda i: base[i] * dmin_normal,
-        "single_nonzero": lambda i: torch.where(diag[i], base[i], 0.0),
+        "single_nonzero": lambda i: torch.where(grid.diag_at(i // cols, i % cols), base[i], 0.0),
         "all_nan": lambda i: torch.full((i.numel(),), nan, dtype=torch.float64),
         "constant": lambda i: sign[i] * const[i],
     }
     pat, base, sign, sprinkle = pat.reshape(-1), base.reshape(-1), sign.reshape(-1), sprinkle.reshape(-1)
     sub_mant, const = sub_mant.reshape(-1), const.expand(rows, cols).reshape(-1)
-    diag = grid.diag.expand(rows, cols).reshape(-1)
-    x = base.clone()
+    # In place: each pattern reads `base` only at its own elements, and the patterns are disjoint.
+    x = base
     for k, name in enumerate(SPECIAL_PATTERNS):
         if name in rule:  # "normal" keeps base
             idx = (pat == k).nonzero().squeeze(1)
@@ -511,22 +524,40 @@ def _operand(case: Case, cfg: QuantConfig, shape: tuple[int, ...], orientation: 
 CONFIG_FREE = ("normal", "uniform", "heavy_tail", "outliers")
 
 
+def _config_key(distribution: str, cfg: QuantConfig, orientation: str | None) -> tuple:
+    """What a structured distribution reads from one operand's config and consumed orientation:
+    special only its pattern tile (`_block`), per_tile_scales only its tiles (`_scale_tiles`), the
+    others (conservatively) the whole config and orientation."""
+    if distribution == "special":
+        return ("block", _block(cfg))
+    if distribution == "per_tile_scales":
+        return ("tiles", _scale_tiles(cfg, orientation))
+    return (cfg, orientation)
+
+
 def input_key(case: Case) -> tuple:
     """A key that determines `generate(case)`: cases with equal keys get identical inputs.
 
     Everything generate reads: the op family (x vs a/b), shape, layout, seed, distribution and input
     dtype (the `_generator` key and `_cast`); for GEMMs, accumulate / bias and the output dtype of C
-    and bias; whether an SR seed is attached; and, unless the distribution is CONFIG_FREE, the configs
-    and orientation too (conservatively). Used to reuse one generation for consecutive cases.
+    and bias; whether an SR seed is attached; and, unless the distribution is CONFIG_FREE, what it
+    reads from each operand's config and consumed orientation (`_config_key`). Used to reuse one
+    generation for consecutive cases.
     """
     gemm = case.op == "gemm"
     stochastic = case.config.stochastic or bool(gemm and case.b_config is not None and case.b_config.stochastic)
-    key: tuple = (gemm, tuple(case.shape), case.layout, case.seed, case.distribution, case.in_dtype, stochastic)
+    dist = case.distribution
+    key: tuple = (gemm, tuple(case.shape), case.layout, case.seed, dist, case.in_dtype, stochastic)
     if gemm:
         key += (case.accumulate, case.bias, case.out_dtype if (case.accumulate or case.bias) else None)
-    if case.distribution not in CONFIG_FREE:
-        key += (case.config, case.b_config, case.orientation)
-    return key
+    if dist in CONFIG_FREE:
+        return key
+    if dist == "exact_representable" or not gemm:
+        if gemm:  # both configs shape both operands (_exact_gemm)
+            return key + (case.config, case.b_config, case.orientation)
+        return key + _config_key(dist, case.config, case.orientation)
+    ca, cb = LAYOUT_CONSUMES[case.layout]
+    return key + _config_key(dist, case.config, ca) + _config_key(dist, case.b_config, cb)
 
 
 def input_groups(items: Iterable[T], case: Callable[[T], Case] = lambda c: c) -> list[list[T]]:
