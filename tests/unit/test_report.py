@@ -260,3 +260,20 @@ def test_sqnr_nan_cells_read_back_as_nan(tmp_path):
     d = write_report(tmp_path / "r", [acc("a", sqnr=float("nan"))])
     assert math.isnan(report.read_results(d).loc[0, "sqnr_db"])
     assert os.path.getsize(d / report.RESULTS) > 0
+
+
+def test_csv_text_reads_back_as_pandas_own_rendering_does():
+    # rows_to_csv_text writes with the stdlib csv module; pandas.read_csv must see what it sees in
+    # DataFrame.to_csv's rendering of the same rows: text, JSON cells, NaN/inf, bools, ints, quoting.
+    first = {"index": [3, 5], "golden": "0x7E", "x": float("nan")}
+    rows = [row(tensor="rowwise_data", status="fail", n_mismatch=2, mismatch_frac=2 / 64, max_abs=float("inf"),
+                mismatch_classes={"tie_flip": 2}, first_mismatch=first, ulp_hist={"0": 62, "1": 2},
+                reason='line one\nline "two", with commas', rht=True, wall_ms=0.1),
+            acc(sqnr=31.5), acc(sqnr=float("nan")), row(tensor="case", status="skip", reason="", rht=False, seed=7)]
+    ours = report.rows_to_csv_text(rows, header=True)
+    theirs = pd.DataFrame([report.normalize_row(r) for r in rows], columns=list(report.COLUMNS)).to_csv(
+        index=False, lineterminator="\n")
+    a, b = pd.read_csv(io.StringIO(ours)), pd.read_csv(io.StringIO(theirs))
+    pd.testing.assert_frame_equal(a, b)
+    assert a.loc[0, "reason"] == 'line one\nline "two", with commas' and a.loc[0, "max_abs"] == float("inf")
+    assert report.rows_to_csv_text(rows[1:2], header=False).count("\n") == 1
