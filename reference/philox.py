@@ -47,12 +47,18 @@ def _mulhilo(a, m: int):
     return hi, t
 
 
+def _holds(shape: torch.Size, other: torch.Size) -> bool:
+    """Whether a tensor of `shape` holds its broadcast with `other` (an in-place op keeps its shape).
+    (torch.broadcast_shapes would do, but its first call imports sympy: ~0.7 s per process.)"""
+    return len(other) <= len(shape) and all(o in (1, s) for s, o in zip(reversed(shape), reversed(other), strict=False))
+
+
 def _xor3(h, c, k: int):
     """h ^ c ^ k for a fresh word h (updated in place when it can hold the result), a word c, an int k."""
     if not isinstance(h, torch.Tensor):
         return c ^ (h ^ k) if isinstance(c, torch.Tensor) else h ^ c ^ k
     if isinstance(c, torch.Tensor):
-        h = h.bitwise_xor_(c) if h.shape == torch.broadcast_shapes(h.shape, c.shape) else h ^ c
+        h = h.bitwise_xor_(c) if _holds(h.shape, c.shape) else h ^ c
     else:
         k ^= c
     return h.bitwise_xor_(k) if k else h

@@ -103,3 +103,13 @@ def test_x0_chunking_does_not_matter():
     assert a.shape == (50, 100)
     assert torch.equal(a, b)
     assert a[3, 7].item() == sr_x0_py(307, 9, 3)
+
+
+def test_in_place_xor_is_used_exactly_when_the_word_holds_the_broadcast():
+    import itertools
+
+    from reference.philox import _holds
+
+    shapes = [(), (1,), (3,), (2, 3), (1, 3), (2, 1), (4, 2, 3), (4, 1, 1), (1, 2, 3)]
+    for a, b in itertools.product(shapes, shapes):
+        assert _holds(torch.Size(a), torch.Size(b)) == (torch.Size(a) == torch.broadcast_shapes(a, b)), (a, b)
