@@ -526,12 +526,16 @@ CONFIG_FREE = ("normal", "uniform", "heavy_tail", "outliers")
 
 def _config_key(distribution: str, cfg: QuantConfig, orientation: str | None) -> tuple:
     """What a structured distribution reads from one operand's config and consumed orientation:
-    special only its pattern tile (`_block`), per_tile_scales only its tiles (`_scale_tiles`), the
-    others (conservatively) the whole config and orientation."""
+    special only its pattern tile (`_block`), per_tile_scales only its tiles (`_scale_tiles`), ties
+    and exhaustive the element format, the scheme's branches, the anchor (`_anchor`: fp8_delayed's
+    margin), the block and whether there are block scales (`_tile_scales`); exact_representable
+    (conservatively) the whole config and orientation. test_inputs checks equal keys give equal bytes."""
     if distribution == "special":
         return ("block", _block(cfg))
     if distribution == "per_tile_scales":
         return ("tiles", _scale_tiles(cfg, orientation))
+    if distribution in ("ties", "exhaustive"):
+        return ("grid", cfg.scheme, cfg.element_format, _anchor(cfg), _block(cfg), cfg.tile is None)
     return (cfg, orientation)
 
 

@@ -358,9 +358,9 @@ def test_input_key_groups_only_cases_with_identical_inputs():
     for c in cases:
         groups.setdefault(input_key(c), []).append(c)
     shared = {g[0].distribution for g in groups.values() if len({c.config for c in g}) > 1}
-    # Shared across configs: the config-free distributions, special (by pattern tile: e.g. every
-    # per-tensor and MXFP8 config, T = 32) and per_tile_scales (by scale tiles).
-    assert shared == set(CONFIG_FREE) | {"special", "per_tile_scales"}
+    # Shared across configs: all but exact_representable (the config-free distributions; special by
+    # its pattern tile, e.g. every per-tensor and MXFP8 config, T = 32; the others by what they read).
+    assert shared == set(CONFIG_FREE) | {"special", "per_tile_scales", "ties", "exhaustive"}
     checked = 0
     for g in groups.values():
         if len(g) < 2 or max(math.prod(s) for s in g[0].operand_shapes.values()) > 1 << 16:
