@@ -192,6 +192,7 @@ def cmd_run(args) -> int:
     writer.write_meta(finished=True, counts=res.counts)
     df = report.read_results(out)
     print(report.format_table(report.summary(df)))
+    print(report.format_time_split(df))
     c = res.counts
     print(f"\n{res.n_rows} rows written to {out / report.RESULTS}; pass {c.get('pass', 0)}, fail {c.get('fail', 0)}, "
           f"skip {c.get('skip', 0)}, error {c.get('error', 0)}")
@@ -293,6 +294,7 @@ def cmd_report(args) -> int:
     except FileNotFoundError as e:
         raise UsageError(str(e)) from e
     print(report.format_table(report.summary(df)))
+    print(report.format_time_split(df))
     cs = report.case_status(df)
     print(f"\n{len(df)} rows, {len(cs)} (case, backend) pairs in {report.results_path(args.dir)}")
     bad = df[df["status"].isin(["fail", "error"])]

@@ -65,6 +65,9 @@ COLUMNS: tuple[str, ...] = (
     # where and how long
     "device",
     "wall_ms",
+    "inputs_ms",
+    "golden_ms",
+    "check_ms",
     "worker",
 )
 
@@ -72,7 +75,10 @@ COLUMNS: tuple[str, ...] = (
 STATUSES = ("pass", "info", "skip", "fail", "error")
 _RANK = {"pass": 0, "info": 0, "skip": 1, "fail": 2, "error": 3}
 JSON_COLUMNS = ("mismatch_classes", "first_mismatch", "ulp_hist")
-NUMERIC_COLUMNS = ("n", "n_mismatch", "mismatch_frac", "max_abs", "max_rel", "rmse", "sqnr_db", "wall_ms")
+TIME_COLUMNS = ("wall_ms", "inputs_ms", "golden_ms", "check_ms")
+# Columns added after the first schema: empty when reading an older report, added when resuming one.
+LATER_COLUMNS = ("inputs_ms", "golden_ms", "check_ms")
+NUMERIC_COLUMNS = ("n", "n_mismatch", "mismatch_frac", "max_abs", "max_rel", "rmse", "sqnr_db", *TIME_COLUMNS)
 INT_COLUMNS = ("n", "n_mismatch")
 TEXT_COLUMNS = tuple(c for c in COLUMNS if c not in NUMERIC_COLUMNS)
 
@@ -160,6 +166,19 @@ def _truncate_partial_line(path: Path) -> None:
         f.truncate(cut)
 
 
+def _upgrade_columns(path: Path) -> None:
+    """Rewrite a results.csv of an older schema (without LATER_COLUMNS) in COLUMNS order, so resumed
+    rows append under a matching header; a current one is left untouched."""
+    with open(path, encoding="utf-8") as f:
+        header = f.readline().rstrip("\n")
+    if not header or header == ",".join(COLUMNS):
+        return
+    df = read_results(path)  # raises if it is not a harness report at all
+    tmp = path.with_suffix(".csv.tmp")
+    df.to_csv(tmp, index=False, lineterminator="\n")
+    os.replace(tmp, path)
+
+
 class ReportWriter:
     """Appends result rows to `<out_dir>/results.csv` as cases finish and writes `run_meta.json`.
 
@@ -177,6 +196,7 @@ class ReportWriter:
         self.n_written = 0
         if resume and self.path.exists():
             _truncate_partial_line(self.path)
+            _upgrade_columns(self.path)
             self.completed = completed_pairs(self.path)
         else:
             # A fresh run: drop the previous run's rows and failure artifacts from this directory.
@@ -246,9 +266,12 @@ def read_results(path: str | os.PathLike) -> pd.DataFrame:
     if not p.exists():
         raise FileNotFoundError(f"no report at {p} (expected a results.csv written by `python -m harness run`)")
     df = pd.read_csv(p, dtype={c: str for c in TEXT_COLUMNS}, keep_default_na=False, na_values={c: [""] for c in NUMERIC_COLUMNS})
-    missing = [c for c in COLUMNS if c not in df.columns]
+    missing = [c for c in COLUMNS if c not in df.columns and c not in LATER_COLUMNS]
     if missing:
         raise ValueError(f"{p} is not a harness report: columns {missing} are missing (schema: reports/README.md)")
+    for c in LATER_COLUMNS:
+        if c not in df.columns:
+            df[c] = float("nan")
     for c in NUMERIC_COLUMNS:
         df[c] = pd.to_numeric(df[c], errors="coerce")
     for c in INT_COLUMNS:
@@ -289,6 +312,23 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     worst = acc.groupby(["scheme", "backend"])["sqnr_db"].min()
     counts["worst_sqnr_db"] = worst.reindex(counts.index)
     return counts.reset_index()[cols]
+
+
+def time_split(df: pd.DataFrame) -> dict[str, float]:
+    """Seconds the run spent, summed over its workers: inputs and golden once per case, and each
+    backend's check_ms (its call, the comparison, the accuracy metrics) once per (case, backend)."""
+    if df.empty:
+        return {"inputs": 0.0, "golden": 0.0, "backends": 0.0}
+    per_case = df.groupby("case_id")[["inputs_ms", "golden_ms"]].max()
+    per_pair = df.groupby(["case_id", "backend"])["check_ms"].max()
+    return {"inputs": float(per_case["inputs_ms"].sum()) / 1e3, "golden": float(per_case["golden_ms"].sum()) / 1e3,
+            "backends": float(per_pair.sum()) / 1e3}
+
+
+def format_time_split(df: pd.DataFrame) -> str:
+    t = time_split(df)
+    return (f"time in workers: inputs {t['inputs']:.1f} s, golden {t['golden']:.1f} s, "
+            f"backends {t['backends']:.1f} s (calls, comparison, metrics)")
 
 
 def format_table(df: pd.DataFrame) -> str:

@@ -246,7 +246,8 @@ class Golden:
     qb: QuantizedTensor | None = None
     out: torch.Tensor | None = None  # gemm output
     truth: torch.Tensor | None = None  # gemm: fp64 GEMM of the high-precision operands
-    wall_ms: float | None = None
+    wall_ms: float | None = None  # the reference run (golden_ms)
+    inputs_ms: float | None = None  # generating or reusing the inputs and moving them (inputs_ms)
     error: str | None = None
 
 
@@ -359,6 +360,7 @@ def prepare(case, inputs: Mapping | None = None, device: str | torch.device = "c
     """Generate the inputs on the CPU (unless given), move them to `device` and run the golden
     reference there; errors are kept, not raised."""
     dev = _normalized(device)
+    t_in = time.perf_counter()
     try:
         if inputs is not None:
             inputs = dict(inputs)
@@ -367,7 +369,7 @@ def prepare(case, inputs: Mapping | None = None, device: str | torch.device = "c
             inputs, on_device = _generate(case, dev)
     except Exception as e:  # noqa: BLE001 - reported as an error row for every backend
         return Golden(inputs={}, error=f"inputs.generate raised {_exc_text(e)}")
-    g = Golden(inputs=inputs, device=dev, on_device=on_device)
+    g = Golden(inputs=inputs, device=dev, on_device=on_device, inputs_ms=(time.perf_counter() - t_in) * 1e3)
     t0 = time.perf_counter()
     try:
         on, cfg, rng = g.on_device, case.config, inputs.get("rng")
@@ -388,6 +390,7 @@ def prepare(case, inputs: Mapping | None = None, device: str | torch.device = "c
             g.truth = gemm_truth(case, on)
         else:
             raise ValueError(f"case op {case.op!r} is invalid: expected quantize, dequantize or gemm")
+        _sync(g.device)  # golden_ms covers the device work
     except Exception as e:  # noqa: BLE001
         g.error = f"golden reference raised {_exc_text(e)}"
     g.wall_ms = (time.perf_counter() - t0) * 1e3
@@ -519,7 +522,27 @@ def run_backend(case, golden: Golden | Callable[[], Golden], backend, device: st
     """All rows of `backend` on `case`; never raises for a backend failure (error/skip rows instead).
 
     `golden` may be a zero-argument callable, called only when the backend supports the case.
+    Rows carry the timing columns: inputs_ms and golden_ms from the golden, check_ms for the rest.
     """
+    t0 = time.perf_counter()
+    used: list[tuple[Golden, float]] = []
+
+    def timed_golden() -> Golden:
+        t = time.perf_counter()
+        g = golden() if callable(golden) else golden
+        used.append((g, time.perf_counter() - t))
+        return g
+
+    rows = _backend_rows(case, timed_golden, backend, device, worker)
+    check_ms = (time.perf_counter() - t0 - sum(dt for _, dt in used)) * 1e3
+    times = {"check_ms": check_ms}
+    if used:
+        times.update(inputs_ms=used[0][0].inputs_ms, golden_ms=used[0][0].wall_ms)
+    return [{**r, **times} for r in rows]
+
+
+def _backend_rows(case, golden: Callable[[], Golden], backend, device, worker: str) -> list[dict]:
+    """run_backend's rows, before the timing columns."""
     base = {**case_columns(case), "backend": backend.name, "device": str(device), "worker": worker}
     for cfg in (case.config, getattr(case, "b_config", None)):
         if cfg is None:
@@ -532,8 +555,7 @@ def run_backend(case, golden: Golden | Callable[[], Golden], backend, device: st
             return [status_row(base, "skip", why or f"{backend.name} does not support this case")]
     if not callable(getattr(backend, case.op, None)):
         return [status_row(base, "skip", f"{backend.name} has no {case.op}()")]
-    if callable(golden):
-        golden = golden()
+    golden = golden()
     if golden.error:
         return [status_row(base, "error", golden.error)]
     try:

@@ -277,3 +277,19 @@ def test_csv_text_reads_back_as_pandas_own_rendering_does():
     pd.testing.assert_frame_equal(a, b)
     assert a.loc[0, "reason"] == 'line one\nline "two", with commas' and a.loc[0, "max_abs"] == float("inf")
     assert report.rows_to_csv_text(rows[1:2], header=False).count("\n") == 1
+
+
+def test_a_report_from_before_the_timing_columns_reads_and_resumes(tmp_path):
+    old_cols = [c for c in report.COLUMNS if c not in report.LATER_COLUMNS]
+    rows = [report.normalize_row(row("case_a", tensor=t, wall_ms=1.5)) for t in ("rowwise_data", "rowwise_scale")]
+    pd.DataFrame(rows, columns=old_cols).to_csv(tmp_path / report.RESULTS, index=False, lineterminator="\n")
+    df = report.read_results(tmp_path)
+    assert list(df.columns) == list(report.COLUMNS) and df["check_ms"].isna().all() and (df["wall_ms"] == 1.5).all()
+    w = report.ReportWriter(tmp_path, {}, resume=True)  # upgrades the header, keeps the rows
+    assert w.completed == {("case_a", "reference")}
+    w.write([row("case_b", tensor="rowwise_data", wall_ms=2.0, inputs_ms=3.0, golden_ms=4.0, check_ms=5.0)])
+    w.close()
+    df = report.read_results(tmp_path)
+    assert df["case_id"].tolist() == ["case_a", "case_a", "case_b"]
+    assert df["wall_ms"].tolist() == [1.5, 1.5, 2.0] and df.loc[2, "check_ms"] == 5.0 and pd.isna(df.loc[0, "check_ms"])
+    assert report.time_split(df) == {"inputs": 0.003, "golden": 0.004, "backends": 0.005}

@@ -8,6 +8,7 @@ fp8_current cases; its deliberately broken variant (reciprocal-then-multiply sca
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -195,6 +196,24 @@ def test_rows_carry_every_case_column_and_only_report_columns():
         report.normalize_row(r)
         assert r["scheme"] == "fp8_current" and r["shape"] == "32x32" and r["in_dtype"] == "bfloat16"
         assert r["device"] == "cpu" and r["wall_ms"] is not None
+
+
+def test_rows_time_the_inputs_and_golden_once_per_case_and_each_backend_apart(monkeypatch):
+    real_prepare = runner.prepare
+
+    def slow_prepare(*a, **k):
+        time.sleep(1.0)  # inside prepare, before the inputs: counted in neither inputs_ms nor check_ms
+        return real_prepare(*a, **k)
+
+    monkeypatch.setattr(runner, "prepare", slow_prepare)
+    case = qcase(shape=(32, 32), orientation="rowwise", dist="ties")
+    by = runner.run_case_backends(case, [get_backend("reference"), get_backend("torch")], "cpu")
+    ref, tor = by["reference"], by["torch"]
+    assert len({(r["inputs_ms"], r["golden_ms"]) for r in ref + tor}) == 1  # one golden, shared
+    assert all(r["inputs_ms"] > 0 and r["golden_ms"] > 0 for r in ref)
+    assert all(0 < r["check_ms"] < 1000 for r in ref + tor)  # the 1 s sleep is not a backend's time
+    skip = runner.run_case(qcase(scheme="mxfp8", shape=(32, 32)), "torch", "cpu")  # skipped before any golden
+    assert skip[0]["status"] == "skip" and skip[0]["check_ms"] >= 0 and "golden_ms" not in skip[0]
 
 
 def test_exact_gemm_mode_follows_numerics_section_6_for_accumulate():
