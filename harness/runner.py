@@ -21,6 +21,7 @@ Accuracy metrics (fp64 sums) may differ in their last digits between devices.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -725,6 +726,26 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
+# Heap policy of sweep workers (host speed, not numerics). glibc serves blocks of 32 MB and more with
+# mmap and unmaps them on free, so every large temporary arrives as fresh pages that the kernel faults
+# in and zeroes: on 2 cores, generating 20 large nightly input groups took 69 s, 42 s of it in the
+# kernel, and 29 s with this policy. Workers keep freed memory in their heap instead; the peak resident
+# size is the same (2.35 vs 2.44 GB there) but stays held. Values the user exported win.
+WORKER_HEAP_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+
+
+@contextlib.contextmanager
+def _worker_heap_env():
+    """os.environ with WORKER_HEAP_ENV's unset entries added, while worker processes start (spawn)."""
+    added = {k: v for k, v in WORKER_HEAP_ENV.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
 def _worker_main(index: int, gpu: str | None, specs: list[str], device: str, threads: int, golden: str, tasks,
                  results) -> None:
     """Worker process: pin to one GPU (CUDA_VISIBLE_DEVICES, set before CUDA starts), then serve tasks."""
@@ -775,12 +796,13 @@ def sweep_parallel(cases: Sequence, specs: Sequence[str], n_workers: int, *, dev
     for _ in range(n_workers):
         tasks.put(None)
     procs = []
-    for i in range(n_workers):
-        gpu = gpus[i % len(gpus)] if gpus else None
-        p = ctx.Process(target=_worker_main, args=(i, gpu, list(specs), wdev, threads, golden, tasks, results),
-                        daemon=True)
-        p.start()
-        procs.append(p)
+    with _worker_heap_env():
+        for i in range(n_workers):
+            gpu = gpus[i % len(gpus)] if gpus else None
+            p = ctx.Process(target=_worker_main, args=(i, gpu, list(specs), wdev, threads, golden, tasks, results),
+                            daemon=True)
+            p.start()
+            procs.append(p)
     result = SweepResult()
     pending = {c.id: (c, n) for c, n in todo}
     done_workers = 0

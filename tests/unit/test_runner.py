@@ -128,6 +128,33 @@ class _FlipByte:
         return q
 
 
+class _HeapEnvProbe:
+    """Skips every case, saying what its process's heap-policy variables are."""
+
+    name = "heap_env_probe"
+
+    def supports(self, op, config, device):
+        import os
+
+        return False, " ".join(f"{k}={os.environ.get(k)}" for k in sorted(runner.WORKER_HEAP_ENV))
+
+    def quantize(self, x, config, **kw):  # never called: every case is skipped
+        raise AssertionError("unreachable")
+
+
+def test_sweep_workers_start_with_the_heap_policy_and_the_users_values_win(monkeypatch, tmp_path):
+    import os
+
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "12345")
+    monkeypatch.delenv("MALLOC_MMAP_MAX_", raising=False)
+    with report.ReportWriter(tmp_path, {}) as w:
+        runner.sweep_parallel([qcase(shape=(16, 32))], ["tests.unit.test_runner:_HeapEnvProbe"], 1, device="cpu",
+                              writer=w)
+    (reason,) = report.read_results(tmp_path)["reason"]
+    assert reason == "MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=12345"
+    assert "MALLOC_MMAP_MAX_" not in os.environ and os.environ["MALLOC_TRIM_THRESHOLD_"] == "12345"  # parent restored
+
+
 def test_failing_case_saves_inputs_and_a_repro_script(tmp_path):
     spec = "tests.unit.test_runner:_FlipByte"
     case = qcase(shape=(16, 32), in_dtype="float32", orientation="rowwise", seed=5)
