@@ -317,36 +317,41 @@ def _special(cfg, rows, cols, g, in_dtype, seed):
         t //= 2
     grid = _Grid(rows, cols, t, t)
     pat = grid.per_tile(((torch.arange(grid.nti * grid.ntj) + seed) % len(SPECIAL_PATTERNS)).reshape(grid.nti, grid.ntj))
-    base = torch.randn(rows, cols, generator=g, dtype=torch.float64)
-    sign = _sign((rows, cols), g)
-    sprinkle = torch.rand(rows, cols, generator=g) < 0.125
-    sub_mant = torch.randint(1, 1 << 6, (rows, cols), generator=g).to(torch.float64)
-    const = grid.per_tile(_pow2(torch.randint(-8, 9, (grid.nti, grid.ntj), generator=g)))
+    base = torch.randn(rows, cols, generator=g, dtype=torch.float64).reshape(-1)
+    # The draws of _sign, kept as its int8 bits (0 -> -1, 1 -> +1) and widened only where used;
+    # int8 randint draws the values and advances the generator as the int64 default does (_sign).
+    sign_bit = torch.randint(0, 2, (rows * cols,), generator=g, dtype=torch.int8)
+    sprinkle = (torch.rand(rows, cols, generator=g) < 0.125).reshape(-1)
+    sub_mant = torch.randint(1, 1 << 6, (rows * cols,), generator=g, dtype=torch.int8)
+    const = _pow2(torch.randint(-8, 9, (grid.nti, grid.ntj), generator=g))  # per tile
+
+    def sign(i):
+        return sign_bit[i].to(torch.float64) * 2 - 1
+
     nan, inf = float("nan"), float("inf")
     # Each element takes the value of its tile's pattern (the patterns are disjoint), computed on
     # that pattern's elements only: f(i) gets their flat indices and returns their values.
     rule = {
         "zeros": lambda i: torch.zeros(i.numel(), dtype=torch.float64),
-        "signed_zeros": lambda i: torch.where(sign[i] < 0, -0.0, 0.0).to(torch.float64),
+        "signed_zeros": lambda i: torch.where(sign_bit[i] == 0, -0.0, 0.0).to(torch.float64),
         "nan_sprinkled": lambda i: torch.where(sprinkle[i], nan, base[i]),
-        "inf_sprinkled": lambda i: torch.where(sprinkle[i], sign[i] * inf, base[i]),
+        "inf_sprinkled": lambda i: torch.where(sprinkle[i], sign(i) * inf, base[i]),
         # Subnormals of the input dtype: integer multiples (1..63) of its min subnormal, all < min normal.
-        "subnormals": lambda i: sign[i] * torch.clamp(sub_mant[i] * dsub, max=dmin_normal / 2),
-        "all_max": lambda i: sign[i] * dmax,
+        "subnormals": lambda i: sign(i) * torch.clamp(sub_mant[i].to(torch.float64) * dsub, max=dmin_normal / 2),
+        "all_max": lambda i: sign(i) * dmax,
         "tiny_amax": lambda i: base[i] * dmin_normal,
         "single_nonzero": lambda i: torch.where(grid.diag_at(i // cols, i % cols), base[i], 0.0),
         "all_nan": lambda i: torch.full((i.numel(),), nan, dtype=torch.float64),
-        "constant": lambda i: sign[i] * const[i],
+        "constant": lambda i: sign(i) * const[i // cols // t, i % cols // t],
     }
-    pat, base, sign, sprinkle = pat.reshape(-1), base.reshape(-1), sign.reshape(-1), sprinkle.reshape(-1)
-    sub_mant, const = sub_mant.reshape(-1), const.expand(rows, cols).reshape(-1)
+    pat = pat.reshape(-1)
     # In place: each pattern reads `base` only at its own elements, and the patterns are disjoint.
     x = base
     for k, name in enumerate(SPECIAL_PATTERNS):
         if name in rule:  # "normal" keeps base
             idx = (pat == k).nonzero().squeeze(1)
             x[idx] = rule[name](idx)
-    neg_nan = torch.isnan(x) & (sign < 0)
+    neg_nan = torch.isnan(x) & (sign_bit == 0)
     return x.reshape(rows, cols), neg_nan.reshape(rows, cols)
 
 

@@ -381,3 +381,8 @@ def test_sign_draws_what_an_int64_randint_draws_and_leaves_the_same_generator_st
         want = torch.randint(0, 2, shape, generator=g1).to(torch.float64) * 2 - 1
         assert torch.equal(_sign(shape, g2), want)
         assert torch.equal(torch.rand(4, generator=g1), torch.rand(4, generator=g2))
+    # _special draws its subnormal mantissas 1..63 as int8 too.
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    assert torch.equal(torch.randint(1, 64, (4096,), generator=g1),
+                       torch.randint(1, 64, (4096,), generator=g2, dtype=torch.int8).to(torch.int64))
+    assert torch.equal(torch.rand(4, generator=g1), torch.rand(4, generator=g2))
