@@ -83,10 +83,15 @@ def _pow2(e: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(e, dtype=torch.float64), e.to(torch.int32))
 
 
+def _sign_bits(shape, g: torch.Generator) -> torch.Tensor:
+    """The draws of torch.randint(0, 2, shape, generator=g) behind every random sign (0 -> -1, 1 -> +1),
+    stored as int8: the same values and generator state as the default int64, a tenth of the traffic."""
+    return torch.randint(0, 2, shape, generator=g, dtype=torch.int8)
+
+
 def _sign(shape, g: torch.Generator) -> torch.Tensor:
-    """Random +-1.0 (float64): the draws of torch.randint(0, 2, shape, generator=g) (stored as int8:
-    the same values and generator state as the default int64, a tenth of the memory traffic)."""
-    return torch.randint(0, 2, shape, generator=g, dtype=torch.int8).to(torch.float64) * 2 - 1
+    """Random +-1.0 (float64) from `_sign_bits`."""
+    return _sign_bits(shape, g).to(torch.float64) * 2 - 1
 
 
 def _block(cfg: QuantConfig) -> int:
@@ -318,9 +323,7 @@ def _special(cfg, rows, cols, g, in_dtype, seed):
     grid = _Grid(rows, cols, t, t)
     pat = grid.per_tile(((torch.arange(grid.nti * grid.ntj) + seed) % len(SPECIAL_PATTERNS)).reshape(grid.nti, grid.ntj))
     base = torch.randn(rows, cols, generator=g, dtype=torch.float64).reshape(-1)
-    # The draws of _sign, kept as its int8 bits (0 -> -1, 1 -> +1) and widened only where used;
-    # int8 randint draws the values and advances the generator as the int64 default does (_sign).
-    sign_bit = torch.randint(0, 2, (rows * cols,), generator=g, dtype=torch.int8)
+    sign_bit = _sign_bits((rows * cols,), g)  # widened to +-1.0 only where a pattern uses it
     sprinkle = (torch.rand(rows, cols, generator=g) < 0.125).reshape(-1)
     sub_mant = torch.randint(1, 1 << 6, (rows * cols,), generator=g, dtype=torch.int8)
     const = _pow2(torch.randint(-8, 9, (grid.nti, grid.ntj), generator=g))  # per tile
@@ -530,11 +533,14 @@ CONFIG_FREE = ("normal", "uniform", "heavy_tail", "outliers")
 
 
 def _config_key(distribution: str, cfg: QuantConfig, orientation: str | None) -> tuple:
-    """What a structured distribution reads from one operand's config and consumed orientation:
-    special only its pattern tile (`_block`), per_tile_scales only its tiles (`_scale_tiles`), ties
-    and exhaustive the element format, the scheme's branches, the anchor (`_anchor`: fp8_delayed's
-    margin), the block and whether there are block scales (`_tile_scales`); exact_representable
-    (conservatively) the whole config and orientation. test_inputs checks equal keys give equal bytes."""
+    """What a distribution reads from one operand's config and consumed orientation: nothing
+    (CONFIG_FREE); special only its pattern tile (`_block`), per_tile_scales only its tiles
+    (`_scale_tiles`), ties and exhaustive the element format, the scheme's branches, the anchor
+    (`_anchor`: fp8_delayed's margin), the block and whether there are block scales (`_tile_scales`);
+    anything else (conservatively) the whole config and orientation. test_inputs checks equal keys
+    give equal bytes."""
+    if distribution in CONFIG_FREE:
+        return ()
     if distribution == "special":
         return ("block", _block(cfg))
     if distribution == "per_tile_scales":
@@ -549,9 +555,8 @@ def input_key(case: Case) -> tuple:
 
     Everything generate reads: the op family (x vs a/b), shape, layout, seed, distribution and input
     dtype (the `_generator` key and `_cast`); for GEMMs, accumulate / bias and the output dtype of C
-    and bias; whether an SR seed is attached; and, unless the distribution is CONFIG_FREE, what it
-    reads from each operand's config and consumed orientation (`_config_key`). Used to reuse one
-    generation for consecutive cases.
+    and bias; whether an SR seed is attached; and what the distribution reads from each operand's
+    config and consumed orientation (`_config_key`). Used to reuse one generation for consecutive cases.
     """
     gemm = case.op == "gemm"
     stochastic = case.config.stochastic or bool(gemm and case.b_config is not None and case.b_config.stochastic)
@@ -559,12 +564,10 @@ def input_key(case: Case) -> tuple:
     key: tuple = (gemm, tuple(case.shape), case.layout, case.seed, dist, case.in_dtype, stochastic)
     if gemm:
         key += (case.accumulate, case.bias, case.out_dtype if (case.accumulate or case.bias) else None)
-    if dist in CONFIG_FREE:
-        return key
-    if dist == "exact_representable" or not gemm:
-        if gemm:  # both configs shape both operands (_exact_gemm)
-            return key + (case.config, case.b_config, case.orientation)
+    if not gemm:
         return key + _config_key(dist, case.config, case.orientation)
+    if dist == "exact_representable":  # both configs shape both operands (_exact_gemm)
+        return key + (case.config, case.b_config, case.orientation)
     ca, cb = LAYOUT_CONSUMES[case.layout]
     return key + _config_key(dist, case.config, ca) + _config_key(dist, case.b_config, cb)
 
