@@ -3,7 +3,8 @@
 Source: DESIGN.md §2 (kernels run on torch's current stream; tensors cross zero-copy). A tensor
 argument is passed as its raw device pointer (`np.uint64(t.data_ptr())`): no DLPack view per
 argument. The CuPy function handle of each (module, kernel, device) and CuPy's view of each torch
-stream are cached, so a launch is: look up two dicts, pack the arguments, cuLaunchKernel.
+stream are cached, so a launch is: look up two dicts, pack the arguments, cuLaunchKernel (the stream
+passed to the call, and CuPy's device switched only when the current one is another).
 Memory safety follows torch's stream-ordered allocator: every launch is on the stream the tensors
 were allocated on, so memory freed after a launch is reused only by work ordered after it.
 """
@@ -60,12 +61,14 @@ def launch(module, name: str, grid: int | tuple, block: int | tuple, args: Seque
            shared_mem: int = 0) -> None:
     """Run kernel `name` of the CuPy RawModule `module` on torch's current stream of `device_index`."""
     cupy = _cupy()
+    if cupy.cuda.runtime.getDevice() != device_index:  # callers normally run under torch.cuda.device already
+        with cupy.cuda.Device(device_index):
+            launch(module, name, grid, block, args, device_index, shared_mem)
+        return
     key = (module, name, device_index)
-    with cupy.cuda.Device(device_index):
-        fn = _FUNCTIONS.get(key)
-        if fn is None:
-            fn = _FUNCTIONS[key] = module.get_function(name)
-        grid = grid if isinstance(grid, tuple) else (int(grid),)
-        block = block if isinstance(block, tuple) else (int(block),)
-        with _stream(cupy, device_index):
-            fn(grid, block, tuple(kernel_arg(a) for a in args), shared_mem=shared_mem)
+    fn = _FUNCTIONS.get(key)
+    if fn is None:
+        fn = _FUNCTIONS[key] = module.get_function(name)
+    grid = grid if isinstance(grid, tuple) else (int(grid),)
+    block = block if isinstance(block, tuple) else (int(block),)
+    fn(grid, block, tuple(kernel_arg(a) for a in args), shared_mem=shared_mem, stream=_stream(cupy, device_index))

@@ -229,8 +229,9 @@ def _mxfp8(x2d: torch.Tensor, config: QuantConfig, rowwise: bool, colwise: bool)
     u8 = dict(dtype=torch.uint8, device=dev)
     q_row = torch.empty((m, k), **u8) if rowwise else None
     q_col = torch.empty((m, k), **u8) if colwise else None
-    s_r = torch.zeros(layouts.scale_padded_shape(config, "rowwise", m, k), **u8) if rowwise else None
-    s_c = torch.zeros(layouts.scale_padded_shape(config, "colwise", m, k), **u8) if colwise else None
+    # The kernel writes every scale byte, the zero padding included (mxfp8.cu), so no memset is needed.
+    s_r = torch.empty(layouts.scale_padded_shape(config, "rowwise", m, k), **u8) if rowwise else None
+    s_c = torch.empty(layouts.scale_padded_shape(config, "colwise", m, k), **u8) if colwise else None
     vec_in, vec_out = _vec_flags_same_layout(x2d, q_row, q_col)
     ld_r = s_r.shape[1] if s_r is not None else 0
     ld_c = s_c.shape[1] if s_c is not None else 0
@@ -258,8 +259,9 @@ def _fp8_block(x2d: torch.Tensor, config: QuantConfig, rowwise: bool, colwise: b
     f32 = dict(dtype=torch.float32, device=dev)
     q_row = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None  # (M, K)
     q_col = torch.empty((k, m), dtype=torch.uint8, device=dev) if colwise else None  # (K, M)
-    s_r = torch.zeros(layouts.scale_padded_shape(config, "rowwise", m, k), **f32) if rowwise else None
-    s_c = torch.zeros(layouts.scale_padded_shape(config, "colwise", m, k), **f32) if colwise else None
+    # The kernel writes every scale, the zero padding included (fp8_block.cu), so no memset is needed.
+    s_r = torch.empty(layouts.scale_padded_shape(config, "rowwise", m, k), **f32) if rowwise else None
+    s_c = torch.empty(layouts.scale_padded_shape(config, "colwise", m, k), **f32) if colwise else None
     vec_in, vec_row, vec_col = _vec_flags(x2d, q_row, q_col)
     ld_r = s_r.shape[1] if s_r is not None else 0
     ld_c = s_c.shape[1] if s_c is not None else 0

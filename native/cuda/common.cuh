@@ -95,33 +95,52 @@ __device__ __forceinline__ float decode_elem(unsigned char q) {
 }
 #endif
 
-// Eight elements at once: pairs go through the x2 conversion (cvt.rn.satfinite.<fmt>x2.f32, the same
-// per-lane rounding as the single form; x.x lands in the low byte), then NaN lanes are forced to
-// NAN_CODE as in sat_fp8.
-template <int NAN_CODE>
-__device__ __forceinline__ void sat_fp8x8(const float v[8], unsigned char q[8], __nv_fp8_interpretation_t interp) {
-#pragma unroll
-  for (int j = 0; j < 8; j += 2) {
-    const unsigned short w = static_cast<unsigned short>(
-        __nv_cvt_float2_to_fp8x2(make_float2(v[j], v[j + 1]), __NV_SATFINITE, interp));
-    q[j] = isnan(v[j]) ? static_cast<unsigned char>(NAN_CODE) : static_cast<unsigned char>(w & 0xFFu);
-    q[j + 1] = isnan(v[j + 1]) ? static_cast<unsigned char>(NAN_CODE) : static_cast<unsigned char>(w >> 8);
-  }
+#ifdef ELEM_FP8_INTERP
+static_assert(ELEM_MAX_CODE < 0x7F && ELEM_NAN_CODE <= 0x7F, "an FP8 element format: max finite code < NaN code <= 0x7F");
+
+// Four codes of a cvt.rn.satfinite.<fmt>x2 pair of pairs with every NaN code made ELEM_NAN_CODE (byte j of
+// the word is element j). Satfinite never writes an inf code for a finite or infinite input, so a byte
+// whose magnitude is above ELEM_MAX_CODE came from a NaN.
+__device__ __forceinline__ unsigned int fp8x4_canonical_nan(unsigned int w) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900
+  // NUMERICS: §0.3/§0.5 - on sm_90 the cvt writes 0x7F (= ELEM_NAN_CODE for e4m3 and e5m2) for every
+  // NaN, either sign and any payload (probed on an H100, 2026-11-21; tests/gpu special-value inputs
+  // with negative NaNs check it against the reference), so there is nothing to change.
+  static_assert(ELEM_NAN_CODE == 0x7F, "sm_90's cvt writes NaN as 0x7F");
+  return w;
+#else
+  // Elsewhere (unprobed): bytes with |code| > ELEM_MAX_CODE get bit 7 set by the add (no carry leaves a
+  // byte: both terms are <= 0x7F), prmt replicates each byte's bit 7 into a byte mask.
+  const unsigned int t = (w & 0x7F7F7F7Fu) + (0x7Fu - ELEM_MAX_CODE) * 0x01010101u;
+  unsigned int m;
+  asm("prmt.b32 %0, %1, 0, 0xBA98;" : "=r"(m) : "r"(t));
+  return (w & ~m) | ((ELEM_NAN_CODE * 0x01010101u) & m);
+#endif
 }
 
-#ifdef ELEM_FP8_INTERP
-// NUMERICS: §0.3 q_j = sat(RN(v_j * s_j)): one fp32 multiply per element, then the saturating cast.
-__device__ __forceinline__ void sat_elem8_mul(const float v[8], const float s[8], unsigned char q[8]) {
-  float t[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) t[j] = __fmul_rn(v[j], s[j]);
-  sat_fp8x8<ELEM_NAN_CODE>(t, q, ELEM_FP8_INTERP);
+// NUMERICS: §0.3 q_j = sat(RN(v_j * s_j)): one fp32 multiply per element, then the saturating cast,
+// pairs through cvt.rn.satfinite.<fmt>x2.f32 (the same per-lane rounding as the single form; x.x lands
+// in the low byte). Codes come back packed: element j in byte j % 4 of word j / 4.
+__device__ __forceinline__ unsigned int sat_elem4(float a, float b, float c, float d) {
+  const unsigned int lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, ELEM_FP8_INTERP);
+  const unsigned int hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, ELEM_FP8_INTERP);
+  return fp8x4_canonical_nan(lo | (hi << 16));
 }
-__device__ __forceinline__ void sat_elem8_mul(const float v[8], float s, unsigned char q[8]) {
-  float t[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j) t[j] = __fmul_rn(v[j], s);
-  sat_fp8x8<ELEM_NAN_CODE>(t, q, ELEM_FP8_INTERP);
+__device__ __forceinline__ uint2 sat_elem8_mul(const float v[8], const float s[8]) {
+  uint2 q;
+  q.x = sat_elem4(__fmul_rn(v[0], s[0]), __fmul_rn(v[1], s[1]), __fmul_rn(v[2], s[2]), __fmul_rn(v[3], s[3]));
+  q.y = sat_elem4(__fmul_rn(v[4], s[4]), __fmul_rn(v[5], s[5]), __fmul_rn(v[6], s[6]), __fmul_rn(v[7], s[7]));
+  return q;
+}
+__device__ __forceinline__ uint2 sat_elem8_mul(const float v[8], float s) {
+  uint2 q;
+  q.x = sat_elem4(__fmul_rn(v[0], s), __fmul_rn(v[1], s), __fmul_rn(v[2], s), __fmul_rn(v[3], s));
+  q.y = sat_elem4(__fmul_rn(v[4], s), __fmul_rn(v[5], s), __fmul_rn(v[6], s), __fmul_rn(v[7], s));
+  return q;
+}
+// Byte j of 8 packed codes.
+__device__ __forceinline__ unsigned char code_at(uint2 q, int j) {
+  return static_cast<unsigned char>(((j < 4 ? q.x : q.y) >> (8 * (j & 3))) & 0xFFu);
 }
 #endif
 
@@ -326,18 +345,16 @@ __device__ __forceinline__ void load_tile(const T* __restrict__ x, i64 M, i64 K,
   }
 }
 
-// Store 8 consecutive bytes (8-byte aligned when `vec_ok`), only the in-range ones otherwise.
-__device__ __forceinline__ void store8(unsigned char* __restrict__ dst, const unsigned char q[8], i64 valid,
-                                       bool vec_ok) {
+// Store 8 packed codes (byte j of q = element j) to 8 consecutive bytes (8-byte aligned when `vec_ok`),
+// only the in-range ones otherwise.
+__device__ __forceinline__ void store8(unsigned char* __restrict__ dst, uint2 q, i64 valid, bool vec_ok) {
   if (vec_ok && valid >= 8) {
-    uint2 u;
-    u.x = q[0] | (q[1] << 8) | (q[2] << 16) | (static_cast<unsigned int>(q[3]) << 24);
-    u.y = q[4] | (q[5] << 8) | (q[6] << 16) | (static_cast<unsigned int>(q[7]) << 24);
-    *reinterpret_cast<uint2*>(dst) = u;
+    *reinterpret_cast<uint2*>(dst) = q;
   } else {
+    const unsigned long long b = (static_cast<unsigned long long>(q.y) << 32) | q.x;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
-      if (j < valid) dst[j] = q[j];
+      if (j < valid) dst[j] = static_cast<unsigned char>(b >> (8 * j));
   }
 }
 
@@ -384,13 +401,12 @@ __device__ __forceinline__ void quantize_tile_one_scale(const TileVals<T>& t, fl
   for (int p = 0; p < kPasses; ++p) {
     float r[kVec];
     tile_row(t, p, r);
-    unsigned char q[kVec];
-    sat_elem8_mul(r, s, q);  // NUMERICS: §1 / §4 q = sat(RN(x*s)), a multiply by s, never / sinv
+    const uint2 q = sat_elem8_mul(r, s);  // NUMERICS: §1 / §4 q = sat(RN(x*s)), a multiply by s, never / sinv
     const i64 m = m0 + th.row(p);
     if (q_row && m < M && kcol < K) store8(q_row + m * K + kcol, q, K - kcol, vec_row);
     if (qT) {
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) qT[qT_offset(th.col0() + j, th.row(p))] = q[j];
+      for (int j = 0; j < kVec; ++j) qT[qT_offset(th.col0() + j, th.row(p))] = code_at(q, j);
     }
   }
 }

@@ -15,6 +15,7 @@ using namespace nh;
 //          2-D [ceil(M/128), ld_sr = roundup(ceil(K/128),4)] entry [mb, kb].
 // Colwise: data [K, M] (transposed); sinv 1-D [ceil(M/128), ld_sc = roundup(K,4)] entry [mb, k],
 //          2-D [ceil(K/128), ld_sc = roundup(ceil(M/128),4)] entry [kb, mb].
+// The kernel writes every scale, the zero padding included (the outputs may be uninitialised).
 template <typename T>
 __device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i64 K, int vec_in, int vec_row,
                                                int vec_col, unsigned char* __restrict__ q_row,
@@ -23,9 +24,11 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i
                                                i64 ld_sc) {
   __shared__ __align__(16) unsigned char qT[kTile * kTransposePitch];
   __shared__ float col_part[kWarps][kTile];
+  __shared__ float row_amax[kTile];   // 1-D: amax of tile row r (its 128-block)
+  __shared__ float row_scale[kTile];  // and its scale s
   __shared__ float col_scale[kTile];
 
-  const i64 n_kt = (K + kTile - 1) / kTile;
+  const i64 n_kt = (K + kTile - 1) / kTile, n_mt = (M + kTile - 1) / kTile;
   const i64 mt = static_cast<i64>(blockIdx.x) / n_kt;
   const i64 kt = static_cast<i64>(blockIdx.x) % n_kt;
   const i64 m0 = mt * kTile, k0 = kt * kTile;
@@ -52,35 +55,36 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i
   for (int w = 0; w < kWarps; ++w) A = fmaxf(A, col_part[0][w]);
   const float s = compute_scale(A, fp8_max, POW2 != 0, EPS, v_inf);
   if (threadIdx.x == 0) {
+    // This tile's sinv, and the zero padding of the scale rows (written by the last tile of each row).
     const float sinv = scale_inverse(s);
-    if (s_row) s_row[mt * ld_sr + kt] = sinv;
-    if (s_col) s_col[kt * ld_sc + mt] = sinv;
+    if (s_row) {
+      s_row[mt * ld_sr + kt] = sinv;
+      if (kt == n_kt - 1)
+        for (i64 j = n_kt; j < ld_sr; ++j) s_row[mt * ld_sr + j] = 0.0f;
+    }
+    if (s_col) {
+      s_col[kt * ld_sc + mt] = sinv;
+      if (mt == n_mt - 1)
+        for (i64 j = n_mt; j < ld_sc; ++j) s_col[kt * ld_sc + j] = 0.0f;
+    }
   }
   // NUMERICS: §4 q = sat(RN(x*s)) with the tile's one scale, both copies.
   quantize_tile_one_scale(v, s, th, m0, M, K, kcol, q_row, vec_row != 0, q_col ? qT : nullptr);
 #else
+  // 1-D: the amaxes first - rowwise block (m, kb) = x[m, 128 kb .. +127] (16 lanes of one row), colwise
+  // block (mb, k) = x[128 mb .. +127, k] (per-warp partial maxima) -, then 128 threads compute the
+  // row scales and 128 the column scales (one division each), then both copies are quantized.
   if (q_row) {
-    // NUMERICS: §4 1-D rowwise - block (m, kb) = x[m, 128 kb .. +127], amax over the valid elements.
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
       float a = 0.0f;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) a = amax_step(a, v.at(p, j));
       a = group_max<kLanesPerRow>(a);
-      const float s = compute_scale(a, fp8_max, POW2 != 0, EPS, v_inf);
-      unsigned char q[kVec];
-      float r[kVec];
-      tile_row(v, p, r);
-      sat_elem8_mul(r, s, q);  // multiply by s, never / sinv
-      const i64 m = m0 + th.row(p);
-      if (m < M) {
-        if (kcol < K) store8(q_row + m * K + kcol, q, K - kcol, vec_row != 0);
-        if (th.cl == 0) s_row[kt * ld_sr + m] = scale_inverse(s);
-      }
+      if (th.cl == 0) row_amax[th.row(p)] = a;
     }
   }
   if (q_col) {
-    // NUMERICS: §4 1-D colwise - row k of the [K, M] output quantizes column k in blocks of 128 rows.
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       float a = 0.0f;
@@ -89,27 +93,45 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i
       a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 16));  // the other row of the warp's pair
       if (th.rsub == 0) col_part[th.w][th.col0() + j] = a;
     }
-    __syncthreads();
-    if (threadIdx.x < kTile) {
-      float A = 0.0f;
+  }
+  __syncthreads();
+  const int t = static_cast<int>(threadIdx.x) % kTile;
+  if (q_row && threadIdx.x < kTile) {
+    // NUMERICS: §4 1-D rowwise scale of row m0 + t; sinv stored transposed [kb, m], zero padding up to ld_sr.
+    const float s = compute_scale(row_amax[t], fp8_max, POW2 != 0, EPS, v_inf);
+    row_scale[t] = s;
+    const i64 m = m0 + t;
+    if (m < ld_sr) s_row[kt * ld_sr + m] = m < M ? scale_inverse(s) : 0.0f;
+  }
+  if (q_col && threadIdx.x >= kTile) {
+    // NUMERICS: §4 1-D colwise scale of column k0 + t; sinv [mb, k], zero padding up to ld_sc.
+    float A = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) A = fmaxf(A, col_part[w][threadIdx.x]);
-      const float s = compute_scale(A, fp8_max, POW2 != 0, EPS, v_inf);
-      col_scale[threadIdx.x] = s;
-      if (k0 + threadIdx.x < K) s_col[mt * ld_sc + k0 + threadIdx.x] = scale_inverse(s);
-    }
-    __syncthreads();
-    float sc[kVec];
+    for (int w = 0; w < kWarps; ++w) A = fmaxf(A, col_part[w][t]);
+    const float s = compute_scale(A, fp8_max, POW2 != 0, EPS, v_inf);
+    col_scale[t] = s;
+    const i64 k = k0 + t;
+    if (k < ld_sc) s_col[mt * ld_sc + k] = k < K ? scale_inverse(s) : 0.0f;
+  }
+  __syncthreads();
+  float sc[kVec];
+  if (q_col) {
 #pragma unroll
     for (int j = 0; j < kVec; ++j) sc[j] = col_scale[th.col0() + j];
+  }
 #pragma unroll
-    for (int p = 0; p < kPasses; ++p) {
-      unsigned char q[kVec];
-      float r[kVec];
-      tile_row(v, p, r);
-      sat_elem8_mul(r, sc, q);
+  for (int p = 0; p < kPasses; ++p) {
+    float r[kVec];
+    tile_row(v, p, r);  // widened once, read by both copies
+    if (q_row) {
+      const uint2 q = sat_elem8_mul(r, row_scale[th.row(p)]);  // multiply by s, never / sinv
+      const i64 m = m0 + th.row(p);
+      if (m < M && kcol < K) store8(q_row + m * K + kcol, q, K - kcol, vec_row != 0);
+    }
+    if (q_col) {
+      const uint2 q = sat_elem8_mul(r, sc);
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) qT[qT_offset(th.col0() + j, th.row(p))] = q[j];
+      for (int j = 0; j < kVec; ++j) qT[qT_offset(th.col0() + j, th.row(p))] = code_at(q, j);
     }
   }
 #endif

@@ -29,6 +29,7 @@ __device__ __forceinline__ unsigned int mx_exponent(float A) {
 // One CTA quantizes one 128x128 tile (M, K multiples of 32; partial tiles in whole 32-blocks).
 // Rowwise data [M, K], scales S_r [roundup(M,128), ld_r = roundup(K/32,4)] entry [m, kb].
 // Colwise data [M, K] (NOT transposed), scales S_c [roundup(M/32,4), ld_c = roundup(K,128)] entry [mb, k].
+// The kernel writes every scale byte, the zero padding included (the outputs may be uninitialised).
 template <typename T>
 __device__ __forceinline__ void mx_quantize(const T* __restrict__ x, i64 M, i64 K, int vec_in, int vec_out,
                                             unsigned char* __restrict__ q_row, unsigned char* __restrict__ s_r,
@@ -88,20 +89,19 @@ __device__ __forceinline__ void mx_quantize(const T* __restrict__ x, i64 M, i64 
     __syncthreads();
   }
 
+  const bool vec = vec_out != 0;
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
     const i64 m = m0 + th.row(p);
     const bool in = m < M && kcol < K;
+    float r[kVec];
+    tile_row(v, p, r);  // widened once, read by both copies
 #if IS_2D
     const unsigned int e = tile_e[p / 2][th.cl / kLanesPerMx];
-    const float P = e8m0_multiplier(e);
-    unsigned char q[kVec];
-    float r[kVec];
-    tile_row(v, p, r);
-    sat_elem8_mul(r, P, q);  // NUMERICS: §3 q = sat(RN(x*P(e)))
+    const uint2 q = sat_elem8_mul(r, e8m0_multiplier(e));  // NUMERICS: §3 q = sat(RN(x*P(e)))
     if (in) {
-      if (q_row) store8(q_row + m * K + kcol, q, K - kcol, vec_out != 0);
-      if (q_col) store8(q_col + m * K + kcol, q, K - kcol, vec_out != 0);
+      if (q_row) store8(q_row + m * K + kcol, q, K - kcol, vec);
+      if (q_col) store8(q_col + m * K + kcol, q, K - kcol, vec);
       if (q_row && (th.cl % kLanesPerMx) == 0) s_r[m * ld_r + kcol / kMx] = static_cast<unsigned char>(e);
     }
 #else
@@ -109,16 +109,12 @@ __device__ __forceinline__ void mx_quantize(const T* __restrict__ x, i64 M, i64 
       // NUMERICS: §3 rowwise 1x32 - block (m, kb) = x[m, 32 kb .. +31].
       float a = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) a = amax_step(a, v.at(p, j));
+      for (int j = 0; j < kVec; ++j) a = amax_step(a, r[j]);
       a = group_max<kLanesPerMx>(a);
       const unsigned int e = mx_exponent(a);
-      const float P = e8m0_multiplier(e);
-      unsigned char q[kVec];
-      float r[kVec];
-      tile_row(v, p, r);
-      sat_elem8_mul(r, P, q);
+      const uint2 q = sat_elem8_mul(r, e8m0_multiplier(e));
       if (in) {
-        store8(q_row + m * K + kcol, q, K - kcol, vec_out != 0);
+        store8(q_row + m * K + kcol, q, K - kcol, vec);
         if ((th.cl % kLanesPerMx) == 0) s_r[m * ld_r + kcol / kMx] = static_cast<unsigned char>(e);
       }
     }
@@ -128,27 +124,32 @@ __device__ __forceinline__ void mx_quantize(const T* __restrict__ x, i64 M, i64 
       const float4 pa = *reinterpret_cast<const float4*>(&col_P[p / 2][th.col0()]);
       const float4 pb = *reinterpret_cast<const float4*>(&col_P[p / 2][th.col0() + 4]);
       const float P8[kVec] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
-      unsigned char q[kVec];
-      float r[kVec];
-      tile_row(v, p, r);
-      sat_elem8_mul(r, P8, q);
-      if (in) store8(q_col + m * K + kcol, q, K - kcol, vec_out != 0);
+      const uint2 q = sat_elem8_mul(r, P8);
+      if (in) store8(q_col + m * K + kcol, q, K - kcol, vec);
     }
 #endif
   }
 
-  // Colwise scales S_c[mb, k]: 4 row blocks x 128 columns of this tile.
+  // Rowwise scale padding S_r[m, kb] for m >= M or 32 kb >= K inside this tile's 128 x 4 region (the
+  // tiles' regions cover the padded array exactly: roundup(M, 128) rows, roundup(K/32, 4) columns).
+  if (q_row && (m0 + kTile > M || k0 + kTile > K)) {
+    for (int idx = threadIdx.x; idx < kTile * kMxPerTile; idx += kThreads) {
+      const i64 m = m0 + idx / kMxPerTile, kb = k0 / kMx + idx % kMxPerTile;
+      if (m >= M || kb * kMx >= K) s_r[m * ld_r + kb] = 0;
+    }
+  }
+  // Colwise scales S_c[mb, k]: 4 row blocks x 128 columns of this tile, zero in the padding (the
+  // regions cover roundup(M/32, 4) rows and roundup(K, 128) columns exactly).
   if (q_col) {
     for (int idx = threadIdx.x; idx < kMxPerTile * kTile; idx += kThreads) {
       const int b = idx / kTile, c = idx % kTile;
       const i64 mb = m0 / kMx + b, k = k0 + c;
-      if (mb * kMx < M && k < K) {
+      const bool valid = mb * kMx < M && k < K;
 #if IS_2D
-        s_c[mb * ld_c + k] = static_cast<unsigned char>(tile_e[b][c / kMx]);
+      s_c[mb * ld_c + k] = valid ? static_cast<unsigned char>(tile_e[b][c / kMx]) : 0;
 #else
-        s_c[mb * ld_c + k] = static_cast<unsigned char>(col_e[b][c]);
+      s_c[mb * ld_c + k] = valid ? static_cast<unsigned char>(col_e[b][c]) : 0;
 #endif
-      }
     }
   }
 }
