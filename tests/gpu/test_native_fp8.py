@@ -189,33 +189,42 @@ def test_single_orientation(cfg, rowwise, colwise):
     check_vs_reference(x, cfg, rowwise=rowwise, colwise=colwise)
 
 
-def _poison_small_pool(n: int = 256, nbytes: int = 64 << 10) -> None:
-    """Fill and free blocks of torch's small-allocation pool with 0xAB, so that a later torch.empty of a
-    scale tensor hands back non-zero memory (the kernels must write the zero padding themselves)."""
-    junk = [torch.full((nbytes,), 0xAB, dtype=torch.uint8, device="cuda") for _ in range(n)]
-    torch.cuda.synchronize()
-    del junk
-    probe = torch.empty(4096, dtype=torch.uint8, device="cuda")
-    assert int((probe == 0xAB).sum()) == probe.numel(), "the allocator did not hand back the poisoned memory"
-    del probe
+def _dirty_empty(real_empty, shapes: list):
+    """torch.empty whose memory is filled with 0xAB bytes (every output byte must be written by the
+    kernels); the shape of each CUDA tensor it hands out is appended to `shapes`."""
+
+    def empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        if t.is_cuda and t.is_contiguous() and t.numel():
+            t.view(torch.uint8).fill_(0xAB)
+            shapes.append(tuple(t.shape))
+        return t
+
+    return empty
 
 
 @pytest.mark.parametrize("cfg", [BLOCK[0], BLOCK[1], BLOCK[3], MX[0], MX[4]], ids=lambda c: c.id)
 @pytest.mark.parametrize("shape", [(130, 258), (258, 130), (34, 4130)], ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("rowwise, colwise", [(True, True), (True, False), (False, True)], ids=["both", "row", "col"])
-def test_scale_padding_written_over_dirty_memory(cfg, shape, rowwise, colwise):
-    """Scale tensors come from torch.empty: the zero padding (NUMERICS layouts) is the kernel's to write."""
+def test_scale_padding_written_over_dirty_memory(cfg, shape, rowwise, colwise, monkeypatch):
+    """Outputs come from torch.empty (here: filled with 0xAB): every byte, the scales' zero padding
+    (NUMERICS layouts) included, is the kernel's to write."""
     if cfg.scheme == "mxfp8":
         shape = tuple(32 * math.ceil(n / 32) for n in shape)  # mxfp8 needs multiples of 32
     x = make_input("scaled", shape, torch.bfloat16, 13)
     gold = reference.quantize(x, cfg, rowwise=rowwise, colwise=colwise)
-    _poison_small_pool()
-    cand = native.quantize(x.cuda(), cfg, rowwise=rowwise, colwise=colwise)
+    xd = x.cuda()
+    dirty: list = []
+    monkeypatch.setattr(torch, "empty", _dirty_empty(torch.empty, dirty))
+    cand = native.quantize(xd, cfg, rowwise=rowwise, colwise=colwise)
+    monkeypatch.undo()
     padded = [
         o for o, on in (("rowwise", rowwise), ("colwise", colwise))
         if on and layouts.scale_padded_shape(cfg, o, *shape) != layouts.scale_valid_shape(cfg, o, *shape)
     ]
     assert padded, "the shape must give at least one requested scale tensor some padding"
+    for o in padded:
+        assert layouts.scale_padded_shape(cfg, o, *shape) in dirty, f"{o} scales were not allocated by torch.empty"
     assert_same(cand, gold, f"{cfg.id} {shape} after poisoning")
 
 
