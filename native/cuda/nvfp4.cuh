@@ -175,20 +175,24 @@ NVFP4_HD float round_bf16(float f) {
 
 // ---- generic RNE-and-saturate onto a small format's grid --------------------------------------
 // Magnitude code of a >= 0 on the grid of (EXP, MAN, BIAS) with finite max `maxv`: with
-// e = max(floor(log2 a), emin), n = RNE(a / 2^(e-MAN)), the code is ((e - emin) << MAN) + n, which
-// also covers subnormals and the carry into the next binade; anything above max (inf included)
-// saturates to max_code (a NaN a also gives max_code). Branch-free.
+// e = max(floor(log2 a), emin), the grid step in a's binade is 2^(e-MAN) and the code is
+// ((e - emin) << MAN) + n, n = RNE(a / 2^(e-MAN)) (subnormals and the carry into the next binade
+// included); anything above max (inf included) saturates to max_code (a NaN a also gives max_code).
+// n comes from one IEEE addition: M = 2^(e-MAN+23) has ulp 2^(e-MAN) and a + M < 2M, so RN(a + M)
+// = M + n * 2^(e-MAN) with ties to even n, and n is the difference of the bit patterns. Branch-free,
+// no float-to-int conversion.
 // NUMERICS: §0.5 e2m1_rn (RNE on the grid, then saturate; equal to clamp-then-round).
 template <int EXP, int MAN, int BIAS>
 NVFP4_HD u32 rne_sat_mag(float a, float maxv, u32 max_code) {
+    static_assert(MAN + 2 < FP32_MAN_BITS, "n must fit below M's mantissa");
     a = fmin_nn(a, maxv);  // > max, inf (and NaN) -> max, whose code is max_code
     const int emin = 1 - BIAS;
     const int e = floor_log2_clamped(a, emin, FP32_EXP_BIAS);
-    const float n = rintf(mul_rn(a, pow2f(MAN - e)));  // exact scaling by a power of two, then RNE
-    const u32 code = ((u32)(e - emin) << MAN) + (u32)n;
+    const u32 m_bits = (u32)(e - MAN + FP32_MAN_BITS + FP32_EXP_BIAS) << FP32_MAN_BITS;  // M = 2^(e-MAN+23)
+    const u32 n = f2u(add_rn(a, u2f(m_bits))) - m_bits;  // RN(a + M) = M + n * ulp(M), exactly
+    const u32 code = ((u32)(e - emin) << MAN) + n;
     return code < max_code ? code : max_code;
 }
-
 // Exact value of a magnitude code of (EXP, MAN, BIAS) (no NaN/Inf patterns are decoded here).
 template <int EXP, int MAN, int BIAS>
 NVFP4_HD float decode_mag(u32 code) {
@@ -240,10 +244,16 @@ NVFP4_HD u32 e2m1_sr(float y, u32 r) {
     const u32 sign = (f2u(y) & FP32_SIGN_BIT) ? ELEM_SIGN : 0u;
     // |y| > 6 and inf -> 6 (then t < 8 and q = 6, i.e. the max code); NaN lanes are replaced below.
     const float a = fmin_nn(fabsf(y), ELEM_MAX);
-    const float u = mul_rn((float)r, pow2f(-SR_BITS));                  // exact
-    const float t = add_rn(a, mul_rn(u, pow2f(e2m1_step_log2(a))));     // u*step exact; one rounding
-    const int st = e2m1_step_log2(t);
-    const float q = fmin_nn(mul_rn(floorf(mul_rn(t, pow2f(-st))), pow2f(st)), ELEM_MAX);  // exact
+    // u * step(a) = r * 2^(log2 step(a) - 8), exact; float(r) by the 2^23 + r bit pattern (exact, r < 2^23).
+    const float r_f = add_rn(u2f(f2u(8388608.0f) | r), -8388608.0f);
+    const float t = add_rn(a, mul_rn(r_f, pow2f(e2m1_step_log2(a) - SR_BITS)));  // one rounding
+    // floor(t / step(t)) * step(t), exact: clear t's fp32 mantissa bits below step(t). In binades
+    // >= emin that is the low 23 - MAN bits; below emin step is 2^(emin - MAN), so more bits go, and
+    // t < step gives 0 (t < 8 here, so t's binade never exceeds emax).
+    const int e = (int)(f2u(t) >> FP32_MAN_BITS) - FP32_EXP_BIAS;  // t >= 0; subnormal or 0 -> -127
+    const int below = (1 - ELEM_BIAS) - e;
+    const int drop = FP32_MAN_BITS - ELEM_MAN_BITS + (below > 0 ? below : 0);
+    const float q = fmin_nn(drop > FP32_MAN_BITS ? 0.0f : u2f(f2u(t) & (~0u << drop)), ELEM_MAX);
     const u32 mag = rne_sat_mag<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS>(q, ELEM_MAX, ELEM_MAX_CODE);  // q on the grid
     return nan ? (u32)ELEM_NAN_CODE : (sign | mag);
 }
