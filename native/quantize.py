@@ -87,10 +87,17 @@ def supports(op: str, config: QuantConfig, device) -> tuple[bool, str]:
     return True, ""
 
 
-def _require(op: str, config: QuantConfig, device) -> None:
-    ok, reason = supports(op, config, device)
+def _require(op: str, config: QuantConfig, device: torch.device) -> None:
+    ok, reason = _supports_cached(op, config, device)
     if not ok:
         raise Unsupported(f"native {op} of {config.id} on {device}: {reason}")
+
+
+@functools.lru_cache(maxsize=1024)
+def _supports_cached(op: str, config: QuantConfig, device: torch.device) -> tuple[bool, str]:
+    """supports() for quantize / dequantize, once per (op, config, device): its answer depends only on
+    this process's CuPy / CUDA setup, and it costs a few microseconds per call."""
+    return supports(op, config, device)
 
 
 # --------------------------------------------------------------------------------------------
@@ -184,9 +191,9 @@ def _per_tensor(x2d: torch.Tensor, config: QuantConfig, rowwise: bool, colwise: 
         n = m * k
         grid = _elementwise_grid(math.ceil(n / 8), dev)
         _launch(mod, f"tensor_amax_{sfx}", grid, _THREADS, (x2d, _i64(n), _i32(_aligned(x2d)), amax), dev)
-        _launch(mod, "current_scale", 1, 32, (amax, scale, sinv, amax_c if both else None, sinv_c if both else None),
-                dev)
-        cast_sinv, amax_acc = None, None
+        # The cast kernel derives the scale from the amax itself (NUMERICS §1) and stores scale, sinv
+        # and the second copy's amax / sinv (no separate scale launch).
+        amax_in, amax_acc, copy_amax, copy_sinv = amax, None, (amax_c if both else None), (sinv_c if both else None)
     else:
         from reference.per_tensor import AmaxHistory
 
@@ -198,13 +205,15 @@ def _per_tensor(x2d: torch.Tensor, config: QuantConfig, rowwise: bool, colwise: 
         if state.config != config:
             raise ValueError(f"{config.id}: state was built for {state.config.id}, not for this config")
         scale = state.scale.to(device=dev, dtype=torch.float32).contiguous()
-        cast_sinv, amax_acc = sinv, amax  # NUMERICS: §2 sinv = RN(1/scale); amax of the unscaled input
+        # NUMERICS: §2 sinv = RN(1/scale); amax of the unscaled input
+        amax_in, amax_acc, copy_amax, copy_sinv = None, amax, None, None
     _launch(
         mod,
         f"per_tensor_cast_{sfx}",
         _n_tiles(m, k),
         _THREADS,
-        (x2d, _i64(m), _i64(k), _i32(vec_in), _i32(vec_row), _i32(vec_col), scale, cast_sinv, amax_acc, q_row, q_col),
+        (x2d, _i64(m), _i64(k), _i32(vec_in), _i32(vec_row), _i32(vec_col), amax_in, scale, sinv, amax_acc,
+         copy_amax, copy_sinv, q_row, q_col),
         dev,
     )
     if config.scheme == "fp8_delayed":

@@ -52,31 +52,24 @@ NH_AMAX(f32, float)
 NH_AMAX(bf16, __nv_bfloat16)
 NH_AMAX(f16, __half)
 
-// NUMERICS: §1 - s = compute_scale(A, fp8_max, pow2, eps, v_inf = FLT_MAX); sinv = RN(1/s).
-// amax_copy / sinv_copy (may be null): the second copy's own amax and sinv tensors, written here so
-// the call needs no separate copy kernels.
-extern "C" __global__ void current_scale(const float* amax, float* scale, float* sinv, float* amax_copy,
-                                         float* sinv_copy) {
-  if (threadIdx.x == 0 && blockIdx.x == 0) {
-    const float s = compute_scale(amax[0], ELEM_MAX, POW2 != 0, EPS, FP32_MAX);
-    scale[0] = s;
-    sinv[0] = scale_inverse(s);
-    if (amax_copy) amax_copy[0] = amax[0];
-    if (sinv_copy) sinv_copy[0] = sinv[0];
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Cast with a per-tensor scale (+ transposed copy), optionally accumulating the amax (delayed)
 // ---------------------------------------------------------------------------------------------
-// q = sat(RN(x * scale)) (one fp32 multiply, no FMA) into q_row [M, K] and/or q_col [K, M]
-// (byte-exact transpose). sinv (if non-null) receives RN(1/scale). amax_acc (if non-null) receives
-// fmax(amax_acc, amax(x)) (NUMERICS §2: H[0] <- fmax(H[0], amax(x)), amax of the UNSCALED input).
+// q = sat(RN(x * s)) (one fp32 multiply, no FMA) into q_row [M, K] and/or q_col [K, M]
+// (byte-exact transpose).
+// Current scaling (amax_in non-null, the finished amax pass): every CTA derives s from amax_in[0]
+// (NUMERICS §1: s = compute_scale(A, fp8_max, pow2, eps, v_inf = FLT_MAX)); CTA 0 stores it in
+// scale[0], sinv = RN(1/s) in sinv[0], and the second copy's own amax_copy / sinv_copy (may be null).
+// Delayed scaling (amax_in null): s = scale[0]; sinv (if non-null) receives RN(1/s); amax_acc (if
+// non-null) receives fmax(amax_acc, amax(x)) (NUMERICS §2: H[0] <- fmax(H[0], amax(x)), amax of the
+// UNSCALED input).
 template <typename T>
 __device__ __forceinline__ void per_tensor_cast(const T* __restrict__ x, i64 M, i64 K, int vec_in, int vec_row,
-                                                int vec_col, const float* __restrict__ scale,
-                                                float* __restrict__ sinv, float* __restrict__ amax_acc,
-                                                unsigned char* __restrict__ q_row, unsigned char* __restrict__ q_col) {
+                                                int vec_col, const float* __restrict__ amax_in,
+                                                float* __restrict__ scale, float* __restrict__ sinv,
+                                                float* __restrict__ amax_acc, float* __restrict__ amax_copy,
+                                                float* __restrict__ sinv_copy, unsigned char* __restrict__ q_row,
+                                                unsigned char* __restrict__ q_col) {
   __shared__ __align__(16) unsigned char qT[kTile * kTransposePitch];
   __shared__ float warp_part[kWarps];
   const i64 n_kt = (K + kTile - 1) / kTile;
@@ -85,8 +78,14 @@ __device__ __forceinline__ void per_tensor_cast(const T* __restrict__ x, i64 M, 
   const TileThread th;
   TileVals<T> v;
   load_tile(x, M, K, m0, k0, vec_in != 0, th, v);
-  const float s = scale[0];
-  if (sinv && blockIdx.x == 0 && threadIdx.x == 0) sinv[0] = scale_inverse(s);  // NUMERICS: §1/§2 sinv = RN(1/s)
+  const float s = amax_in ? compute_scale(amax_in[0], ELEM_MAX, POW2 != 0, EPS, FP32_MAX) : scale[0];
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    const float si = scale_inverse(s);  // NUMERICS: §1/§2 sinv = RN(1/s)
+    if (amax_in) scale[0] = s;
+    if (sinv) sinv[0] = si;
+    if (amax_copy) amax_copy[0] = amax_in[0];
+    if (sinv_copy) sinv_copy[0] = si;
+  }
 
   if (amax_acc) {
     float a = 0.0f;
@@ -117,9 +116,11 @@ __device__ __forceinline__ void per_tensor_cast(const T* __restrict__ x, i64 M, 
 #define NH_CAST(SUFFIX, T)                                                                                  \
   extern "C" __global__ void __launch_bounds__(kThreads, TileMinBlocks<T>::value)                               \
       per_tensor_cast_##SUFFIX(const T* x, i64 M, i64 K, int vec_in, int vec_row, int vec_col,            \
-                               const float* scale, float* sinv, float* amax_acc, unsigned char* q_row,    \
+                               const float* amax_in, float* scale, float* sinv, float* amax_acc,          \
+                               float* amax_copy, float* sinv_copy, unsigned char* q_row,                  \
                                unsigned char* q_col) {                                                    \
-    per_tensor_cast<T>(x, M, K, vec_in, vec_row, vec_col, scale, sinv, amax_acc, q_row, q_col);           \
+    per_tensor_cast<T>(x, M, K, vec_in, vec_row, vec_col, amax_in, scale, sinv, amax_acc, amax_copy,      \
+                       sinv_copy, q_row, q_col);                                                          \
   }
 NH_CAST(f32, float)
 NH_CAST(bf16, __nv_bfloat16)
