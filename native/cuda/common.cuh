@@ -162,6 +162,17 @@ __device__ __forceinline__ unsigned int e8m0_up_sw(float t) {
   return E + (bump ? 1u : 0u);
 }
 
+// e8m0_up_sw for a t that is not NaN (t >= 0: a scaled amax, NUMERICS §0.1 amaxes ignore NaN), without
+// branches: adding 0x7FFFFF (normal t) or 0x3FFFFF (E = 0) to the bits carries into the exponent
+// exactly when the rule bumps E (F != 0; F > 0x400000 when E == 0); 0xFE with F != 0 and +inf
+// (0xFF, F = 0) both end at 0xFF, clamped to E8M0_MAX_CODE as the rule says.
+__device__ __forceinline__ unsigned int e8m0_up_not_nan(float t) {
+  const unsigned int b = __float_as_uint(t) & kF32AbsMask;
+  const unsigned int up = b < (1u << kF32ManBits) ? (kF32ManMask >> 1) : kF32ManMask;
+  const unsigned int e = (b + up) >> kF32ManBits;
+  return e < E8M0_MAX_CODE ? e : E8M0_MAX_CODE;
+}
+
 // The arch-specific sm_100+ instruction rounds up (rp) and saturates exactly like e8m0_up_sw.
 __device__ __forceinline__ unsigned int e8m0_up(float t) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 1000) && \
@@ -206,6 +217,14 @@ __device__ __forceinline__ float exact_pow2(int n) {
 __device__ __forceinline__ float e8m0_multiplier(unsigned int e) {
   if (e == E8M0_NAN_CODE) return __uint_as_float(0x7FC00000u);
   return exact_pow2(E8M0_BIAS - static_cast<int>(e));
+}
+
+// P(e) for e <= E8M0_MAX_CODE (no NaN code), without branches: 2^(127 - e) is normal for e < 254, and
+// P(254) = 2^-127 is the subnormal 0x00400000, the largest of the two candidates there.
+__device__ __forceinline__ float e8m0_multiplier_not_nan(unsigned int e) {
+  const int biased = 2 * E8M0_BIAS - static_cast<int>(e);  // exponent field of 2^(127 - e) when normal
+  const int normal = biased << kF32ManBits;                 // 0 for e = 254
+  return __uint_as_float(static_cast<unsigned int>(max(normal, 1 << (kF32ManBits - 1))));
 }
 
 // NUMERICS: §0.5 - decode D(e) = 2^(e - 127) (D(0) = 2^-127 subnormal, 0xFF = NaN).

@@ -74,24 +74,30 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i
   // 1-D: the amaxes first - rowwise block (m, kb) = x[m, 128 kb .. +127] (16 lanes of one row), colwise
   // block (mb, k) = x[128 mb .. +127, k] (per-warp partial maxima) -, then 128 threads compute the
   // row scales and 128 the column scales (one division each), then both copies are quantized.
-  if (q_row) {
+  {
+    float ca[kVec] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};  // this thread's column maxima
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
-      float a = 0.0f;
+      float r[kVec];
+      tile_row(v, p, r);  // one widening for both amaxes
+      if (q_row) {
+        float a = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) a = amax_step(a, v.at(p, j));
-      a = group_max<kLanesPerRow>(a);
-      if (th.cl == 0) row_amax[th.row(p)] = a;
+        for (int j = 0; j < kVec; ++j) a = amax_step(a, r[j]);
+        a = group_max<kLanesPerRow>(a);
+        if (th.cl == 0) row_amax[th.row(p)] = a;
+      }
+      if (q_col) {
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) ca[j] = amax_step(ca[j], r[j]);
+      }
     }
-  }
-  if (q_col) {
+    if (q_col) {
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      float a = 0.0f;
-#pragma unroll
-      for (int p = 0; p < kPasses; ++p) a = amax_step(a, v.at(p, j));
-      a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 16));  // the other row of the warp's pair
-      if (th.rsub == 0) col_part[th.w][th.col0() + j] = a;
+      for (int j = 0; j < kVec; ++j) {
+        const float a = fmaxf(ca[j], __shfl_xor_sync(0xFFFFFFFFu, ca[j], 16));  // the other row of the warp's pair
+        if (th.rsub == 0) col_part[th.w][th.col0() + j] = a;
+      }
     }
   }
   __syncthreads();
