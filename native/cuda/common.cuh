@@ -56,6 +56,24 @@ __device__ __forceinline__ float widen_lo(unsigned int w, const __half*) {
 __device__ __forceinline__ float widen_hi(unsigned int w, const __half*) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
 }
+// Lane-wise max of two packed 16-bit pairs (max.{bf16,f16}x2): exact, and NaN-ignoring like fmaxf (a
+// NaN lane yields the other operand; two NaNs give NaN, which the final fmaxf from +0 drops).
+__device__ __forceinline__ unsigned int max2(unsigned int a, unsigned int b, const __nv_bfloat16*) {
+  const __nv_bfloat162 r = __hmax2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<const unsigned int*>(&r);
+}
+__device__ __forceinline__ unsigned int max2(unsigned int a, unsigned int b, const __half*) {
+  const __half2 r = __hmax2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const unsigned int*>(&r);
+}
+// |x| of both 16-bit lanes (sign bits cleared; NaN stays NaN).
+__device__ __forceinline__ unsigned int abs2(unsigned int w) { return w & 0x7FFF7FFFu; }
+// NUMERICS: §0.1 amax - fmax over |v| from +0 of the two lanes of a packed max word (exact widening).
+template <typename T>
+__device__ __forceinline__ float lanes_amax(unsigned int m, const T* tag) {
+  return fmaxf(fmaxf(0.0f, widen_lo(m, tag)), widen_hi(m, tag));
+}
+
 template <typename T>
 __device__ __forceinline__ void unpack_pair(unsigned int w, float* v, const T* tag) {
   v[0] = widen_lo(w, tag);  // bf16 -> fp32 is a shift; fp16 -> fp32 is exact

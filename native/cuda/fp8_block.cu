@@ -74,7 +74,36 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i
   // 1-D: the amaxes first - rowwise block (m, kb) = x[m, 128 kb .. +127] (16 lanes of one row), colwise
   // block (mb, k) = x[128 mb .. +127, k] (per-warp partial maxima) -, then 128 threads compute the
   // row scales and 128 the column scales (one division each), then both copies are quantized.
-  {
+  if constexpr (sizeof(T) == 2) {
+    // 16-bit inputs: |.| maxima on the packed pairs (max.{bf16,f16}x2), widened once per row / column.
+    const T* tag = nullptr;
+    unsigned int cw[kVec / 2] = {0u, 0u, 0u, 0u};  // this thread's column maxima, two columns per word
+#pragma unroll
+    for (int p = 0; p < kPasses; ++p) {
+      unsigned int aw[kVec / 2];
+#pragma unroll
+      for (int i = 0; i < kVec / 2; ++i) aw[i] = abs2(v.w[p][i]);
+      if (q_row) {
+        float a = lanes_amax(max2(max2(aw[0], aw[1], tag), max2(aw[2], aw[3], tag), tag), tag);
+        a = group_max<kLanesPerRow>(a);
+        if (th.cl == 0) row_amax[th.row(p)] = a;
+      }
+      if (q_col) {
+#pragma unroll
+        for (int i = 0; i < kVec / 2; ++i) cw[i] = max2(cw[i], aw[i], tag);  // +0 start: NaN lanes drop out
+      }
+    }
+    if (q_col) {
+#pragma unroll
+      for (int i = 0; i < kVec / 2; ++i) {
+        const unsigned int m = max2(cw[i], __shfl_xor_sync(0xFFFFFFFFu, cw[i], 16), tag);  // the warp's other row
+        if (th.rsub == 0) {
+          col_part[th.w][th.col0() + 2 * i] = fmaxf(0.0f, widen_lo(m, tag));
+          col_part[th.w][th.col0() + 2 * i + 1] = fmaxf(0.0f, widen_hi(m, tag));
+        }
+      }
+    }
+  } else {
     float ca[kVec] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};  // this thread's column maxima
 #pragma unroll
     for (int p = 0; p < kPasses; ++p) {
