@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is no
 @pytest.fixture(scope="module")
 def replay(tmp_path_factory) -> Path:
     exe = tmp_path_factory.mktemp("nvfp4_host") / "nvfp4_rounding"
-    cmd = _compile.nvcc_command(HERE / "host" / "nvfp4_rounding.cu", exe, "sm_90", _compile.defines_for(QuantConfig("nvfp4")))
+    cmd = _compile.nvcc_command(HERE / "host" / "nvfp4_rounding.cpp", exe, "sm_90", _compile.defines_for(QuantConfig("nvfp4")))
     # The same defines and include path as the kernel build, but a host executable: drop the cubin target.
     drop = {"-cubin", "-gencode"}
     host_cmd, skip = [], False
@@ -42,7 +42,9 @@ def replay(tmp_path_factory) -> Path:
             skip = a == "-gencode"
             continue
         host_cmd.append(a)
-    host_cmd += ["-O2", "-Xcompiler", "-ffp-contract=off"]
+    # A C++ source compiled as CUDA (nvfp4.cuh needs nvcc's __host__ __device__ and cuda_fp8.h); the
+    # language flag must precede the source, the last argument.
+    host_cmd[-1:-1] = ["-O2", "-Xcompiler", "-ffp-contract=off", "-x", "cu"]
     r = subprocess.run(host_cmd, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, f"nvcc failed: {' '.join(host_cmd)}\n{r.stderr[-3000:]}"
     return exe

@@ -1,6 +1,7 @@
 // Host replay of the NVFP4 element rounding of native/cuda/nvfp4.cuh (its __host__ __device__ code,
 // compiled for the CPU): reads n fp32 bit patterns and n random bytes from argv[1], writes the
-// e2m1_rn codes and the e2m1_sr codes (one byte each) to argv[2]. Used by test_nvfp4_host_replay.py.
+// e2m1_rn codes and the e2m1_sr codes (one byte each) to argv[2]. Built by test_nvfp4_host_replay.py
+// (nvcc -x cu: a host program; no kernel, no GPU).
 #include <cstdio>
 #include <vector>
 
