@@ -151,10 +151,8 @@ __device__ __forceinline__ uint2 sat_elem8_mul(const float v[8], const float s[8
   return q;
 }
 __device__ __forceinline__ uint2 sat_elem8_mul(const float v[8], float s) {
-  uint2 q;
-  q.x = sat_elem4(__fmul_rn(v[0], s), __fmul_rn(v[1], s), __fmul_rn(v[2], s), __fmul_rn(v[3], s));
-  q.y = sat_elem4(__fmul_rn(v[4], s), __fmul_rn(v[5], s), __fmul_rn(v[6], s), __fmul_rn(v[7], s));
-  return q;
+  const float s8[8] = {s, s, s, s, s, s, s, s};
+  return sat_elem8_mul(v, s8);
 }
 // Byte j of 8 packed codes.
 __device__ __forceinline__ unsigned char code_at(uint2 q, int j) {
@@ -171,24 +169,14 @@ __device__ __forceinline__ unsigned char sat_scale(float v) { return sat_fp8<SCA
 // ---------------------------------------------------------------------------------------------
 // NUMERICS: §0.5 e8m0_up - software bit rule (TE ptx_arch_spec.cuh): NaN -> 0xFF; +inf -> 0xFE;
 // otherwise E + 1 if F != 0 and E != 0xFE and not (E == 0 and F <= 0x400000 (= 2^-127)), else E.
+// Without branches: adding 0x7FFFFF (E != 0) or 0x3FFFFF (E = 0) to the bits carries into the exponent
+// exactly when the rule bumps E; 0xFE with F != 0 and +inf (0xFF, F = 0) both end at 0xFF, clamped to
+// E8M0_MAX_CODE as the rule says (checked against the rule for every fp32 pattern, 2026-11-21).
 __device__ __forceinline__ unsigned int e8m0_up_sw(float t) {
   const unsigned int b = __float_as_uint(t) & kF32AbsMask;
-  const unsigned int E = b >> kF32ManBits;
-  const unsigned int F = b & kF32ManMask;
-  if (E == kF32ExpMask) return F ? E8M0_NAN_CODE : E8M0_MAX_CODE;
-  const bool bump = (F != 0u) && (E != E8M0_MAX_CODE) && !(E == 0u && F <= (1u << (kF32ManBits - 1)));
-  return E + (bump ? 1u : 0u);
-}
-
-// e8m0_up_sw for a t that is not NaN (t >= 0: a scaled amax, NUMERICS §0.1 amaxes ignore NaN), without
-// branches: adding 0x7FFFFF (normal t) or 0x3FFFFF (E = 0) to the bits carries into the exponent
-// exactly when the rule bumps E (F != 0; F > 0x400000 when E == 0); 0xFE with F != 0 and +inf
-// (0xFF, F = 0) both end at 0xFF, clamped to E8M0_MAX_CODE as the rule says.
-__device__ __forceinline__ unsigned int e8m0_up_not_nan(float t) {
-  const unsigned int b = __float_as_uint(t) & kF32AbsMask;
   const unsigned int up = b < (1u << kF32ManBits) ? (kF32ManMask >> 1) : kF32ManMask;
-  const unsigned int e = (b + up) >> kF32ManBits;
-  return e < E8M0_MAX_CODE ? e : E8M0_MAX_CODE;
+  const unsigned int e = min((b + up) >> kF32ManBits, static_cast<unsigned int>(E8M0_MAX_CODE));
+  return b > (kF32ExpMask << kF32ManBits) ? static_cast<unsigned int>(E8M0_NAN_CODE) : e;
 }
 
 // The arch-specific sm_100+ instruction rounds up (rp) and saturates exactly like e8m0_up_sw.
@@ -232,16 +220,11 @@ __device__ __forceinline__ float exact_pow2(int n) {
 }
 
 // NUMERICS: §0.5 - quantization multiplier P(e) = 2^(127 - e) (P(254) = 2^-127 subnormal, P(255) = NaN).
+// Without branches for e <= 254: the normal pattern (254 - e) << 23 is 0 for e = 254, where the
+// subnormal 0x00400000 is the larger of the two candidates.
 __device__ __forceinline__ float e8m0_multiplier(unsigned int e) {
   if (e == E8M0_NAN_CODE) return __uint_as_float(0x7FC00000u);
-  return exact_pow2(E8M0_BIAS - static_cast<int>(e));
-}
-
-// P(e) for e <= E8M0_MAX_CODE (no NaN code), without branches: 2^(127 - e) is normal for e < 254, and
-// P(254) = 2^-127 is the subnormal 0x00400000, the largest of the two candidates there.
-__device__ __forceinline__ float e8m0_multiplier_not_nan(unsigned int e) {
-  const int biased = 2 * E8M0_BIAS - static_cast<int>(e);  // exponent field of 2^(127 - e) when normal
-  const int normal = biased << kF32ManBits;                 // 0 for e = 254
+  const int normal = (2 * E8M0_BIAS - static_cast<int>(e)) << kF32ManBits;
   return __uint_as_float(static_cast<unsigned int>(max(normal, 1 << (kF32ManBits - 1))));
 }
 

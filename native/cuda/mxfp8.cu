@@ -15,16 +15,12 @@ constexpr int kMxPerTile = kTile / kMx;    // 4 blocks per tile side
 constexpr int kLanesPerMx = kMx / kVec;    // 4 lanes cover one 1x32 block
 static_assert(BLOCK == kMx, "mxfp8 blocks are 32 long");
 
-// NUMERICS: §3 - the block exponent from the block amax A (never NaN: §0.1):
+// NUMERICS: §3 - the block exponent from the block amax A:
 // ceil (default): e = e8m0_up(RN(A * fl(1/fp8_max))), a multiply by the rounded constant;
 // floor (OCP MX): e = e8m0_floor(A).
 __device__ __forceinline__ unsigned int mx_exponent(float A) {
 #if E8M0_CEIL
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 1000)
-  return e8m0_up(__fmul_rn(A, ELEM_RECIP_MAX));  // the hardware cvt where there is one
-#else
-  return e8m0_up_not_nan(__fmul_rn(A, ELEM_RECIP_MAX));
-#endif
+  return e8m0_up(__fmul_rn(A, ELEM_RECIP_MAX));
 #else
   return e8m0_floor(A);
 #endif
@@ -87,7 +83,7 @@ __device__ __forceinline__ void mx_quantize(const T* __restrict__ x, i64 M, i64 
       const int b = idx / kTile, c = idx % kTile;
       const unsigned int e = mx_exponent(col_part[0][b][c]);
       col_e[b][c] = e;
-      col_P[b][c] = e8m0_multiplier_not_nan(e);
+      col_P[b][c] = e8m0_multiplier(e);
     }
 #endif
     __syncthreads();
@@ -102,7 +98,7 @@ __device__ __forceinline__ void mx_quantize(const T* __restrict__ x, i64 M, i64 
     tile_row(v, p, r);  // widened once, read by both copies
 #if IS_2D
     const unsigned int e = tile_e[p / 2][th.cl / kLanesPerMx];
-    const uint2 q = sat_elem8_mul(r, e8m0_multiplier_not_nan(e));  // NUMERICS: §3 q = sat(RN(x*P(e)))
+    const uint2 q = sat_elem8_mul(r, e8m0_multiplier(e));  // NUMERICS: §3 q = sat(RN(x*P(e)))
     if (in) {
       if (q_row) store8(q_row + m * K + kcol, q, K - kcol, vec);
       if (q_col) store8(q_col + m * K + kcol, q, K - kcol, vec);
@@ -116,7 +112,7 @@ __device__ __forceinline__ void mx_quantize(const T* __restrict__ x, i64 M, i64 
       for (int j = 0; j < kVec; ++j) a = amax_step(a, r[j]);
       a = group_max<kLanesPerMx>(a);
       const unsigned int e = mx_exponent(a);
-      const uint2 q = sat_elem8_mul(r, e8m0_multiplier_not_nan(e));
+      const uint2 q = sat_elem8_mul(r, e8m0_multiplier(e));
       if (in) {
         store8(q_row + m * K + kcol, q, K - kcol, vec);
         if ((th.cl % kLanesPerMx) == 0) s_r[m * ld_r + kcol / kMx] = static_cast<unsigned char>(e);

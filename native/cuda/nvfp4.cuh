@@ -193,6 +193,7 @@ NVFP4_HD u32 rne_sat_mag(float a, float maxv, u32 max_code) {
     const u32 code = ((u32)(e - emin) << MAN) + n;
     return code < max_code ? code : max_code;
 }
+
 // Exact value of a magnitude code of (EXP, MAN, BIAS) (no NaN/Inf patterns are decoded here).
 template <int EXP, int MAN, int BIAS>
 NVFP4_HD float decode_mag(u32 code) {
@@ -245,7 +246,8 @@ NVFP4_HD u32 e2m1_sr(float y, u32 r) {
     // |y| > 6 and inf -> 6 (then t < 8 and q = 6, i.e. the max code); NaN lanes are replaced below.
     const float a = fmin_nn(fabsf(y), ELEM_MAX);
     // u * step(a) = r * 2^(log2 step(a) - 8), exact; float(r) by the 2^23 + r bit pattern (exact, r < 2^23).
-    const float r_f = add_rn(u2f(f2u(8388608.0f) | r), -8388608.0f);
+    const float two23 = pow2f(FP32_MAN_BITS);
+    const float r_f = add_rn(u2f(f2u(two23) | r), -two23);
     const float t = add_rn(a, mul_rn(r_f, pow2f(e2m1_step_log2(a) - SR_BITS)));  // one rounding
     // floor(t / step(t)) * step(t), exact: clear t's fp32 mantissa bits below step(t). In binades
     // >= emin that is the low 23 - MAN bits; below emin step is 2^(emin - MAN), so more bits go, and
