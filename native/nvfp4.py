@@ -6,12 +6,14 @@ Source: NUMERICS.md §5 (NVFP4: 5.1-5.4 scale chain and codes, 5.5 copies and 2-
 stream, reading and writing torch tensors in place (raw device pointers, `native.launch`).
 
 Passes per call (the copy modes RHT / SR / 2-D are compile-time, from defines_for(config)):
-1. amax(X) (the rowwise copy's A_g; also the columnwise one's without RHT), or, when the
-   columnwise copy uses RHT, one pass giving both amax(X) and the post-RHT amax (the RHT is
-   recomputed in pass 2, not stored); grid-stride kernels, a thread per GROUP 16-element blocks;
+1. amax(X) (the rowwise copy's A_g; also the columnwise one's without RHT), a grid-stride kernel
+   with a thread per GROUP 16-element blocks; or, when the columnwise copy uses RHT, one pass over
+   the quantize tiles giving both amax(X) and the post-RHT amax (the RHT is recomputed in pass 2,
+   not stored). Both write one zeroed [2] buffer: slot 0 is the rowwise A_g, slot 1 the columnwise;
 2. one tiled kernel quantizes the requested copies: each CTA reads a 128-row tile of X once into
    shared memory and encodes its rowwise blocks and its column segments (the blocks of X^T) from
-   there; 2-D builds reduce the 16x16 tile amaxes from the same tile (no separate pass).
+   there; 2-D builds reduce the 16x16 tile amaxes from the same tile (no separate pass). It writes
+   every output byte, the scales' zero padding included, so the outputs come from torch.empty.
 """
 
 from __future__ import annotations
@@ -134,34 +136,42 @@ def quantize_with(
     stream_col = np.uint32((seed.stream + 1) & _MASK32 if sr else 0)  # NUMERICS: §5.7 colwise stream + 1
     out: dict = {}
 
-    # NUMERICS: §0.1 amax, combined with an integer max on the fp32 bits (all values >= +0).
-    a_x = a_c = None
-    if colwise and config.rht:
-        # NUMERICS: §5.6 - the columnwise A_g is the amax of the bf16 RHT output; the same pass
-        # gives amax(X), the rowwise copy's A_g.
-        bits = torch.zeros(2, dtype=torch.int32, device=dev)
-        launch("nvfp4_rht_amax", _cdiv(m // blk, GROUP) * k, [x2d, _i64(m), _i64(k), bits[0:1], bits[1:2]],
-               max_blocks=REDUCE_BLOCKS)  # fmt: skip
-        a_c, a_x = bits[0:1].view(torch.float32), bits[1:2].view(torch.float32)
-    else:
-        bits = torch.zeros(1, dtype=torch.int32, device=dev)
-        n_blocks = m * k // blk
-        launch(f"nvfp4_amax_{sfx}", _contiguous_units(n_blocks), [x2d, _i64(n_blocks), bits], max_blocks=REDUCE_BLOCKS)
-        a_x = a_c = bits.view(torch.float32)
+    # NUMERICS: §0.1 amax, combined with an integer max on the fp32 bits (all values >= +0). One
+    # zeroed [2] buffer holds both copies' A_g (slot 0 rowwise, slot 1 columnwise); the outputs are
+    # views of its slots.
+    n_tiles = _cdiv(m, TILE_M) * _cdiv(k, TILE_BYTES // x2d.element_size())  # quantize (and RHT amax) tiles
+    # NUMERICS: §0.1 amax, combined with an integer max on the fp32 bits (all values >= +0). One
+    # zeroed [2] buffer holds both copies' A_g (slot 0 rowwise, slot 1 columnwise); the outputs are
+    # views of its slots.
+    bits = torch.zeros(2, dtype=torch.float32, device=dev)  # the kernels combine the fp32 bits as u32
+    a_x, a_c = bits[0:1], bits[1:2]
 
-    # One launch for both copies; a copy that is not requested gets null pointers (the kernel skips it).
-    copies = []
+    # Every output comes from torch.empty: the quantize kernel writes the codes and the scales of
+    # every block, the amax kernel (first) the scales' zero padding. A copy that is not requested
+    # gets null pointers (the kernels skip it).
+    copies, pads = [], []
     for on, orientation, a_g, stream in ((rowwise, "rowwise", a_x, stream_row), (colwise, "colwise", a_c, stream_col)):
         if not on:
             copies += [None, None, _i64(0), None, np.uint32(0)]
+            pads += [None, _i64(0), _i64(0)]
             continue
         data = torch.empty(layouts.data_shape(config, orientation, m, k), dtype=torch.uint8, device=dev)
-        scale = torch.zeros(layouts.scale_padded_shape(config, orientation, m, k), dtype=torch.uint8, device=dev)
+        scale = torch.empty(layouts.scale_padded_shape(config, orientation, m, k), dtype=torch.uint8, device=dev)
         copies += [data, scale, _i64(scale.shape[1]), a_g, stream]
-        out.update({f"{orientation}_data": data, f"{orientation}_scale": scale, f"{orientation}_amax": a_g.clone()})
+        pads += [scale, _i64(scale.shape[1]), _i64(scale.shape[0])]
+        out.update({f"{orientation}_data": data, f"{orientation}_scale": scale, f"{orientation}_amax": a_g})
+
+    if colwise and config.rht:
+        # NUMERICS: §5.6 - the columnwise A_g is the amax of the bf16 RHT output; the same pass
+        # gives amax(X), the rowwise copy's A_g.
+        launch("nvfp4_rht_amax", n_tiles, [x2d, _i64(m), _i64(k), a_c, a_x, *pads],
+               max_blocks=REDUCE_BLOCKS, units_per_block=1)  # fmt: skip
+    else:
+        launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // blk), [x2d, _i64(m), _i64(k), a_x, a_c, *pads],
+               max_blocks=REDUCE_BLOCKS)  # fmt: skip
+
     # The columnwise copy is X^T [K, M], read from the same shared-memory tiles of X (the kernel applies
     # the RHT in RHT builds); 2-D builds reduce the 16x16 tile amaxes (NUMERICS: §5.5) in the same kernel.
-    n_tiles = _cdiv(m, TILE_M) * _cdiv(k, TILE_BYTES // x2d.element_size())
     launch(f"nvfp4_quantize_{sfx}", n_tiles, [x2d, _i64(m), _i64(k), seed_u64, *copies], units_per_block=1)
     return out
 

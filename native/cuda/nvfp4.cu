@@ -14,9 +14,14 @@
 // are reduced from the same tile. Copy modes (RHT, SR, 2-D tiles) are compile-time, from
 // defines_for(config), so each kernel carries only its own path.
 //
+// The post-RHT amax kernel reads the same tiles as the quantize kernel. The amax kernels, which run
+// first in every call, also write the zero padding of the scale tensors (the outputs come from
+// torch.empty). A block is encoded without the per-element NaN rule and fixed afterwards when its
+// NaN-propagating amax says it holds a NaN (NUMERICS §0.5: NaN -> +6).
+//
 // The rounding code (encode_block and the nvfp4.cuh rules it calls) is __host__ __device__ so the
-// same code can be replayed on a CPU; the amax kernels keep their per-thread work in *_unit
-// functions, the quantize kernel only moves data between X, the shared tile and encode_block.
+// same code can be replayed on a CPU (tests/unit/host); the quantize kernel only moves data between
+// X, the shared tile and encode_block.
 // schemes: nvfp4
 #include "nvfp4.cuh"
 
@@ -89,6 +94,21 @@ NVFP4_HD float block_amax(const float (&v)[BLOCK]) {
     return a;
 }
 
+// A block's amax (§0.1, as block_amax) and whether the block holds a NaN: one NaN-propagating max
+// chain gives both when the block has no NaN (the common case); a block with one redoes the amax.
+struct AmaxNan {
+    float amax;
+    bool has_nan;
+};
+
+NVFP4_HD AmaxNan block_amax_nan(const float (&v)[BLOCK]) {
+    float a = 0.0f;
+#pragma unroll
+    for (int i = 0; i < BLOCK; ++i) a = fmax_nan(a, fabsf(v[i]));
+    const bool has_nan = is_nan(a);
+    return {has_nan ? block_amax(v) : a, has_nan};
+}
+
 // ---- per-thread units ----------------------------------------------------------------------
 // A unit is GROUP 16-element blocks of one thread: several independent loads in flight.
 // Contiguous data (X read along its rows, whose blocks are consecutive in memory) is split into
@@ -126,26 +146,6 @@ NVFP4_HD float amax_unit(const void* x, i64 n_blocks, i64 unit) {
     return a;
 }
 
-// amaxes of GROUP column chunks of bf16 X [M, K] (unit = g * K + k: k fastest): the bf16 RHT
-// output's into *rht, and the plain values' into *plain.
-NVFP4_HD void rht_amax_unit(const void* x, i64 m_rows, i64 k_cols, i64 unit, float* rht, float* plain) {
-    const i64 nb = m_rows / BLOCK, k = unit % k_cols, b0 = unit / k_cols * GROUP;
-    Raw<IN_BF16> raw[GROUP];
-#pragma unroll
-    for (int j = 0; j < GROUP; ++j)
-        if (b0 + j < nb) load_raw<IN_BF16>(x, (b0 + j) * BLOCK * k_cols + k, k_cols, raw[j]);
-#pragma unroll
-    for (int j = 0; j < GROUP; ++j) {
-        if (b0 + j < nb) {
-            float v[BLOCK], t[BLOCK];
-            widen<IN_BF16>(raw[j], v);
-            rht16(v, t);
-            *rht = fmax_nn(*rht, block_amax(t));
-            *plain = fmax_nn(*plain, block_amax(v));
-        }
-    }
-}
-
 // One copy's outputs and scale chain; data is null when the copy is not requested.
 struct QuantArgs {
     i64 cols;             // C of the copy [R, C]: rowwise K, colwise M
@@ -153,46 +153,89 @@ struct QuantArgs {
     u64 seed;             // SR key (STOCHASTIC builds only)
     u32 stream;           // SR stream of this copy
     u8* data;             // [R, C/2] packed codes
-    u8* scale;            // [>= R, scale_stride] UE4M3 block scales
+    u8* scale;            // [>= R, scale_stride >= C/16] UE4M3 block scales (padding: zero_scale_padding)
     i64 scale_stride;
 };
 
-// Encode block (r, cb) of the copy from its 16 values v, whose block amax is amax_b (NUMERICS.md
-// §5.5: block_amax(v) in 1-D builds, the 16x16 tile amax in 2-D ones). NUMERICS: §5.1-§5.4, §5.7, §5.9.
-template <bool SR>
-NVFP4_HD void encode_block(const QuantArgs& a, GlobalScale g, i64 r, i64 cb, float amax_b, const float (&v)[BLOCK]) {
-    const BlockScale s = block_scale(amax_b, g);
+// Zero the padding of one copy's scale tensor [scale_rows, scale_stride] (null: no such copy) around
+// its valid [rows, nb] region: columns nb .. scale_stride-1 of rows 0 .. rows-1, then rows
+// rows .. scale_rows-1 whole. Grid-stride loops (first = this thread's index, step = the grid's
+// threads); nothing to do when the shape needs no padding. NUMERICS: §5.9 (padding is zero). The
+// amax kernels, which run first in every call, do this: the quantize kernel writes only the blocks.
+NVFP4_HD void zero_scale_padding(u8* scale, i64 scale_stride, i64 scale_rows, i64 rows, i64 nb, i64 first, i64 step) {
+    if (scale == nullptr) return;
+    for (i64 r = first; r < rows && nb < scale_stride; r += step)
+        for (i64 c = nb; c < scale_stride; ++c) scale[r * scale_stride + c] = 0;
+    u8* bottom = scale + rows * scale_stride;
+    for (i64 i = first; i < (scale_rows - rows) * scale_stride; i += step) bottom[i] = 0;
+}
 
-    u32 codes[BLOCK];
+// The scale tensors of both copies of X [M, K] (rowwise [M, K/16] valid, colwise [K, M/16]).
+struct ScalePads {
+    u8* row_scale;
+    i64 row_stride, row_scale_rows;
+    u8* col_scale;
+    i64 col_stride, col_scale_rows;
+};
+
+// The kernel parameters that make a ScalePads (scale pointer, row stride, padded row count per copy).
+#define NVFP4_PAD_PARAMS \
+    u8 *row_scale, i64 row_stride, i64 row_scale_rows, u8 *col_scale, i64 col_stride, i64 col_scale_rows
+#define NVFP4_PADS {row_scale, row_stride, row_scale_rows, col_scale, col_stride, col_scale_rows}
+
+NVFP4_HD void zero_scale_paddings(const ScalePads& p, i64 m_rows, i64 k_cols, i64 first, i64 step) {
+    zero_scale_padding(p.row_scale, p.row_stride, p.row_scale_rows, m_rows, k_cols / BLOCK, first, step);
+    zero_scale_padding(p.col_scale, p.col_stride, p.col_scale_rows, k_cols, m_rows / BLOCK, first, step);
+}
+
+// Encode block (r, cb) of the copy from its 16 values v, whose block amax is amax_b (NUMERICS.md
+// §5.5: block_amax(v) in 1-D builds, the 16x16 tile amax in 2-D ones); has_nan: some v[i] is NaN.
+// NUMERICS: §5.1-§5.4, §5.7, §5.9.
+template <bool SR>
+NVFP4_HD void encode_block(const QuantArgs& a, GlobalScale g, i64 r, i64 cb, float amax_b, bool has_nan,
+                           const float (&v)[BLOCK]) {
+    const BlockScale s = block_scale(amax_b, g);
+    constexpr int PER_WORD = 32 / ELEM_BITS;  // 8 codes per 32-bit word
+
+    // NUMERICS: §5.4 - byte j = code[2j] | code[2j+1] << 4 (even element in the low nibble): element
+    // i is nibble i % 8 of word i / 8 (little-endian bytes).
+    u32 word[2] = {0u, 0u};
     if (SR) {
         // NUMERICS: §5.7 - L = r * C + c in the copy's own layout; group L / 4, byte L % 4 of x0.
         const u64 l0 = (u64)(r * a.cols + cb * BLOCK);  // a multiple of 16
 #pragma unroll
         for (int q = 0; q < BLOCK / 4; ++q) {
-            const u32 word = sr_word(l0 / 4 + q, a.stream, a.seed);
+            const u32 rnd = sr_word(l0 / 4 + q, a.stream, a.seed);
 #pragma unroll
-            for (int i = 0; i < 4; ++i)
-                codes[4 * q + i] = e2m1_sr(mul_rn(v[4 * q + i], s.f), (word >> (SR_BITS * i)) & ((1u << SR_BITS) - 1u));
+            for (int i = 0; i < 4; ++i) {
+                const int e = 4 * q + i;
+                const u32 code = e2m1_sr_not_nan(mul_rn(v[e], s.f), (rnd >> (SR_BITS * i)) & ((1u << SR_BITS) - 1u));
+                word[e / PER_WORD] |= code << (ELEM_BITS * (e % PER_WORD));
+            }
         }
     } else {
 #pragma unroll
-        for (int i = 0; i < BLOCK; ++i) codes[i] = e2m1_rn(mul_rn(v[i], s.f));  // NUMERICS: §5.4 y = RN(x * f)
+        for (int e = 0; e < BLOCK; ++e)  // NUMERICS: §5.4 y = RN(x * f)
+            word[e / PER_WORD] |= e2m1_rn_not_nan(mul_rn(v[e], s.f)) << (ELEM_BITS * (e % PER_WORD));
+    }
+    if (has_nan) {
+        // NUMERICS: §0.5 e2m1_rn / §5.7 - a NaN y of either sign gives ELEM_NAN_CODE. y = RN(v * f)
+        // is NaN exactly when v is: f is finite and > 0 (§5.3), so inf * f and 0 * f are not NaN.
+#pragma unroll
+        for (int e = 0; e < BLOCK; ++e) {
+            if (!is_nan(v[e])) continue;
+            const int sh = ELEM_BITS * (e % PER_WORD);
+            word[e / PER_WORD] = (word[e / PER_WORD] & ~(((1u << ELEM_BITS) - 1u) << sh)) | ((u32)ELEM_NAN_CODE << sh);
+        }
     }
 
-    // NUMERICS: §5.4 - byte j = code[2j] | code[2j+1] << 4 (even element in the low nibble).
-    u32 lo = 0u, hi = 0u;
-#pragma unroll
-    for (int i = 0; i < BLOCK / 2; ++i) {
-        lo |= codes[i] << (ELEM_BITS * i);
-        hi |= codes[BLOCK / 2 + i] << (ELEM_BITS * i);
-    }
     u8* out = a.data + r * (a.cols / 2) + cb * (BLOCK / 2);
 #if defined(__CUDA_ARCH__)
-    *reinterpret_cast<uint2*>(out) = make_uint2(lo, hi);  // 8-byte aligned: C/2 and cb*8 are multiples of 8
+    *reinterpret_cast<uint2*>(out) = make_uint2(word[0], word[1]);  // 8-byte aligned: C/2 and cb*8 are multiples of 8
 #else
     for (int i = 0; i < 4; ++i) {
-        out[i] = (u8)(lo >> (8 * i));
-        out[4 + i] = (u8)(hi >> (8 * i));
+        out[i] = (u8)(word[0] >> (8 * i));
+        out[4 + i] = (u8)(word[1] >> (8 * i));
     }
 #endif
     a.scale[r * a.scale_stride + cb] = (u8)s.code;
@@ -246,23 +289,45 @@ struct Tile {
     static_assert(TILE_WORD_COLS % COL_WORDS_PER_WARP == 0, "a warp's colwise items lie in one 16x16 tile");
 };
 
+// Tile t of X [M, K] (k fastest): its first row and column and its valid extent (multiples of 16).
+struct TilePos {
+    i64 m0, k0;
+    int rows, cols;
+};
+
+template <int DT>
+NVFP4_HD TilePos tile_pos(i64 t, i64 m_rows, i64 k_cols) {
+    const i64 tiles_k = ceil_div(k_cols, Tile<DT>::COLS);
+    TilePos p;
+    p.m0 = t / tiles_k * TILE_M;
+    p.k0 = t % tiles_k * Tile<DT>::COLS;
+    p.rows = (int)(m_rows - p.m0 < TILE_M ? m_rows - p.m0 : TILE_M);
+    p.cols = (int)(k_cols - p.k0 < Tile<DT>::COLS ? k_cols - p.k0 : Tile<DT>::COLS);
+    return p;
+}
+
+template <int DT>
+NVFP4_HD i64 tile_count(i64 m_rows, i64 k_cols) {
+    return ceil_div(m_rows, TILE_M) * ceil_div(k_cols, Tile<DT>::COLS);
+}
+
 // Shared-memory word index of word w (0 .. TILE_WORDS-1) of tile row m.
 NVFP4_HD int tile_word(int m, int w) {
     return m * TILE_PITCH + ((w / CHUNK_WORDS) ^ (m / BLOCK)) * CHUNK_WORDS + w % CHUNK_WORDS;
 }
 
-// Column `half` of a colwise item, as a loaded block of that column: words[i] is the item's word of
-// tile row 16 mb + i; fp32 (half 0) takes it whole, 16-bit inputs its low (half 0) or high (half 1)
-// element.
+// Column `half` of a colwise item, widened to fp32: words[i] is the item's word of tile row
+// 16 mb + i; fp32 (half 0) takes it whole, 16-bit inputs its low (half 0) or high (half 1) element.
 template <int DT>
-NVFP4_HD void column_raw(const u32 (&words)[BLOCK], int half, Raw<DT>& raw) {
+NVFP4_HD void column_values(const u32 (&words)[BLOCK], int half, float (&v)[BLOCK]) {
 #pragma unroll
-    for (int j = 0; j < Raw<DT>::WORDS; ++j) {
+    for (int i = 0; i < BLOCK; ++i) {
         if constexpr (DT == IN_F32) {
-            raw.w[j] = words[j];
+            v[i] = u2f(words[i]);
+        } else if constexpr (DT == IN_BF16) {
+            v[i] = u2f(half == 0 ? words[i] << 16 : words[i] & 0xFFFF0000u);  // exact: a bf16 is an fp32's high half
         } else {
-            raw.w[j] = half == 0 ? (words[2 * j] & 0xFFFFu) | (words[2 * j + 1] << 16)
-                                 : (words[2 * j] >> 16) | (words[2 * j + 1] & 0xFFFF0000u);
+            v[i] = f16_to_f32((u16)(half == 0 ? words[i] : words[i] >> 16));
         }
     }
 }
@@ -303,9 +368,10 @@ using namespace nvfp4;
 #define NVFP4_GRID_STRIDE(i, n) \
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 
-// Combine per-thread amaxes (all >= +0) into *out with an integer max on the bits (NUMERICS.md
-// §0.1: valid because every value is >= +0): warp shuffle, then shared memory, one atomic per block.
-__device__ __forceinline__ void amax_commit(float a, u32* out) {
+// Combine per-thread amaxes (all >= +0) into *out (and *out2 unless null) with an integer max on the
+// bits (NUMERICS.md §0.1: valid because every value is >= +0): warp shuffle, then shared memory,
+// one atomic per block and output.
+__device__ __forceinline__ void amax_commit(float a, u32* out, u32* out2 = nullptr) {
     __shared__ u32 warp_max[32];
     u32 b = __float_as_uint(a);
 #pragma unroll
@@ -318,7 +384,10 @@ __device__ __forceinline__ void amax_commit(float a, u32* out) {
         b = lane < n_warps ? warp_max[lane] : 0u;
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) b = max(b, __shfl_xor_sync(0xFFFFFFFFu, b, off));
-        if (lane == 0) atomicMax(out, b);
+        if (lane == 0) {
+            atomicMax(out, b);
+            if (out2 != nullptr) atomicMax(out2, b);
+        }
     }
 }
 
@@ -370,11 +439,11 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     if (do_row) g_row = global_scale(*row.amax_g);
     if (do_col) g_col = global_scale(*col.amax_g);
 
-    const i64 tiles_k = ceil_div(k_cols, T::COLS), n_tiles = ceil_div(m_rows, TILE_M) * tiles_k;
+    const i64 n_tiles = tile_count<DT>(m_rows, k_cols);
     for (i64 t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-        const i64 m0 = t / tiles_k * TILE_M, k0 = t % tiles_k * T::COLS;
-        const int rows = (int)(m_rows - m0 < TILE_M ? m_rows - m0 : TILE_M);
-        const int cols = (int)(k_cols - k0 < T::COLS ? k_cols - k0 : T::COLS);
+        const TilePos p = tile_pos<DT>(t, m_rows, k_cols);
+        const i64 m0 = p.m0, k0 = p.k0;
+        const int rows = p.rows, cols = p.cols;
         if (k2d && threadIdx.x < TILE_MBLOCKS * T::ROW_BLOCKS)
             tile_amax[threadIdx.x / T::ROW_BLOCKS][threadIdx.x % T::ROW_BLOCKS] = 0u;
         load_tile<DT>(x, k_cols, m0, k0, rows, cols, tile);
@@ -397,10 +466,8 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
             if (col_in) {
 #pragma unroll
                 for (int e = 0; e < T::PER_WORD; ++e) {
-                    Raw<DT> raw;
-                    column_raw<DT>(words, e, raw);
                     float v[BLOCK];
-                    widen<DT>(raw, v);
+                    column_values<DT>(words, e, v);
                     a = fmax_nn(a, block_amax(v));
                 }
             }
@@ -416,17 +483,17 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
             // Column k = k0 + PER_WORD * cw + e, m-block m0 / 16 + mb: block (k, m0 / 16 + mb) of X^T.
 #pragma unroll 1
             for (int e = 0; e < T::PER_WORD; ++e) {
-                Raw<DT> raw;
-                column_raw<DT>(words, e, raw);
                 float v[BLOCK];
-                widen<DT>(raw, v);
+                column_values<DT>(words, e, v);
                 const i64 k = k0 + cw * T::PER_WORD + e, cb = m0 / BLOCK + mb;
                 if constexpr (Modes<DT>::rht_colwise) {
                     float h[BLOCK];
                     rht16(v, h);  // NUMERICS: §5.6 - the colwise block is the RHT chunk of column k
-                    encode_block<kSr>(col, g_col, k, cb, k2d ? u2f(tile_amax[mb][tk]) : block_amax(h), h);
+                    const AmaxNan an = block_amax_nan(h);
+                    encode_block<kSr>(col, g_col, k, cb, k2d ? u2f(tile_amax[mb][tk]) : an.amax, an.has_nan, h);
                 } else {
-                    encode_block<kSr>(col, g_col, k, cb, k2d ? u2f(tile_amax[mb][tk]) : block_amax(v), v);
+                    const AmaxNan an = block_amax_nan(v);
+                    encode_block<kSr>(col, g_col, k, cb, k2d ? u2f(tile_amax[mb][tk]) : an.amax, an.has_nan, v);
                 }
             }
         }
@@ -448,22 +515,27 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
                 }
                 float v[BLOCK];
                 widen<DT>(raw, v);
-                const float amax_b = k2d ? u2f(tile_amax[r / BLOCK][cb]) : block_amax(v);
-                encode_block<kSr>(row, g_row, m0 + r, k0 / BLOCK + cb, amax_b, v);
+                const AmaxNan an = block_amax_nan(v);
+                const float amax_b = k2d ? u2f(tile_amax[r / BLOCK][cb]) : an.amax;
+                encode_block<kSr>(row, g_row, m0 + r, k0 / BLOCK + cb, amax_b, an.has_nan, v);
             }
         }
         __syncthreads();  // the next tile overwrites the shared tile
     }
 }
 
-// Per input dtype: amax(X) (units of GROUP blocks) and the tiled quantization of both copies (a
-// copy whose data pointer is null is skipped; its other arguments are then unused).
+// Per input dtype: amax(X) (units of GROUP blocks) into both copies' A_g slots (out2 may be null),
+// and the tiled quantization of both copies (a copy whose data pointer is null is skipped; its other
+// arguments are then unused).
 #define NVFP4_INSTANTIATE(SUFFIX, DT)                                                                            \
     extern "C" __global__ void __launch_bounds__(NVFP4_THREADS)                                                  \
-        nvfp4_amax_##SUFFIX(const void* x, i64 n_blocks, u32* out) {                                             \
+        nvfp4_amax_##SUFFIX(const void* x, i64 m_rows, i64 k_cols, u32* out, u32* out2, NVFP4_PAD_PARAMS) {     \
+        const i64 n_blocks = m_rows * k_cols / BLOCK;                                                            \
         float a = 0.0f;                                                                                          \
         NVFP4_GRID_STRIDE(u, contiguous_units(n_blocks)) a = fmax_nn(a, amax_unit<DT>(x, n_blocks, u));         \
-        amax_commit(a, out);                                                                                     \
+        zero_scale_paddings(NVFP4_PADS, m_rows, k_cols, (i64)blockIdx.x * blockDim.x + threadIdx.x,             \
+                            (i64)gridDim.x * blockDim.x);                                                        \
+        amax_commit(a, out, out2);                                                                               \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(NVFP4_THREADS, NVFP4_QUANT_MIN_BLOCKS) nvfp4_quantize_##SUFFIX( \
         const void* x, i64 m_rows, i64 k_cols, u64 seed, u8* row_data, u8* row_scale, i64 row_scale_stride,     \
@@ -478,12 +550,43 @@ NVFP4_INSTANTIATE(f32, IN_F32)
 NVFP4_INSTANTIATE(bf16, IN_BF16)
 NVFP4_INSTANTIATE(f16, IN_F16)
 
+// Resident RHT-amax CTAs per SM (<= 128 registers a thread): at 80 registers (3 CTAs) ptxas spills
+// the tile loads on sm_90.
+#define NVFP4_RHT_AMAX_MIN_BLOCKS 2
+
 // Post-RHT amax of the columnwise copy (bf16 X [M, K]) into *out_rht, and amax(X) into *out_plain
-// (the rowwise copy's A_g, read in the same pass). Units of GROUP column chunks. NUMERICS: §5.6, §0.1.
-extern "C" __global__ void __launch_bounds__(NVFP4_THREADS)
-    nvfp4_rht_amax(const void* x, i64 m_rows, i64 k_cols, u32* out_rht, u32* out_plain) {
+// (the rowwise copy's A_g, read in the same pass). NUMERICS: §5.6, §0.1. The tiles of X are read as
+// in the quantize kernel (coalesced 16-byte loads into shared memory, a grid-stride loop over the
+// tiles) and each thread transforms the two columns of its colwise item, 16 rows each.
+extern "C" __global__ void __launch_bounds__(NVFP4_THREADS, NVFP4_RHT_AMAX_MIN_BLOCKS)
+    nvfp4_rht_amax(const void* x, i64 m_rows, i64 k_cols, u32* out_rht, u32* out_plain, NVFP4_PAD_PARAMS) {
+    using T = Tile<IN_BF16>;
+    __shared__ __align__(16) u32 tile[TILE_M * TILE_PITCH];
+    const int lane = threadIdx.x % WARP;
+    const int cw = threadIdx.x / WARP * COL_WORDS_PER_WARP + lane / TILE_MBLOCKS, mb = lane % TILE_MBLOCKS;
     float a_rht = 0.0f, a_plain = 0.0f;
-    NVFP4_GRID_STRIDE(u, ceil_div(m_rows / BLOCK, GROUP) * k_cols) rht_amax_unit(x, m_rows, k_cols, u, &a_rht, &a_plain);
+    const i64 n_tiles = tile_count<IN_BF16>(m_rows, k_cols);
+    for (i64 t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+        const TilePos p = tile_pos<IN_BF16>(t, m_rows, k_cols);
+        load_tile<IN_BF16>(x, k_cols, p.m0, p.k0, p.rows, p.cols, tile);
+        __syncthreads();
+        if (mb * BLOCK < p.rows && cw * T::PER_WORD < p.cols) {
+#pragma unroll 1
+            for (int e = 0; e < T::PER_WORD; ++e) {
+                u32 words[BLOCK];  // read again for each column: fewer registers live across rht16
+#pragma unroll
+                for (int i = 0; i < BLOCK; ++i) words[i] = tile[tile_word(mb * BLOCK + i, cw)];
+                float v[BLOCK], h[BLOCK];
+                column_values<IN_BF16>(words, e, v);
+                a_plain = fmax_nn(a_plain, block_amax(v));  // first: v is dead inside rht16 then
+                rht16(v, h);
+                a_rht = fmax_nn(a_rht, block_amax(h));
+            }
+        }
+        __syncthreads();  // the next tile overwrites the shared tile
+    }
+    zero_scale_paddings(NVFP4_PADS, m_rows, k_cols, (i64)blockIdx.x * blockDim.x + threadIdx.x,
+                        (i64)gridDim.x * blockDim.x);
     amax_commit(a_rht, out_rht);
     amax_commit(a_plain, out_plain);
 }

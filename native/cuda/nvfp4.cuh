@@ -16,7 +16,7 @@
 // From native/_compile.defines_for(config): the element row (ELEM_*, E2M1), the block-scale row
 // (SCALE_*, E4M3), BLOCK, FP32_MAX, NVFP4_GLOBAL_MAX (= 6 * 448) and NVFP4_RECIP_GLOBAL_MAX.
 #if !defined(ELEM_EXP_BITS) || !defined(ELEM_MAN_BITS) || !defined(ELEM_BIAS) || !defined(ELEM_EMAX) ||          \
-    !defined(ELEM_MAX) || !defined(ELEM_RECIP_MAX) || !defined(ELEM_MAX_CODE) || !defined(ELEM_NAN_CODE) ||      \
+    !defined(ELEM_MAX) || !defined(ELEM_RECIP_MAX) || !defined(ELEM_NAN_CODE) ||                                 \
     !defined(ELEM_SIGN_MASK) || !defined(SCALE_EXP_BITS) || !defined(SCALE_MAN_BITS) || !defined(SCALE_BIAS) || \
     !defined(SCALE_FP8_INTERP) || !defined(BLOCK) || !defined(FP32_MAX) || !defined(NVFP4_GLOBAL_MAX) ||        \
     !defined(NVFP4_RECIP_GLOBAL_MAX)
@@ -27,6 +27,7 @@
 #error "nvfp4.cuh needs NVFP4_RHT_SIZE, NVFP4_RHT_SIGN_MASK, NVFP4_RHT_SCALE (native/_compile.defines_for)"
 #endif
 
+#include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
 #define NVFP4_HD __host__ __device__ __forceinline__
@@ -123,6 +124,22 @@ NVFP4_HD double dmul_rn(double a, double b) {
 #endif
 }
 
+NVFP4_HD float fma_rn(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+    return __fmaf_rn(a, b, c);
+#else
+    return std::fma(a, b, c);
+#endif
+}
+
+NVFP4_HD double dfma_rn(double a, double b, double c) {
+#if defined(__CUDA_ARCH__)
+    return __fma_rn(a, b, c);
+#else
+    return std::fma(a, b, c);
+#endif
+}
+
 NVFP4_HD float d2f_rn(double d) {
 #if defined(__CUDA_ARCH__)
     return __double2float_rn(d);
@@ -137,16 +154,19 @@ NVFP4_HD bool is_nan(float v) { return v != v; }
 NVFP4_HD float fmin_nn(float a, float b) { return fminf(a, b); }
 NVFP4_HD float fmax_nn(float a, float b) { return fmaxf(a, b); }
 
+// max(a, b), NaN if either is NaN (PTX max.NaN; one instruction on sm_80+).
+NVFP4_HD float fmax_nan(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    float m;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(m) : "f"(a), "f"(b));
+    return m;
+#else
+    return is_nan(a) || is_nan(b) ? a + b : fmax_nn(a, b);
+#endif
+}
+
 // 2^k as fp32 for a normal exponent k (exact).
 NVFP4_HD float pow2f(int k) { return u2f((u32)(k + FP32_EXP_BIAS) << FP32_MAN_BITS); }
-
-// floor(log2 a) from the bits for a > 0 normal; fp32 subnormals and zero read as -FP32_EXP_BIAS, which
-// every caller clamps up to the format's emin (all such values share the format's lowest quantum).
-NVFP4_HD int floor_log2_clamped(float a, int lo, int hi) {
-    int e = (int)((f2u(a) >> FP32_MAN_BITS) & FP32_EXP_MASK) - FP32_EXP_BIAS;
-    e = e < lo ? lo : e;
-    return e > hi ? hi : e;
-}
 
 // ---- input element loads (exact widening) ----------------------------------------------------
 NVFP4_HD float bf16_to_f32(u16 b) { return u2f((u32)b << 16); }
@@ -165,33 +185,77 @@ NVFP4_HD float f16_to_f32(u16 h) {
 #endif
 }
 
-// RN_bf16 of an fp32 value, returned widened to fp32 (NUMERICS.md §5.6). NaN stays NaN.
+// RN_bf16 of an fp32 value, returned widened to fp32 (NUMERICS.md §5.6). Device: cvt.rn.bf16.f32
+// (RN, subnormals kept, overflow to inf; a NaN becomes the canonical NaN, whose payload is not
+// observable in an RHT output: NaN encodes as the +6 code and every amax ignores it). Host: the
+// same rounding on the bits (NaN returned as is).
 NVFP4_HD float round_bf16(float f) {
+#if defined(__CUDA_ARCH__)
+    return __bfloat162float(__float2bfloat16_rn(f));
+#else
     u32 u = f2u(f);
     if (is_nan(f)) return f;
     u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;  // round half to even on the low 16 bits
     return u2f(u);
+#endif
 }
 
-// ---- generic RNE-and-saturate onto a small format's grid --------------------------------------
-// Magnitude code of a >= 0 on the grid of (EXP, MAN, BIAS) with finite max `maxv`: with
-// e = max(floor(log2 a), emin), the grid step in a's binade is 2^(e-MAN) and the code is
-// ((e - emin) << MAN) + n, n = RNE(a / 2^(e-MAN)) (subnormals and the carry into the next binade
-// included); anything above max (inf included) saturates to max_code (a NaN a also gives max_code).
-// n comes from one IEEE addition: M = 2^(e-MAN+23) has ulp 2^(e-MAN) and a + M < 2M, so RN(a + M)
-// = M + n * 2^(e-MAN) with ties to even n, and n is the difference of the bit patterns. Branch-free,
-// no float-to-int conversion.
-// NUMERICS: §0.5 e2m1_rn (RNE on the grid, then saturate; equal to clamp-then-round).
-template <int EXP, int MAN, int BIAS>
-NVFP4_HD u32 rne_sat_mag(float a, float maxv, u32 max_code) {
+// ---- rounding onto a small format's grid by one magic addition ------------------------------
+// For a >= 0 on the grid of (EXP, MAN, BIAS) with e = max(floor(log2 a), emin), the grid step in a's
+// binade is 2^(e-MAN) and a's magnitude code is ((e - emin) << MAN) + n, n = a / 2^(e-MAN) rounded
+// (subnormals and the carry into the next binade included). n comes from one IEEE addition:
+// M = 2^(e-MAN+23) has ulp 2^(e-MAN) and a + M < 2M, so the sum rounded (RN or RZ) is
+// M + n * 2^(e-MAN) with n rounded the same way, and n is the difference of the bit patterns. M's
+// exponent field is max(a's, emin's) + 23 - MAN. Branch-free, no float-to-int conversion.
+struct GridMagic {
+    u32 d;       // (e - emin) << 23: the offset of M's exponent field from its lowest value
+    u32 m_bits;  // M = 2^(e - MAN + 23)
+};
+
+template <int MAN, int BIAS>
+NVFP4_HD GridMagic grid_magic(float a) {
     static_assert(MAN + 2 < FP32_MAN_BITS, "n must fit below M's mantissa");
-    a = fmin_nn(a, maxv);  // > max, inf (and NaN) -> max, whose code is max_code
-    const int emin = 1 - BIAS;
-    const int e = floor_log2_clamped(a, emin, FP32_EXP_BIAS);
-    const u32 m_bits = (u32)(e - MAN + FP32_MAN_BITS + FP32_EXP_BIAS) << FP32_MAN_BITS;  // M = 2^(e-MAN+23)
-    const u32 n = f2u(add_rn(a, u2f(m_bits))) - m_bits;  // RN(a + M) = M + n * ulp(M), exactly
-    const u32 code = ((u32)(e - emin) << MAN) + n;
-    return code < max_code ? code : max_code;
+    constexpr u32 EXP_FIELD = FP32_EXP_MASK << FP32_MAN_BITS;
+    constexpr u32 MIN_BITS = (u32)(1 - BIAS + FP32_EXP_BIAS) << FP32_MAN_BITS;  // 2^emin
+    constexpr u32 TO_M = (u32)(FP32_MAN_BITS - MAN) << FP32_MAN_BITS;         // x 2^(23 - MAN)
+    const int above = (int)(f2u(a) & EXP_FIELD) - (int)MIN_BITS;  // (floor(log2 a) - emin) << 23
+    GridMagic g;
+    g.d = (u32)(above > 0 ? above : 0);
+    g.m_bits = g.d + (MIN_BITS + TO_M);
+    return g;
+}
+
+// The code ((e - emin) << MAN) + n from the rounded sum a + M.
+template <int MAN>
+NVFP4_HD u32 grid_code(GridMagic g, float sum) { return (g.d >> (FP32_MAN_BITS - MAN)) + (f2u(sum) - g.m_bits); }
+
+// RZ(a + b) for 0 <= a <= b: the device's add.rz; the host takes the RN sum and steps it down one
+// ulp when it rounded up (s - b is exact for b <= s <= 2b).
+NVFP4_HD float add_rz_magic(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fadd_rz(a, b);
+#else
+    const float s = a + b;
+    return s - b > a ? u2f(f2u(s) - 1u) : s;
+#endif
+}
+
+// NUMERICS: §0.5 e2m1_rn (RNE on the grid, then saturate; equal to clamp-then-round): the magnitude
+// code of a >= 0, clamped first to the grid's finite max `maxv` (inf and a NaN a give maxv), so the
+// code never passes maxv's. Ties to even n.
+template <int EXP, int MAN, int BIAS>
+NVFP4_HD u32 rne_sat_mag(float a, float maxv) {
+    a = fmin_nn(a, maxv);
+    const GridMagic g = grid_magic<MAN, BIAS>(a);
+    return grid_code<MAN>(g, add_rn(a, u2f(g.m_bits)));
+}
+
+// The magnitude code of floor(t / step(t)) * step(t), t >= 0 below the grid's top binade's end
+// 2^(emax + 1): t truncated onto the grid of its binade (0 below the smallest step).
+template <int EXP, int MAN, int BIAS>
+NVFP4_HD u32 floor_mag(float t) {
+    const GridMagic g = grid_magic<MAN, BIAS>(t);
+    return grid_code<MAN>(g, add_rz_magic(t, u2f(g.m_bits)));
 }
 
 // Exact value of a magnitude code of (EXP, MAN, BIAS) (no NaN/Inf patterns are decoded here).
@@ -205,23 +269,30 @@ NVFP4_HD float decode_mag(u32 code) {
 constexpr u32 ELEM_SIGN = ELEM_SIGN_MASK;
 
 // ---- E2M1 round to nearest -------------------------------------------------------------------
-// NUMERICS: §0.5 e2m1_rn - ties to the even code; sign bit copied from v (-0.0 and tiny negatives
-// give 0x8); NaN of either sign gives ELEM_NAN_CODE (+6); |v| > 6 and inf saturate.
-NVFP4_HD u32 e2m1_rn(float v) {
-    const bool nan = is_nan(v);
-    const u32 sign = (f2u(v) & FP32_SIGN_BIT) ? ELEM_SIGN : 0u;
+// The E2M1 sign bit of v: fp32 bit 31 moved to the code's bit ELEM_BITS - 1 (-0.0 included).
+NVFP4_HD u32 e2m1_sign(float v) { return (f2u(v) >> (32 - ELEM_BITS)) & ELEM_SIGN; }
+
+// E2M1 RN magnitude code of |v| (a NaN v gives the +6 magnitude, 0x7).
+NVFP4_HD u32 e2m1_rn_mag(float v) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 1000) && defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && \
     (__CUDA_ARCH_FAMILY_SPECIFIC__ >= 1000) && (__CUDA_ARCH_FAMILY_SPECIFIC__ < 1300)
     // Hardware RN cast (sm_100a/f and later families); only its magnitude is used, the sign and
-    // NaN rules above are applied explicitly so the bits equal the software path.
+    // NaN rules are applied by the callers so the bits equal the software path.
     u16 pair;
-    asm("{ .reg .b8 t;\n cvt.rn.satfinite.e2m1x2.f32 t, %2, %1;\n mov.b16 %0, {t, 0};\n}" : "=h"(pair) : "f"(v), "f"(0.0f));
-    const u32 mag = (u32)pair & (ELEM_SIGN - 1u);
+    asm("{ .reg .b8 t;\n cvt.rn.satfinite.e2m1x2.f32 t, %2, %1;\n mov.b16 %0, {t, 0};\n}" : "=h"(pair) : "f"(fmin_nn(fabsf(v), ELEM_MAX)), "f"(0.0f));
+    return (u32)pair & (ELEM_SIGN - 1u);
 #else
-    const u32 mag = rne_sat_mag<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS>(fabsf(v), ELEM_MAX, ELEM_MAX_CODE);
+    return rne_sat_mag<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS>(fabsf(v), ELEM_MAX);
 #endif
-    return nan ? (u32)ELEM_NAN_CODE : (sign | mag);
 }
+
+// NUMERICS: §0.5 e2m1_rn for a v known not to be NaN (the kernels check a block for NaN once and
+// apply the NaN rule below only to blocks that hold one): ties to the even code; sign bit copied
+// from v (-0.0 and tiny negatives give 0x8); |v| > 6 and inf saturate.
+NVFP4_HD u32 e2m1_rn_not_nan(float v) { return e2m1_sign(v) | e2m1_rn_mag(v); }
+
+// NUMERICS: §0.5 e2m1_rn - as e2m1_rn_not_nan, and NaN of either sign gives ELEM_NAN_CODE (+6).
+NVFP4_HD u32 e2m1_rn(float v) { return is_nan(v) ? (u32)ELEM_NAN_CODE : e2m1_rn_not_nan(v); }
 
 NVFP4_HD float e2m1_value(u32 code) {
     const float mag = decode_mag<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS>(code & (ELEM_SIGN - 1u));
@@ -231,34 +302,28 @@ NVFP4_HD float e2m1_value(u32 code) {
 // ---- E2M1 stochastic rounding ------------------------------------------------------------------
 constexpr int SR_BITS = 8;  // one random byte per element (NUMERICS.md §5.7)
 
-// log2 step(v): step(v) is the E2M1 quantum at magnitude v, 2^(clamp(floor(log2 v), emin, emax) - MAN)
-// (0.5 below 2, 1 in [2, 4), 2 from 4 up).
-NVFP4_HD int e2m1_step_log2(float v) {
-    return floor_log2_clamped(v, 1 - ELEM_BIAS, ELEM_EMAX) - ELEM_MAN_BITS;
-}
-
 // NUMERICS: §5.7 rounding rule (TE ptx.cuh stochastic_round_fp4_e2m1): a = |y|, u = r/256,
-// t = RN(a + u*step(a)), q = fmin(floor(t/step(t))*step(t), 6); sign of y kept; NaN -> +6 code;
-// |y| > 6 -> 6.
-NVFP4_HD u32 e2m1_sr(float y, u32 r) {
-    const bool nan = is_nan(y);
-    const u32 sign = (f2u(y) & FP32_SIGN_BIT) ? ELEM_SIGN : 0u;
-    // |y| > 6 and inf -> 6 (then t < 8 and q = 6, i.e. the max code); NaN lanes are replaced below.
+// t = RN(a + u*step(a)), q = fmin(floor(t/step(t))*step(t), 6); sign of y kept; |y| > 6 -> 6.
+// step(v) is the E2M1 quantum at magnitude v: 2^(clamp(floor(log2 v), emin, emax) - MAN) (0.5 below
+// 2, 1 in [2, 4), 2 from 4 up). For a y known not to be NaN (see e2m1_rn_not_nan).
+NVFP4_HD u32 e2m1_sr_not_nan(float y, u32 r) {
+    // |y| > 6 and inf -> 6 (then t < 8 and q = 6, i.e. the max code). a <= 6 = max, so a's binade
+    // is at most emax: step(a) = 2^(e - MAN) with grid_magic's e.
     const float a = fmin_nn(fabsf(y), ELEM_MAX);
-    // u * step(a) = r * 2^(log2 step(a) - 8), exact; float(r) by the 2^23 + r bit pattern (exact, r < 2^23).
+    const GridMagic g = grid_magic<ELEM_MAN_BITS, ELEM_BIAS>(a);
+    // step(a) / 256 = 2^(e - MAN - 8) from g.d = (e - emin) << 23 (exact, a normal power of two).
+    const float step_r = u2f(g.d + ((u32)(1 - ELEM_BIAS - ELEM_MAN_BITS - SR_BITS + FP32_EXP_BIAS) << FP32_MAN_BITS));
+    // float(r) by the 2^23 + r bit pattern (exact, r < 2^23).
     const float two23 = pow2f(FP32_MAN_BITS);
     const float r_f = add_rn(u2f(f2u(two23) | r), -two23);
-    const float t = add_rn(a, mul_rn(r_f, pow2f(e2m1_step_log2(a) - SR_BITS)));  // one rounding
-    // floor(t / step(t)) * step(t), exact: clear t's fp32 mantissa bits below step(t). In binades
-    // >= emin that is the low 23 - MAN bits; below emin step is 2^(emin - MAN), so more bits go, and
-    // t < step gives 0 (t < 8 here, so t's binade never exceeds emax).
-    const int e = (int)(f2u(t) >> FP32_MAN_BITS) - FP32_EXP_BIAS;  // t >= 0; subnormal or 0 -> -127
-    const int below = (1 - ELEM_BIAS) - e;
-    const int drop = FP32_MAN_BITS - ELEM_MAN_BITS + (below > 0 ? below : 0);
-    const float q = fmin_nn(drop > FP32_MAN_BITS ? 0.0f : u2f(f2u(t) & (~0u << drop)), ELEM_MAX);
-    const u32 mag = rne_sat_mag<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS>(q, ELEM_MAX, ELEM_MAX_CODE);  // q on the grid
-    return nan ? (u32)ELEM_NAN_CODE : (sign | mag);
+    // t = RN(a + u * step(a)): r_f * step_r is exact, so the fused multiply-add rounds once, there.
+    const float t = fma_rn(r_f, step_r, a);
+    // t < 6 + 2 * 255/256 < 8 = 2^(emax + 1): floor onto t's grid is at most 6, fmin(q, 6) = q.
+    return e2m1_sign(y) | floor_mag<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS>(t);
 }
+
+// NUMERICS: §5.7 - as e2m1_sr_not_nan, and NaN of either sign gives ELEM_NAN_CODE (+6).
+NVFP4_HD u32 e2m1_sr(float y, u32 r) { return is_nan(y) ? (u32)ELEM_NAN_CODE : e2m1_sr_not_nan(y, r); }
 
 // ---- E4M3 saturating cast (block scale) ------------------------------------------------------
 // NUMERICS: §0.5 sat_e4m3, §0.3 - __nv_cvt_float_to_fp8(d, __NV_SATFINITE, __NV_E4M3) (native
@@ -266,7 +331,14 @@ NVFP4_HD u32 e2m1_sr(float y, u32 r) {
 NVFP4_HD u32 sat_e4m3(float d) { return (u32)__nv_cvt_float_to_fp8(d, __NV_SATFINITE, SCALE_FP8_INTERP); }
 
 // float(s_blk): exact value of a UE4M3 scale byte (sign 0; 0x00 = 0).
-NVFP4_HD float ue4m3_value(u32 code) { return decode_mag<SCALE_EXP_BITS, SCALE_MAN_BITS, SCALE_BIAS>(code); }
+NVFP4_HD float ue4m3_value(u32 code) {
+#if defined(__CUDA_ARCH__)
+    // cvt.rn.f16x2.e4m3x2 (sm_89+), then f16 -> fp32: both exact, every E4M3 value is an f16 normal.
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)code, SCALE_FP8_INTERP)));
+#else
+    return decode_mag<SCALE_EXP_BITS, SCALE_MAN_BITS, SCALE_BIAS>(code);
+#endif
+}
 
 // ---- the two-level scale chain ---------------------------------------------------------------
 struct GlobalScale {
@@ -364,56 +436,94 @@ NVFP4_HD int parity4(int v) { return (v ^ (v >> 1) ^ (v >> 2) ^ (v >> 3)) & 1; }
 
 NVFP4_HD bool rht_sign_negative(int i) { return ((NVFP4_RHT_SIGN_MASK >> i) & 1) != 0; }
 
-// Bf16 significand bits and the fp32 growth bound of the fast path below.
+// Bf16 significand bits and the growth bounds of the exact paths below.
 constexpr int BF16_SIG_BITS = 8;
 constexpr int FP32_SIG_BITS = FP32_MAN_BITS + 1;
+constexpr int FP64_SIG_BITS = 53;
 // Largest exponent-field spread of a chunk's non-zero values for which every partial sum of the 16
-// terms is exact in fp32: terms are multiples of q = 2^(e_min - bias - 7 - 2) and partial sums are
-// below 16 * 2^(e_max - bias + 1) / 4 = 2^(e_max - bias + 3), i.e. below 2^24 q when
-// e_max - e_min <= 24 - 8 - 4 = 12.
+// terms is exact in a format of P significand bits: terms are multiples of
+// q = 2^(e_min - bias - 7 - 2) and partial sums are below 16 * 2^(e_max - bias + 1) / 4 =
+// 2^(e_max - bias + 3), i.e. below 2^P q when e_max - e_min <= P - 8 - 4: 12 in fp32, 41 in fp64.
 constexpr u32 RHT_FP32_EXACT_SPREAD = FP32_SIG_BITS - BF16_SIG_BITS - 4;
-// Largest exponent field for which the partial sums stay finite (< 2^(e_max - bias + 3) <= 2^127).
+constexpr u32 RHT_FP64_EXACT_SPREAD = FP64_SIG_BITS - BF16_SIG_BITS - 4;
+// Largest exponent field for which the fp32 partial sums stay finite (< 2^(e_max - bias + 3) <= 2^127).
 constexpr u32 RHT_FP32_MAX_EXP_FIELD = 2 * FP32_EXP_BIAS - 3;
+constexpr u32 FP32_INF_BITS = FP32_EXP_MASK << FP32_MAN_BITS;
 
-// The exact (order-free) fp32 path: true when every partial sum of the chunk is exact in fp32 and
-// finite, so any summation order, the fp64 one included, gives the same exact value.
-NVFP4_HD bool rht_fp32_exact(const float (&v)[BLOCK]) {
-    u32 e_lo = FP32_EXP_MASK, e_hi = 0u, finite = 1u;
+// How a chunk's 16 sums are taken. Where every partial sum is exact, the order cannot change a sum,
+// so a butterfly (fast Walsh-Hadamard: y = H x, H symmetric) gives the contract's ordered fp64 sums.
+enum RhtPath {
+    RHT_FP32_BUTTERFLY,  // finite, spread <= 12, no fp32 overflow: exact in fp32
+    RHT_FP64_BUTTERFLY,  // spread <= 41: exact in fp64; or an inf / NaN term: then every sum is
+                         // +-inf or NaN by the signs of its infinite terms alone, in any order (the
+                         // finite part, < 16 * FLT_MAX / 4, never overflows fp64)
+    RHT_FP64_ORDERED,    // anything else: the fp64 sums in the contract's order
+};
+
+NVFP4_HD RhtPath rht_path(const float (&v)[BLOCK]) {
+    float hi = 0.0f;  // max |v|, NaN when a v is NaN
+    u32 lo = ~0u;     // min over v of bits(|v|) - 1: the smallest non-zero magnitude's bits - 1 (zeros wrap)
 #pragma unroll
     for (int i = 0; i < BLOCK; ++i) {
-        const u32 b = f2u(v[i]) & ~FP32_SIGN_BIT;
-        u32 e = b >> FP32_MAN_BITS;
-        finite &= (u32)(e != FP32_EXP_MASK);
-        e = e < 1u ? 1u : e;  // subnormals: quantum 2^(1 - bias - 7), like exponent field 1
-        e_lo = b != 0u && e < e_lo ? e : e_lo;
-        e_hi = b != 0u && e > e_hi ? e : e_hi;
+        hi = fmax_nan(hi, fabsf(v[i]));
+        const u32 b = (f2u(v[i]) & ~FP32_SIGN_BIT) - 1u;
+        lo = b < lo ? b : lo;
     }
-    return finite && (e_lo > e_hi || (e_hi - e_lo <= RHT_FP32_EXACT_SPREAD && e_hi <= RHT_FP32_MAX_EXP_FIELD));
+    const u32 hi_bits = f2u(hi);
+    if (!(hi_bits < FP32_INF_BITS)) return RHT_FP64_BUTTERFLY;  // an inf or NaN term (a NaN hi compares false)
+    if (hi_bits == 0u) return RHT_FP32_BUTTERFLY;              // all zero
+    const u32 e_hi = hi_bits >> FP32_MAN_BITS;
+    u32 e_lo = (lo + 1u) >> FP32_MAN_BITS;
+    e_lo = e_lo < 1u ? 1u : e_lo;  // subnormals: quantum 2^(1 - bias - 7), like exponent field 1
+    if (e_hi - e_lo <= RHT_FP32_EXACT_SPREAD && e_hi <= RHT_FP32_MAX_EXP_FIELD) return RHT_FP32_BUTTERFLY;
+    return e_hi - e_lo <= RHT_FP64_EXACT_SPREAD ? RHT_FP64_BUTTERFLY : RHT_FP64_ORDERED;
+}
+
+// The butterfly in T (float or double) over x[i] = v_i * sigma_i / 4. The terms are made with
+// fma(v, +-1/4, +0): exact, and a -0 term becomes +0; with no -0 term no partial sum is -0 (RN:
+// x + (-x) = +0, and a - b is -0 only for a = -0), as the ordered sum from +0 never is.
+template <typename T>
+NVFP4_HD void rht_butterfly(const float (&v)[BLOCK], T (&x)[BLOCK]) {
+#pragma unroll
+    for (int i = 0; i < BLOCK; ++i) {
+        const T c = rht_sign_negative(i) ? -(T)NVFP4_RHT_SCALE : (T)NVFP4_RHT_SCALE;
+        if constexpr (sizeof(T) == sizeof(float)) {
+            x[i] = fma_rn(v[i], c, 0.0f);
+        } else {
+            x[i] = dfma_rn((double)v[i], c, 0.0);
+        }
+    }
+#pragma unroll
+    for (int h = 1; h < BLOCK; h <<= 1) {
+#pragma unroll
+        for (int i = 0; i < BLOCK; ++i) {
+            if (i & h) continue;
+            const T a = x[i], b = x[i + h];
+            if constexpr (sizeof(T) == sizeof(float)) {
+                x[i] = add_rn(a, b);
+                x[i + h] = add_rn(a, -b);
+            } else {
+                x[i] = dadd_rn(a, b);
+                x[i + h] = dadd_rn(a, -b);
+            }
+        }
+    }
 }
 
 NVFP4_HD void rht16(const float (&v)[BLOCK], float (&out)[BLOCK]) {
-    if (rht_fp32_exact(v)) {
-        // Every partial sum is exact: the fast Walsh-Hadamard butterfly (y = H x, H symmetric) gives
-        // the exact sums, equal to the ordered fp64 sums; + 0 turns a -0 result into +0 as the
-        // ordered sum from +0 would.
+    const RhtPath path = rht_path(v);
+    if (path == RHT_FP32_BUTTERFLY) {
         float x[BLOCK];
+        rht_butterfly(v, x);
 #pragma unroll
-        for (int i = 0; i < BLOCK; ++i) {
-            const float w = mul_rn(v[i], (float)NVFP4_RHT_SCALE);  // exact
-            x[i] = rht_sign_negative(i) ? -w : w;
-        }
+        for (int j = 0; j < BLOCK; ++j) out[j] = round_bf16(x[j]);  // the exact sum: RN_fp32 is the identity
+        return;
+    }
+    if (path == RHT_FP64_BUTTERFLY) {
+        double x[BLOCK];
+        rht_butterfly(v, x);
 #pragma unroll
-        for (int h = 1; h < BLOCK; h <<= 1) {
-#pragma unroll
-            for (int i = 0; i < BLOCK; ++i) {
-                if (i & h) continue;
-                const float a = x[i], b = x[i + h];
-                x[i] = add_rn(a, b);
-                x[i + h] = add_rn(a, -b);
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < BLOCK; ++j) out[j] = round_bf16(add_rn(x[j], 0.0f));
+        for (int j = 0; j < BLOCK; ++j) out[j] = round_bf16(d2f_rn(x[j]));
         return;
     }
     double w[BLOCK];

@@ -23,6 +23,8 @@ from reference.formats import E4M3, QuantConfig
 from reference.per_tensor import AmaxHistory
 from reference.types import QuantizedTensor, SpecViolation
 
+from .poison import dirty_empty
+
 pytestmark = pytest.mark.gpu
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
@@ -189,20 +191,6 @@ def test_single_orientation(cfg, rowwise, colwise):
     check_vs_reference(x, cfg, rowwise=rowwise, colwise=colwise)
 
 
-def _dirty_empty(real_empty, shapes: list):
-    """torch.empty whose memory is filled with 0xAB bytes (every output byte must be written by the
-    kernels); the shape of each CUDA tensor it hands out is appended to `shapes`."""
-
-    def empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        if t.is_cuda and t.is_contiguous() and t.numel():
-            t.view(torch.uint8).fill_(0xAB)
-            shapes.append(tuple(t.shape))
-        return t
-
-    return empty
-
-
 @pytest.mark.parametrize("cfg", [BLOCK[0], BLOCK[1], BLOCK[3], MX[0], MX[4]], ids=lambda c: c.id)
 @pytest.mark.parametrize("shape", [(130, 258), (258, 130), (34, 4130)], ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("rowwise, colwise", [(True, True), (True, False), (False, True)], ids=["both", "row", "col"])
@@ -215,7 +203,7 @@ def test_scale_padding_written_over_dirty_memory(cfg, shape, rowwise, colwise, m
     gold = reference.quantize(x, cfg, rowwise=rowwise, colwise=colwise)
     xd = x.cuda()
     dirty: list = []
-    monkeypatch.setattr(torch, "empty", _dirty_empty(torch.empty, dirty))
+    monkeypatch.setattr(torch, "empty", dirty_empty(torch.empty, dirty))
     cand = native.quantize(xd, cfg, rowwise=rowwise, colwise=colwise)
     monkeypatch.undo()
     padded = [

@@ -19,6 +19,8 @@ from reference import layouts
 from reference.formats import QuantConfig
 from reference.types import QuantizedTensor, SRSeed
 
+from .poison import dirty_empty
+
 pytestmark = pytest.mark.gpu
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -285,6 +287,38 @@ def test_special_inputs_match_reference(cfg_name, dtype_name, kind):
     cfg = CONFIGS[cfg_name]
     x = make_input(kind, (48, 80), DTYPES[dtype_name], seed=5)
     run_case(cfg, x, label=f"{cfg.id} {dtype_name} {kind}")
+
+
+@pytest.mark.parametrize("cfg_name", ["1x16", "16x16", "1x16-rht-sr"])
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", [(144, 208), (48, 4112)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("rowwise, colwise", [(True, True), (True, False), (False, True)], ids=["both", "row", "col"])
+def test_scale_padding_written_over_dirty_memory(cfg_name, dtype_name, shape, rowwise, colwise, monkeypatch):
+    """The outputs come from torch.empty (here: filled with 0xAB): every byte, the scales' zero
+    padding (NUMERICS §5.9) included, is the kernel's to write."""
+    from native import nvfp4
+
+    cfg = CONFIGS[cfg_name]
+    if dtype_name not in _dtypes_for(cfg_name):
+        pytest.skip(f"{cfg.id} takes bf16 input only")
+    x = make_input("normal", shape, DTYPES[dtype_name], 17)
+    rng = SEED if cfg.stochastic else None
+    golden = reference.quantize(x, cfg, rowwise=rowwise, colwise=colwise, rng=rng)
+    dirty: list = []
+    x_gpu = x.cuda()
+    monkeypatch.setattr(torch, "empty", dirty_empty(torch.empty, dirty))
+    fields = nvfp4.quantize_2d(x_gpu, cfg, rowwise=rowwise, colwise=colwise, rng=rng)
+    torch.cuda.synchronize()
+    monkeypatch.undo()
+    padded = [
+        o for o, on in (("rowwise", rowwise), ("colwise", colwise))
+        if on and layouts.scale_padded_shape(cfg, o, *shape) != layouts.scale_valid_shape(cfg, o, *shape)
+    ]  # fmt: skip
+    assert padded, "the shape must give every requested scale tensor some padding"
+    for o in padded:
+        assert layouts.scale_padded_shape(cfg, o, *shape) in dirty, f"{o} scales were not allocated by torch.empty"
+    assert_fields_equal(golden, fields, *shape, f"{cfg.id} {dtype_name} {shape} after poisoning")
+
 
 
 @pytest.mark.parametrize("kind", ["normal", "gauss"])

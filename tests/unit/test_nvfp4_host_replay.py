@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from native import _compile
-from reference import QuantConfig, fp32, stochastic
+from reference import QuantConfig, fp32, hadamard, stochastic
 from reference.nvfp4 import e2m1_rn
 
 HERE = Path(__file__).parent
@@ -27,10 +27,9 @@ ROOT = HERE.parents[1]
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
 
-@pytest.fixture(scope="module")
-def replay(tmp_path_factory) -> Path:
-    exe = tmp_path_factory.mktemp("nvfp4_host") / "nvfp4_rounding"
-    cmd = _compile.nvcc_command(HERE / "host" / "nvfp4_rounding.cpp", exe, "sm_90", _compile.defines_for(QuantConfig("nvfp4")))
+def _build(source: str, exe: Path) -> Path:
+    """Build tests/unit/host/<source> as a host program with the kernels' nvfp4 defines."""
+    cmd = _compile.nvcc_command(HERE / "host" / source, exe, "sm_90", _compile.defines_for(QuantConfig("nvfp4")))
     # The same defines and include path as the kernel build, but a host executable: drop the cubin target.
     drop = {"-cubin", "-gencode"}
     host_cmd, skip = [], False
@@ -48,6 +47,16 @@ def replay(tmp_path_factory) -> Path:
     r = subprocess.run(host_cmd, capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, f"nvcc failed: {' '.join(host_cmd)}\n{r.stderr[-3000:]}"
     return exe
+
+
+@pytest.fixture(scope="module")
+def replay(tmp_path_factory) -> Path:
+    return _build("nvfp4_rounding.cpp", tmp_path_factory.mktemp("nvfp4_host") / "nvfp4_rounding")
+
+
+@pytest.fixture(scope="module")
+def rht_replay(tmp_path_factory) -> Path:
+    return _build("nvfp4_rht.cpp", tmp_path_factory.mktemp("nvfp4_host") / "nvfp4_rht")
 
 
 def _inputs() -> torch.Tensor:
@@ -86,3 +95,68 @@ def test_e2m1_rn_and_sr_host_replay_match_reference(replay, tmp_path):
             f"{int(fp32.bits(x[bad[0]])) & 0xFFFFFFFF:#010x} r={int(r[bad[0]])}: host {int(out[bad[0], col])} "
             f"vs reference {int(want[bad[0]])}"
         )
+
+
+# rht_path's values (nvfp4.cuh RhtPath).
+RHT_PATHS = {0: "fp32 butterfly", 1: "fp64 butterfly", 2: "fp64 ordered"}
+
+
+def _rht_chunks() -> torch.Tensor:
+    """bf16 chunks (N, 16) that reach every path of rht16: exponent spreads around the fp32 (12) and
+    fp64 (41) exactness bounds, fp32 overflow, inf / NaN (alone, mixed with -inf), signed zeros,
+    subnormals, all-zero chunks, and plain Gaussian chunks."""
+    g = torch.Generator().manual_seed(5)
+    n = 4096
+    sig = torch.randint(128, 256, (n, 16), generator=g).to(torch.float64) / 128
+    sgn = torch.where(torch.rand(n, 16, generator=g) < 0.5, -1.0, 1.0).to(torch.float64)
+    spread = torch.tensor([0, 6, 11, 12, 13, 20, 40, 41, 42, 60, 200], dtype=torch.float64)
+    span = spread[torch.arange(n) % spread.numel()].unsqueeze(1)
+    lo = torch.randint(-133, 120, (n, 1), generator=g).to(torch.float64)
+    e = lo + torch.floor(torch.rand(n, 16, generator=g, dtype=torch.float64) * (span + 1))
+    e[:, 0], e[:, 1] = lo[:, 0], (lo + span)[:, 0]  # both ends of the span present
+    x = sgn * sig * torch.pow(2.0, e.clamp(max=127))
+    x[::7, 3] = 0.0
+    x[::11, 5] = -0.0
+    x[1::13] = torch.randn(x[1::13].shape, generator=g, dtype=torch.float64)
+    specials = torch.zeros(8, 16, dtype=torch.float64)
+    specials[1] = -0.0
+    specials[2, 4] = float("inf")
+    specials[3, 4], specials[3, 9] = float("inf"), float("-inf")
+    specials[4, 0] = float("nan")
+    specials[5] = 3.0e38  # fp32 partial sums would overflow
+    specials[6, ::2] = -0.0
+    specials[6, 1] = 2.0**-133  # bf16 subnormal
+    specials[7] = torch.randn(16, generator=g, dtype=torch.float64) * 2.0**-128
+    # Output 0 sums the terms t_i = sigma_i v_i / 4 with coefficient +1: two chunks whose exact sum
+    # lies just above a bf16 tie, where a sum that drops the finest term lands on the tie and rounds
+    # to even instead. (a) Spread 15: the fp32 butterfly's ((t4+t5)+(t6+t7)) drops 2^-19; only the
+    # exact paths give 2^-4 (1 + 2^-7). (b) Spread 54: the ordered fp64 sum drops every 2^-54 (the
+    # contract: 1.0), a butterfly keeps their sum (1 + 2^-7).
+    t_a = [15.875] * 7 + [2.0**-12 + 2.0**-19] + [-15.875] * 7 + [2.0**-4]
+    t_b = [1.0, 2.0**-8, 2.0**-24] + [2.0**-54] * 13
+    sigma = hadamard.sign_vector().to(torch.float64)
+    crafted = torch.tensor([t_a, t_b], dtype=torch.float64) * 4 * sigma
+    return torch.cat([x, specials, crafted, -crafted]).to(torch.bfloat16)
+
+
+def test_rht16_host_replay_matches_reference_on_every_path(rht_replay, tmp_path):
+    """NUMERICS §5.6: rht16 (all three paths: exact fp32 / fp64 butterflies, ordered fp64 sums)
+    equals reference.hadamard on the same chunks, bit for bit (NaN: any NaN)."""
+    chunks = _rht_chunks()
+    src, dst = tmp_path / "in.bin", tmp_path / "out.bin"
+    src.write_bytes(fp32.bits(chunks.to(torch.float32)).numpy().astype(np.uint32).tobytes())
+    proc = subprocess.run([str(rht_replay), str(src), str(dst)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    rec = np.frombuffer(dst.read_bytes(), dtype=[("h", "<u4", (16,)), ("path", "u1")])
+    assert rec.shape[0] == chunks.shape[0]
+    paths = np.bincount(rec["path"], minlength=len(RHT_PATHS))
+    assert all(paths[i] > 0 for i in RHT_PATHS), f"paths taken: { {name: int(paths[i]) for i, name in RHT_PATHS.items()} }"
+    host = torch.from_numpy(rec["h"].astype(np.int64)).to(torch.int32).view(torch.float32)
+    # hadamard.rht_rows transforms the 16-row chunks of an [M, K] input: chunk n is column n.
+    want = hadamard.rht_rows(chunks.t().contiguous()).t().to(torch.float32)
+    both_nan = torch.isnan(host) & torch.isnan(want)
+    bad = ((fp32.bits(host) != fp32.bits(want)) & ~both_nan).any(dim=1).nonzero().flatten()
+    assert bad.numel() == 0, (
+        f"{bad.numel()} of {chunks.shape[0]} chunks differ; first chunk {int(bad[0])} "
+        f"(path {RHT_PATHS[int(rec['path'][bad[0]])]}): {chunks[bad[0]].tolist()}"
+    )
