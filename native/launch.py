@@ -1,53 +1,76 @@
 """Kernel launches on torch's current CUDA stream, with as little host work per launch as possible.
 
-Source: DESIGN.md §2 (kernels run on torch's current stream; tensors cross zero-copy). A tensor
-argument is passed as its raw device pointer (`np.uint64(t.data_ptr())`): no DLPack view per
-argument. The CuPy function handle of each (module, kernel, device) and CuPy's view of each torch
-stream are cached, so a launch is: look up two dicts, pack the arguments, cuLaunchKernel (the stream
-passed to the call, and CuPy's device switched only when the current one is another).
+Source: DESIGN.md §2 (kernels run on torch's current stream; tensors cross zero-copy). Every
+argument takes one 8-byte slot of a small numpy buffer: a CUDA tensor its device pointer, None a
+null pointer, a numpy integer its value (two's complement), a numpy float its bit pattern. The
+launch is one cuLaunchKernel through CuPy's driver binding, with an array of pointers to the
+slots (one buffer per thread, its pointers fixed): the driver reads each parameter's size (known from the cubin) from the start of its slot,
+which on a little-endian host holds the value's low bytes, so a 4-byte parameter reads the value
+itself. The function handle of each (module, kernel, device) is cached; the stream is torch's
+current raw stream; CuPy's device is switched only when the current one is another.
 Memory safety follows torch's stream-ordered allocator: every launch is on the stream the tensors
-were allocated on, so memory freed after a launch is reused only by work ordered after it.
+were allocated on, so memory freed after a launch is reused only by work ordered after it. The
+driver copies the parameters during the call, so the next launch may reuse the buffer.
 """
 
 from __future__ import annotations
 
 import functools
-import warnings
+import sys
+import threading
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-NULL = np.uint64(0)
-_FUNCTIONS: dict[tuple, object] = {}
-_STREAMS: dict[tuple[int, int], object] = {}
+SLOT_BYTES = 8
+_MASK64 = (1 << 64) - 1
+_MAX_ARGS = 64
+_SLOT_OFFSETS = np.arange(0, SLOT_BYTES * _MAX_ARGS, SLOT_BYTES, dtype=np.uint64)
+_FUNCTIONS: dict[tuple, int] = {}
+
+if sys.byteorder != "little":  # pragma: no cover - every CUDA host is little-endian
+    raise ImportError("native.launch packs kernel parameters for a little-endian host")
 
 
-def kernel_arg(a):
-    """A kernel argument: a CUDA tensor as its device pointer, None as a null pointer, numpy scalars as is."""
+def kernel_arg(a) -> int:
+    """The 8-byte slot value of a kernel argument: a CUDA tensor's device pointer, 0 for None (a
+    null pointer), a numpy integer's value (two's complement), a numpy float's bit pattern."""
     if a is None:
-        return NULL
+        return 0
     if isinstance(a, torch.Tensor):
         if not a.is_cuda:
             raise ValueError(f"kernel argument on {a.device}: expected a CUDA tensor")
-        return np.uint64(a.data_ptr())
-    if isinstance(a, np.generic):
-        return a
+        return a.data_ptr()
+    if isinstance(a, np.integer):
+        return int(a) & _MASK64
+    if isinstance(a, np.floating):
+        return int(a.view(np.dtype(f"u{a.itemsize}")))
     raise TypeError(f"kernel argument {a!r}: expected a CUDA tensor, None or a numpy scalar (its C type)")
 
 
-def _stream(cupy, device_index: int):
-    """CuPy's view of torch's current stream on `device_index` (one object per torch stream)."""
-    ptr = torch.cuda.current_stream(device_index).cuda_stream
-    s = _STREAMS.get((device_index, ptr))
-    if s is None:
-        # CuPy 14 deprecates ExternalStream for Stream.from_external; ExternalStream is the path
-        # verified on the H200, so it stays until from_external is tested there.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            s = cupy.cuda.ExternalStream(ptr, device_index)
-        _STREAMS[(device_index, ptr)] = s
-    return s
+class _ParamBuffer(threading.local):
+    """This thread's parameter buffer: _MAX_ARGS slots, then a pointer to each slot (fixed)."""
+
+    def __init__(self):
+        self.buf = np.zeros(2 * _MAX_ARGS, dtype=np.uint64)
+        base = int(self.buf.ctypes.data)
+        self.buf[_MAX_ARGS:] = _SLOT_OFFSETS + np.uint64(base)
+        self.pointers = base + SLOT_BYTES * _MAX_ARGS  # cuLaunchKernel's kernelParams
+
+
+_PARAMS = _ParamBuffer()
+
+
+def pack_params(args: Sequence) -> int:
+    """Write the slots of `args` into this thread's buffer; the address of its pointer array
+    (cuLaunchKernel's kernelParams), valid until the thread's next pack_params."""
+    n = len(args)
+    if n > _MAX_ARGS:
+        raise ValueError(f"{n} kernel arguments; at most {_MAX_ARGS}")
+    params = _PARAMS
+    params.buf[:n] = [kernel_arg(a) for a in args]
+    return params.pointers
 
 
 @functools.cache
@@ -55,6 +78,20 @@ def _cupy():
     import cupy
 
     return cupy
+
+
+@functools.cache
+def _raw_stream():
+    """device index -> torch's current raw stream handle (torch's internal fast path when present)."""
+    fast = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if fast is not None:
+        return fast
+    return lambda device_index: torch.cuda.current_stream(device_index).cuda_stream
+
+
+def _dims(d: int | tuple) -> tuple[int, int, int]:
+    d = d if isinstance(d, tuple) else (d,)
+    return tuple(int(v) for v in d) + (1,) * (3 - len(d))
 
 
 def launch(module, name: str, grid: int | tuple, block: int | tuple, args: Sequence, device_index: int,
@@ -68,7 +105,6 @@ def launch(module, name: str, grid: int | tuple, block: int | tuple, args: Seque
     key = (module, name, device_index)
     fn = _FUNCTIONS.get(key)
     if fn is None:
-        fn = _FUNCTIONS[key] = module.get_function(name)
-    grid = grid if isinstance(grid, tuple) else (int(grid),)
-    block = block if isinstance(block, tuple) else (int(block),)
-    fn(grid, block, tuple(kernel_arg(a) for a in args), shared_mem=shared_mem, stream=_stream(cupy, device_index))
+        fn = _FUNCTIONS[key] = module.get_function(name).kernel.ptr
+    cupy.cuda.driver.launchKernel(fn, *_dims(grid), *_dims(block), int(shared_mem), _raw_stream()(device_index),
+                                  pack_params(args), 0)  # fmt: skip
