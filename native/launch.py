@@ -1,13 +1,14 @@
 """Kernel launches on torch's current CUDA stream, with as little host work per launch as possible.
 
 Source: DESIGN.md §2 (kernels run on torch's current stream; tensors cross zero-copy). Every
-argument takes one 8-byte slot of a small numpy buffer: a CUDA tensor its device pointer, None a
-null pointer, a numpy integer its value (two's complement), a numpy float its bit pattern. The
-launch is one cuLaunchKernel through CuPy's driver binding, with an array of pointers to the
-slots (one buffer per thread, its pointers fixed): the driver reads each parameter's size (known from the cubin) from the start of its slot,
-which on a little-endian host holds the value's low bytes, so a 4-byte parameter reads the value
-itself. The function handle of each (module, kernel, device) is cached; the stream is torch's
-current raw stream; CuPy's device is switched only when the current one is another.
+argument takes one 8-byte slot of a small numpy buffer (one per thread): a CUDA tensor its device
+pointer, None a null pointer, a numpy integer its value (two's complement), a numpy float its bit
+pattern. The launch is one cuLaunchKernel through CuPy's driver binding, with the buffer's fixed
+array of pointers to the slots: the driver reads each parameter's size (known from the cubin) from
+the start of its slot, which on a little-endian host holds the value's low bytes, so a 4-byte
+parameter reads the value itself. The function handle of each (module, kernel, device) is cached;
+the stream is torch's current raw stream; CuPy's device is switched only when the current one is
+another.
 Memory safety follows torch's stream-ordered allocator: every launch is on the stream the tensors
 were allocated on, so memory freed after a launch is reused only by work ordered after it. The
 driver copies the parameters during the call, so the next launch may reuse the buffer.

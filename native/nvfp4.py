@@ -136,9 +136,6 @@ def quantize_with(
     stream_col = np.uint32((seed.stream + 1) & _MASK32 if sr else 0)  # NUMERICS: §5.7 colwise stream + 1
     out: dict = {}
 
-    # NUMERICS: §0.1 amax, combined with an integer max on the fp32 bits (all values >= +0). One
-    # zeroed [2] buffer holds both copies' A_g (slot 0 rowwise, slot 1 columnwise); the outputs are
-    # views of its slots.
     n_tiles = _cdiv(m, TILE_M) * _cdiv(k, TILE_BYTES // x2d.element_size())  # quantize (and RHT amax) tiles
     # NUMERICS: §0.1 amax, combined with an integer max on the fp32 bits (all values >= +0). One
     # zeroed [2] buffer holds both copies' A_g (slot 0 rowwise, slot 1 columnwise); the outputs are

@@ -183,7 +183,9 @@ struct ScalePads {
     u8 *row_scale, i64 row_stride, i64 row_scale_rows, u8 *col_scale, i64 col_stride, i64 col_scale_rows
 #define NVFP4_PADS {row_scale, row_stride, row_scale_rows, col_scale, col_stride, col_scale_rows}
 
-NVFP4_HD void zero_scale_paddings(const ScalePads& p, i64 m_rows, i64 k_cols, i64 first, i64 step) {
+// Both copies' padding, this thread's share of the grid-stride loops.
+__device__ __forceinline__ void zero_scale_paddings(const ScalePads& p, i64 m_rows, i64 k_cols) {
+    const i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x, step = (i64)gridDim.x * blockDim.x;
     zero_scale_padding(p.row_scale, p.row_stride, p.row_scale_rows, m_rows, k_cols / BLOCK, first, step);
     zero_scale_padding(p.col_scale, p.col_stride, p.col_scale_rows, k_cols, m_rows / BLOCK, first, step);
 }
@@ -316,6 +318,28 @@ NVFP4_HD int tile_word(int m, int w) {
     return m * TILE_PITCH + ((w / CHUNK_WORDS) ^ (m / BLOCK)) * CHUNK_WORDS + w % CHUNK_WORDS;
 }
 
+// A thread's colwise item (thread maps above): word column cw and m-block mb of the tile.
+struct ColItem {
+    int cw, mb;
+};
+
+NVFP4_HD ColItem col_item(unsigned thread) {
+    const unsigned lane = thread % WARP;
+    return {(int)(thread / WARP * COL_WORDS_PER_WARP + lane / TILE_MBLOCKS), (int)(lane % TILE_MBLOCKS)};
+}
+
+// Whether the item lies in the tile's valid extent.
+template <int DT>
+NVFP4_HD bool col_item_in(ColItem c, const TilePos& p) {
+    return c.mb * BLOCK < p.rows && c.cw * Tile<DT>::PER_WORD < p.cols;
+}
+
+// The item's 16 words: word column cw of tile rows 16 mb .. 16 mb + 15.
+NVFP4_HD void col_item_words(const u32* tile, ColItem c, u32 (&words)[BLOCK]) {
+#pragma unroll
+    for (int i = 0; i < BLOCK; ++i) words[i] = tile[tile_word(c.mb * BLOCK + i, c.cw)];
+}
+
 // Column `half` of a colwise item, widened to fp32: words[i] is the item's word of tile row
 // 16 mb + i; fp32 (half 0) takes it whole, 16-bit inputs its low (half 0) or high (half 1) element.
 template <int DT>
@@ -431,8 +455,8 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     __shared__ __align__(16) u32 tile[TILE_M * TILE_PITCH];
     __shared__ u32 tile_amax[TILE_MBLOCKS][T::ROW_BLOCKS];  // 2-D: fp32 bits of each 16x16 tile's amax
     const int lane = threadIdx.x % WARP;
-    const int cw = threadIdx.x / WARP * COL_WORDS_PER_WARP + lane / TILE_MBLOCKS;  // colwise item: word column
-    const int mb = lane % TILE_MBLOCKS;                                            // and m-block
+    const ColItem item = col_item(threadIdx.x);
+    const int cw = item.cw, mb = item.mb;
     const int tk = cw / T::TILE_WORD_COLS;  // its 16-column tile (2-D)
     const bool do_row = row.data != nullptr, do_col = col.data != nullptr;
     GlobalScale g_row{}, g_col{};
@@ -450,12 +474,9 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
         __syncthreads();
 
         // The colwise item's 16 words: word column cw of tile rows 16 mb .. 16 mb + 15.
-        const bool col_in = mb * BLOCK < rows && cw * T::PER_WORD < cols;
+        const bool col_in = col_item_in<DT>(item, p);
         u32 words[BLOCK];
-        if ((do_col || k2d) && col_in) {
-#pragma unroll
-            for (int i = 0; i < BLOCK; ++i) words[i] = tile[tile_word(mb * BLOCK + i, cw)];
-        }
+        if ((do_col || k2d) && col_in) col_item_words(tile, item, words);
         if (k2d) {
             // NUMERICS: §5.5 2-D - the amax of each 16x16 tile, as §0.1 (fmax over |v| from +0, NaN
             // ignored): the item's column amaxes, then a max over the warp's 4 word columns (one
@@ -533,8 +554,7 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
         const i64 n_blocks = m_rows * k_cols / BLOCK;                                                            \
         float a = 0.0f;                                                                                          \
         NVFP4_GRID_STRIDE(u, contiguous_units(n_blocks)) a = fmax_nn(a, amax_unit<DT>(x, n_blocks, u));         \
-        zero_scale_paddings(NVFP4_PADS, m_rows, k_cols, (i64)blockIdx.x * blockDim.x + threadIdx.x,             \
-                            (i64)gridDim.x * blockDim.x);                                                        \
+        zero_scale_paddings(NVFP4_PADS, m_rows, k_cols);                                                         \
         amax_commit(a, out, out2);                                                                               \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(NVFP4_THREADS, NVFP4_QUANT_MIN_BLOCKS) nvfp4_quantize_##SUFFIX( \
@@ -562,20 +582,18 @@ extern "C" __global__ void __launch_bounds__(NVFP4_THREADS, NVFP4_RHT_AMAX_MIN_B
     nvfp4_rht_amax(const void* x, i64 m_rows, i64 k_cols, u32* out_rht, u32* out_plain, NVFP4_PAD_PARAMS) {
     using T = Tile<IN_BF16>;
     __shared__ __align__(16) u32 tile[TILE_M * TILE_PITCH];
-    const int lane = threadIdx.x % WARP;
-    const int cw = threadIdx.x / WARP * COL_WORDS_PER_WARP + lane / TILE_MBLOCKS, mb = lane % TILE_MBLOCKS;
+    const ColItem item = col_item(threadIdx.x);
     float a_rht = 0.0f, a_plain = 0.0f;
     const i64 n_tiles = tile_count<IN_BF16>(m_rows, k_cols);
     for (i64 t = blockIdx.x; t < n_tiles; t += gridDim.x) {
         const TilePos p = tile_pos<IN_BF16>(t, m_rows, k_cols);
         load_tile<IN_BF16>(x, k_cols, p.m0, p.k0, p.rows, p.cols, tile);
         __syncthreads();
-        if (mb * BLOCK < p.rows && cw * T::PER_WORD < p.cols) {
+        if (col_item_in<IN_BF16>(item, p)) {
 #pragma unroll 1
             for (int e = 0; e < T::PER_WORD; ++e) {
                 u32 words[BLOCK];  // read again for each column: fewer registers live across rht16
-#pragma unroll
-                for (int i = 0; i < BLOCK; ++i) words[i] = tile[tile_word(mb * BLOCK + i, cw)];
+                col_item_words(tile, item, words);
                 float v[BLOCK], h[BLOCK];
                 column_values<IN_BF16>(words, e, v);
                 a_plain = fmax_nn(a_plain, block_amax(v));  // first: v is dead inside rht16 then
@@ -585,8 +603,7 @@ extern "C" __global__ void __launch_bounds__(NVFP4_THREADS, NVFP4_RHT_AMAX_MIN_B
         }
         __syncthreads();  // the next tile overwrites the shared tile
     }
-    zero_scale_paddings(NVFP4_PADS, m_rows, k_cols, (i64)blockIdx.x * blockDim.x + threadIdx.x,
-                        (i64)gridDim.x * blockDim.x);
+    zero_scale_paddings(NVFP4_PADS, m_rows, k_cols);
     amax_commit(a_rht, out_rht);
     amax_commit(a_plain, out_plain);
 }

@@ -108,7 +108,7 @@ NVFP4_HD float rcp_rn(float a) {
 #endif
 }
 
-NVFP4_HD double dadd_rn(double a, double b) {
+NVFP4_HD double add_rn(double a, double b) {
 #if defined(__CUDA_ARCH__)
     return __dadd_rn(a, b);
 #else
@@ -124,17 +124,15 @@ NVFP4_HD double dmul_rn(double a, double b) {
 #endif
 }
 
-NVFP4_HD float fma_rn(float a, float b, float c) {
+// a * b + c with one rounding, in fp32 or fp64.
+template <typename T>
+NVFP4_HD T fma_rn(T a, T b, T c) {
 #if defined(__CUDA_ARCH__)
-    return __fmaf_rn(a, b, c);
-#else
-    return std::fma(a, b, c);
-#endif
-}
-
-NVFP4_HD double dfma_rn(double a, double b, double c) {
-#if defined(__CUDA_ARCH__)
-    return __fma_rn(a, b, c);
+    if constexpr (sizeof(T) == sizeof(float)) {
+        return __fmaf_rn(a, b, c);
+    } else {
+        return __fma_rn(a, b, c);
+    }
 #else
     return std::fma(a, b, c);
 #endif
@@ -487,11 +485,7 @@ NVFP4_HD void rht_butterfly(const float (&v)[BLOCK], T (&x)[BLOCK]) {
 #pragma unroll
     for (int i = 0; i < BLOCK; ++i) {
         const T c = rht_sign_negative(i) ? -(T)NVFP4_RHT_SCALE : (T)NVFP4_RHT_SCALE;
-        if constexpr (sizeof(T) == sizeof(float)) {
-            x[i] = fma_rn(v[i], c, 0.0f);
-        } else {
-            x[i] = dfma_rn((double)v[i], c, 0.0);
-        }
+        x[i] = fma_rn((T)v[i], c, (T)0);
     }
 #pragma unroll
     for (int h = 1; h < BLOCK; h <<= 1) {
@@ -499,13 +493,8 @@ NVFP4_HD void rht_butterfly(const float (&v)[BLOCK], T (&x)[BLOCK]) {
         for (int i = 0; i < BLOCK; ++i) {
             if (i & h) continue;
             const T a = x[i], b = x[i + h];
-            if constexpr (sizeof(T) == sizeof(float)) {
-                x[i] = add_rn(a, b);
-                x[i + h] = add_rn(a, -b);
-            } else {
-                x[i] = dadd_rn(a, b);
-                x[i + h] = dadd_rn(a, -b);
-            }
+            x[i] = add_rn(a, b);
+            x[i + h] = add_rn(a, -b);
         }
     }
 }
@@ -536,7 +525,7 @@ NVFP4_HD void rht16(const float (&v)[BLOCK], float (&out)[BLOCK]) {
         for (int i = 0; i < BLOCK; ++i) {
             // The term v_i * sigma_i * H[i, j] / 4 is +-w_i exactly (signed zeros included).
             const bool neg = ((int)rht_sign_negative(i) ^ parity4(i & j)) != 0;
-            s = dadd_rn(s, neg ? -w[i] : w[i]);
+            s = add_rn(s, neg ? -w[i] : w[i]);
         }
         out[j] = round_bf16(d2f_rn(s));
     }

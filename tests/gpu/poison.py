@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from reference import layouts
+
 POISON = 0xAB
 
 
@@ -24,3 +26,15 @@ def dirty_empty(real_empty, shapes: list):
         return t
 
     return empty
+
+
+def assert_padded_scales_from_empty(cfg, shape: tuple[int, int], rowwise: bool, colwise: bool, shapes: list) -> None:
+    """The case gives at least one requested scale tensor some padding, and every padded one was
+    handed out by dirty_empty (its shape is in `shapes`), so its padding bytes started as POISON."""
+    padded = [
+        o for o, on in (("rowwise", rowwise), ("colwise", colwise))
+        if on and layouts.scale_padded_shape(cfg, o, *shape) != layouts.scale_valid_shape(cfg, o, *shape)
+    ]  # fmt: skip
+    assert padded, "the shape must give at least one requested scale tensor some padding"
+    for o in padded:
+        assert layouts.scale_padded_shape(cfg, o, *shape) in shapes, f"{o} scales were not allocated by torch.empty"

@@ -18,12 +18,12 @@ import torch
 
 import native
 import reference
-from reference import casts, layouts
+from reference import casts
 from reference.formats import E4M3, QuantConfig
 from reference.per_tensor import AmaxHistory
 from reference.types import QuantizedTensor, SpecViolation
 
-from .poison import dirty_empty
+from .poison import assert_padded_scales_from_empty, dirty_empty
 
 pytestmark = pytest.mark.gpu
 
@@ -206,13 +206,7 @@ def test_scale_padding_written_over_dirty_memory(cfg, shape, rowwise, colwise, m
     monkeypatch.setattr(torch, "empty", dirty_empty(torch.empty, dirty))
     cand = native.quantize(xd, cfg, rowwise=rowwise, colwise=colwise)
     monkeypatch.undo()
-    padded = [
-        o for o, on in (("rowwise", rowwise), ("colwise", colwise))
-        if on and layouts.scale_padded_shape(cfg, o, *shape) != layouts.scale_valid_shape(cfg, o, *shape)
-    ]
-    assert padded, "the shape must give at least one requested scale tensor some padding"
-    for o in padded:
-        assert layouts.scale_padded_shape(cfg, o, *shape) in dirty, f"{o} scales were not allocated by torch.empty"
+    assert_padded_scales_from_empty(cfg, shape, rowwise, colwise, dirty)
     assert_same(cand, gold, f"{cfg.id} {shape} after poisoning")
 
 

@@ -19,7 +19,7 @@ from reference import layouts
 from reference.formats import QuantConfig
 from reference.types import QuantizedTensor, SRSeed
 
-from .poison import dirty_empty
+from .poison import assert_padded_scales_from_empty, dirty_empty
 
 pytestmark = pytest.mark.gpu
 
@@ -310,15 +310,8 @@ def test_scale_padding_written_over_dirty_memory(cfg_name, dtype_name, shape, ro
     fields = nvfp4.quantize_2d(x_gpu, cfg, rowwise=rowwise, colwise=colwise, rng=rng)
     torch.cuda.synchronize()
     monkeypatch.undo()
-    padded = [
-        o for o, on in (("rowwise", rowwise), ("colwise", colwise))
-        if on and layouts.scale_padded_shape(cfg, o, *shape) != layouts.scale_valid_shape(cfg, o, *shape)
-    ]  # fmt: skip
-    assert padded, "the shape must give every requested scale tensor some padding"
-    for o in padded:
-        assert layouts.scale_padded_shape(cfg, o, *shape) in dirty, f"{o} scales were not allocated by torch.empty"
+    assert_padded_scales_from_empty(cfg, shape, rowwise, colwise, dirty)
     assert_fields_equal(golden, fields, *shape, f"{cfg.id} {dtype_name} {shape} after poisoning")
-
 
 
 @pytest.mark.parametrize("kind", ["normal", "gauss"])
