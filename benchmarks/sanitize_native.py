@@ -149,10 +149,10 @@ def quantize_cases(native) -> list[tuple[str, object]]:
     nvf = [QuantConfig("nvfp4"), QuantConfig("nvfp4", tile=(16, 16)), QuantConfig("nvfp4", stochastic=True),
            QuantConfig("nvfp4", rht=True), QuantConfig("nvfp4", rht=True, stochastic=True)]
     plan = [
-        (cur, (130, 257), [(3, 200), (130, 257), (64, 256)], cur[:1]),
-        (dly, (130, 257), [(3, 200), (130, 257), (64, 256)], dly[:1]),
-        (blk, (130, 257), [(3, 200), (130, 257), (256, 384)], [blk[0], blk[4]]),
-        (mxf, (96, 160), [(32, 96), (64, 32), (96, 160)], [mxf[0], mxf[3]]),
+        (cur, (130, 257), [(3, 200), (130, 257), (160, 288), (64, 256)], cur[:1]),
+        (dly, (130, 257), [(3, 200), (130, 257), (160, 288), (64, 256)], dly[:1]),
+        (blk, (130, 257), [(3, 200), (130, 257), (160, 288), (256, 384)], [blk[0], blk[4]]),
+        (mxf, (96, 160), [(32, 96), (64, 32), (160, 288), (96, 160)], [mxf[0], mxf[3]]),
         (nvf, (48, 80), [(16, 48), (48, 80)], nvf[:3]),
     ]
     outs = [torch.float32, torch.bfloat16, torch.float16]

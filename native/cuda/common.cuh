@@ -154,10 +154,6 @@ __device__ __forceinline__ uint2 sat_elem8_mul(const float v[8], float s) {
   const float s8[8] = {s, s, s, s, s, s, s, s};
   return sat_elem8_mul(v, s8);
 }
-// Byte j of 8 packed codes.
-__device__ __forceinline__ unsigned char code_at(uint2 q, int j) {
-  return static_cast<unsigned char>(((j < 4 ? q.x : q.y) >> (8 * (j & 3))) & 0xFFu);
-}
 #endif
 
 #ifdef SCALE_FP8_INTERP
@@ -298,8 +294,30 @@ struct TileThread {
   }
   __device__ __forceinline__ int row(int p) const { return p * kRowsPerPass + 2 * w + rsub; }
   __device__ __forceinline__ int col0() const { return cl * kVec; }
+  // Offset of this thread's row piece of pass p (row m0 + row(p), columns k0 + col0() ..) in a row-major
+  // array of K columns: the pass-0 offset plus p whole passes (one 64-bit product per tile, not per pass).
+  __device__ __forceinline__ i64 offset(i64 m0, i64 k0, i64 K, int p) const {
+    return (m0 + row(0)) * K + k0 + col0() + static_cast<i64>(p) * kRowsPerPass * K;
+  }
 };
 
+// The tile of this CTA: tiles are numbered row-major over [M, K] (k fastest), one per CTA.
+struct TileOrigin {
+  i64 mt, kt;  // tile row and column index
+  i64 m0, k0;  // first row and column
+};
+__device__ __forceinline__ TileOrigin tile_origin(i64 K) {
+  const i64 n_kt = (K + kTile - 1) / kTile;
+  const i64 b = static_cast<i64>(blockIdx.x);
+  return {b / n_kt, b % n_kt, b / n_kt * kTile, b % n_kt * kTile};
+}
+// Whether the whole tile lies inside [M, K] and every row piece of it loads and stores as a vector
+// (`vec_ok`: the caller's alignment flags, all true). The tile kernels are built twice, FULL = true
+// for such interior tiles (no bounds checks, no scalar fallbacks: the same values, fewer
+// instructions) and FULL = false for the edges.
+__device__ __forceinline__ bool tile_interior(const TileOrigin& t, i64 M, i64 K, bool vec_ok) {
+  return vec_ok && t.m0 + kTile <= M && t.k0 + kTile <= K;
+}
 // This thread's 8 x 8 values of a tile, as loaded. fp32 inputs are kept as floats; 16-bit inputs stay
 // packed two per register (half the registers, so more CTAs fit on an SM) and are widened where they
 // are read. Widening bf16/fp16 -> fp32 is exact (NUMERICS §0.1), so at() gives the same values either way.
@@ -330,29 +348,31 @@ __device__ __forceinline__ unsigned int raw16(__half v) { return __half_as_ushor
 // Load this thread's 8 x 8 values of the tile at (m0, k0) of the row-major [M, K] input `x`.
 // Out-of-range elements are +0 (zero padding; they never change an amax). `vec_ok`: the base is
 // 16-byte aligned and K * sizeof(T) is a multiple of 16, so full 8-element rows load as vectors.
+// FULL: an interior tile (tile_interior), every row piece a vector load.
+template <bool FULL>
 __device__ __forceinline__ void load_tile(const float* __restrict__ x, i64 M, i64 K, i64 m0, i64 k0, bool vec_ok,
                                           const TileThread& th, TileVals<float>& t) {
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
     const i64 m = m0 + th.row(p);
     const i64 k = k0 + th.col0();
-    if (m < M && k + kVec <= K && vec_ok) {
-      load8_vec(x + m * K + k, t.v[p]);
+    if (FULL || (m < M && k + kVec <= K && vec_ok)) {
+      load8_vec(x + th.offset(m0, k0, K, p), t.v[p]);
     } else {
 #pragma unroll
       for (int j = 0; j < kVec; ++j) t.v[p][j] = (m < M && k + j < K) ? x[m * K + k + j] : 0.0f;
     }
   }
 }
-template <typename T>
+template <bool FULL, typename T>
 __device__ __forceinline__ void load_tile(const T* __restrict__ x, i64 M, i64 K, i64 m0, i64 k0, bool vec_ok,
                                           const TileThread& th, TileVals<T>& t) {
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
     const i64 m = m0 + th.row(p);
     const i64 k = k0 + th.col0();
-    if (m < M && k + kVec <= K && vec_ok) {
-      const uint4 u = *reinterpret_cast<const uint4*>(x + m * K + k);
+    if (FULL || (m < M && k + kVec <= K && vec_ok)) {
+      const uint4 u = *reinterpret_cast<const uint4*>(x + th.offset(m0, k0, K, p));
       t.w[p][0] = u.x; t.w[p][1] = u.y; t.w[p][2] = u.z; t.w[p][3] = u.w;
     } else {
 #pragma unroll
@@ -366,9 +386,10 @@ __device__ __forceinline__ void load_tile(const T* __restrict__ x, i64 M, i64 K,
 }
 
 // Store 8 packed codes (byte j of q = element j) to 8 consecutive bytes (8-byte aligned when `vec_ok`),
-// only the in-range ones otherwise.
+// only the in-range ones otherwise. FULL: all 8 in range and aligned (an interior tile).
+template <bool FULL>
 __device__ __forceinline__ void store8(unsigned char* __restrict__ dst, uint2 q, i64 valid, bool vec_ok) {
-  if (vec_ok && valid >= 8) {
+  if (FULL || (vec_ok && valid >= 8)) {
     *reinterpret_cast<uint2*>(dst) = q;
   } else {
     const unsigned long long b = (static_cast<unsigned long long>(q.y) << 32) | q.x;
@@ -386,26 +407,37 @@ __device__ __forceinline__ int qT_offset(int c, int r) {
   return c * kTransposePitch + ((((r >> 4) ^ (c >> 3)) & 7) << 4) + (r & 15);
 }
 
+// Write this thread's 8 colwise codes of pass p (byte j of q: column col0() + j, row row(p)) into the
+// transposed tile buffer, one byte each.
+__device__ __forceinline__ void store_col_codes(unsigned char* __restrict__ qT, uint2 q, const TileThread& th, int p) {
+  const unsigned long long b = (static_cast<unsigned long long>(q.y) << 32) | q.x;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) qT[qT_offset(th.col0() + j, th.row(p))] = static_cast<unsigned char>(b >> (8 * j));
+}
+
 // Write the transposed tile qT ([kTile][kTransposePitch] bytes in shared memory) to the row-major
-// [K, M] output `out` at (k0, m0): row c of qT is out[k0 + c, m0 .. m0 + 127].
+// [K, M] output `out` at (k0, m0): row c of qT is out[k0 + c, m0 .. m0 + 127]. Each store instruction
+// of a warp writes 4 whole 128-byte rows: thread t takes 16-byte chunk q = t % 8 of rows
+// c = 32 i + t / 8 (i = 0..3); the 8 chunks of a row lie in distinct banks whatever the swizzle.
+template <bool FULL>
 __device__ __forceinline__ void store_transposed(const unsigned char* __restrict__ qT, unsigned char* __restrict__ out,
                                                  i64 M, i64 K, i64 m0, i64 k0, bool vec_ok) {
-  // 256 threads x 64 bytes: thread t writes row t / 2, bytes 64 (t % 2) .. + 63.
-  const int t = static_cast<int>(threadIdx.x);
-  const int c = t >> 1;
-  const int r0 = (t & 1) * 64;
-  const i64 k = k0 + c;
-  if (k >= K) return;
-  const i64 valid = M - (m0 + r0);
-  if (valid <= 0) return;
-  unsigned char* dst = out + k * M + m0 + r0;
-  if (vec_ok && valid >= 64) {
+  constexpr int kChunks = kTransposePitch / 16;      // 16-byte chunks per row: 8
+  constexpr int kRowsPerStep = kThreads / kChunks;   // 32
+  const int t = static_cast<int>(threadIdx.x), q = t % kChunks;
+  const i64 valid = M - (m0 + 16 * q);  // bytes of this chunk inside [0, M) (may be <= 0 or > 16)
 #pragma unroll
-    for (int i = 0; i < 4; ++i)  // chunk r0/16 + i of row c, wherever the swizzle put it
-      *reinterpret_cast<uint4*>(dst + 16 * i) = *reinterpret_cast<const uint4*>(qT + qT_offset(c, r0 + 16 * i));
-  } else {
-    for (int i = 0; i < 64; ++i)
-      if (i < valid) dst[i] = qT[qT_offset(c, r0 + i)];
+  for (int i = 0; i < kTile / kRowsPerStep; ++i) {
+    const int c = i * kRowsPerStep + t / kChunks;
+    if (!FULL && k0 + c >= K) break;  // later steps hold later rows
+    unsigned char* dst = out + (k0 + c) * M + m0 + 16 * q;
+    const unsigned char* src = qT + qT_offset(c, 16 * q);
+    if (FULL || (vec_ok && valid >= 16)) {
+      *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    } else {
+      for (int b = 0; b < 16; ++b)
+        if (b < valid) dst[b] = src[b];
+    }
   }
 }
 
@@ -413,21 +445,19 @@ __device__ __forceinline__ void store_transposed(const unsigned char* __restrict
 // One scale for the whole tile (per-tensor FP8, 128x128 fp8_block): q = sat(RN(x*s)) for this
 // thread's 8 x 8 values; rowwise codes straight to q_row [M, K], colwise codes into the transposed
 // tile buffer qT (written out later by store_transposed). q_row / qT may be null.
-template <typename T>
+template <bool FULL, typename T>
 __device__ __forceinline__ void quantize_tile_one_scale(const TileVals<T>& t, float s, const TileThread& th,
-                                                        i64 m0, i64 M, i64 K, i64 kcol, unsigned char* q_row,
+                                                        i64 m0, i64 k0, i64 M, i64 K, unsigned char* q_row,
                                                         bool vec_row, unsigned char* qT) {
+  const i64 kcol = k0 + th.col0();
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
     float r[kVec];
     tile_row(t, p, r);
     const uint2 q = sat_elem8_mul(r, s);  // NUMERICS: §1 / §4 q = sat(RN(x*s)), a multiply by s, never / sinv
     const i64 m = m0 + th.row(p);
-    if (q_row && m < M && kcol < K) store8(q_row + m * K + kcol, q, K - kcol, vec_row);
-    if (qT) {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) qT[qT_offset(th.col0() + j, th.row(p))] = code_at(q, j);
-    }
+    if (q_row && (FULL || (m < M && kcol < K))) store8<FULL>(q_row + th.offset(m0, k0, K, p), q, K - kcol, vec_row);
+    if (qT) store_col_codes(qT, q, th, p);
   }
 }
 #endif

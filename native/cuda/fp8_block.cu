@@ -10,31 +10,40 @@
 
 using namespace nh;
 
+// The CTA's shared memory, one instance for both builds of the tile body.
+struct BlockShared {
+  __align__(16) unsigned char qT[kTile * kTransposePitch];  // transposed colwise codes
+  float col_part[kWarps][kTile];
+  float row_amax[kTile];   // 1-D: amax of tile row r (its 128-block)
+  float row_scale[kTile];  // and its scale s
+  float col_scale[kTile];
+};
+
 // One CTA quantizes one 128x128 tile (partial at the edges) of x [M, K], both orientations in one pass.
 // Rowwise: data [M, K]; sinv 1-D [ceil(K/128), ld_sr = roundup(M,4)] entry [kb, m] (stored TRANSPOSED),
 //          2-D [ceil(M/128), ld_sr = roundup(ceil(K/128),4)] entry [mb, kb].
 // Colwise: data [K, M] (transposed); sinv 1-D [ceil(M/128), ld_sc = roundup(K,4)] entry [mb, k],
 //          2-D [ceil(K/128), ld_sc = roundup(ceil(M/128),4)] entry [kb, mb].
 // The kernel writes every scale, the zero padding included (the outputs may be uninitialised).
-template <typename T>
-__device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i64 K, int vec_in, int vec_row,
-                                               int vec_col, unsigned char* __restrict__ q_row,
+// FULL: an interior tile (tile_interior): no bounds checks, vector loads and stores only.
+template <typename T, bool FULL>
+__device__ __forceinline__ void block_quantize(BlockShared& sh, const T* __restrict__ x, i64 M, i64 K,
+                                               const TileOrigin& tile, int vec_in, int vec_row, int vec_col,
+                                               unsigned char* __restrict__ q_row,
                                                float* __restrict__ s_row, i64 ld_sr,
                                                unsigned char* __restrict__ q_col, float* __restrict__ s_col,
                                                i64 ld_sc) {
-  __shared__ __align__(16) unsigned char qT[kTile * kTransposePitch];
-  __shared__ float col_part[kWarps][kTile];
-  __shared__ float row_amax[kTile];   // 1-D: amax of tile row r (its 128-block)
-  __shared__ float row_scale[kTile];  // and its scale s
-  __shared__ float col_scale[kTile];
+  unsigned char* qT = sh.qT;
+  auto& col_part = sh.col_part;
+  auto& row_amax = sh.row_amax;
+  auto& row_scale = sh.row_scale;
+  auto& col_scale = sh.col_scale;
 
   const i64 n_kt = (K + kTile - 1) / kTile, n_mt = (M + kTile - 1) / kTile;
-  const i64 mt = static_cast<i64>(blockIdx.x) / n_kt;
-  const i64 kt = static_cast<i64>(blockIdx.x) % n_kt;
-  const i64 m0 = mt * kTile, k0 = kt * kTile;
+  const i64 mt = tile.mt, kt = tile.kt, m0 = tile.m0, k0 = tile.k0;
   const TileThread th;
   TileVals<T> v;
-  load_tile(x, M, K, m0, k0, vec_in != 0, th, v);
+  load_tile<FULL>(x, M, K, m0, k0, vec_in != 0, th, v);
 
   const float fp8_max = ELEM_MAX;
   const float v_inf = InputMax<T>::value;  // NUMERICS: §4 v_inf = max finite of the INPUT dtype
@@ -69,7 +78,7 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i
     }
   }
   // NUMERICS: §4 q = sat(RN(x*s)) with the tile's one scale, both copies.
-  quantize_tile_one_scale(v, s, th, m0, M, K, kcol, q_row, vec_row != 0, q_col ? qT : nullptr);
+  quantize_tile_one_scale<FULL>(v, s, th, m0, k0, M, K, q_row, vec_row != 0, q_col ? qT : nullptr);
 #else
   // 1-D: the amaxes first - rowwise block (m, kb) = x[m, 128 kb .. +127] (16 lanes of one row), colwise
   // block (mb, k) = x[128 mb .. +127, k] (per-warp partial maxima) -, then 128 threads compute the
@@ -161,18 +170,17 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i
     if (q_row) {
       const uint2 q = sat_elem8_mul(r, row_scale[th.row(p)]);  // multiply by s, never / sinv
       const i64 m = m0 + th.row(p);
-      if (m < M && kcol < K) store8(q_row + m * K + kcol, q, K - kcol, vec_row != 0);
+      if (FULL || (m < M && kcol < K)) store8<FULL>(q_row + th.offset(m0, k0, K, p), q, K - kcol, vec_row != 0);
     }
     if (q_col) {
       const uint2 q = sat_elem8_mul(r, sc);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) qT[qT_offset(th.col0() + j, th.row(p))] = code_at(q, j);
+      store_col_codes(qT, q, th, p);
     }
   }
 #endif
   if (q_col) {
     __syncthreads();
-    store_transposed(qT, q_col, M, K, m0, k0, vec_col != 0);
+    store_transposed<FULL>(qT, q_col, M, K, m0, k0, vec_col != 0);
   }
 }
 
@@ -181,7 +189,12 @@ __device__ __forceinline__ void block_quantize(const T* __restrict__ x, i64 M, i
       fp8_block_quantize_##SUFFIX(const T* x, i64 M, i64 K, int vec_in, int vec_row, int vec_col,          \
                                   unsigned char* q_row, float* s_row, i64 ld_sr, unsigned char* q_col,     \
                                   float* s_col, i64 ld_sc) {                                               \
-    block_quantize<T>(x, M, K, vec_in, vec_row, vec_col, q_row, s_row, ld_sr, q_col, s_col, ld_sc);        \
+    __shared__ BlockShared sh;                                                                               \
+    const TileOrigin tile = tile_origin(K);                                                                  \
+    if (tile_interior(tile, M, K, vec_in && vec_row && vec_col))                                             \
+      block_quantize<T, true>(sh, x, M, K, tile, vec_in, vec_row, vec_col, q_row, s_row, ld_sr, q_col, s_col, ld_sc); \
+    else                                                                                                     \
+      block_quantize<T, false>(sh, x, M, K, tile, vec_in, vec_row, vec_col, q_row, s_row, ld_sr, q_col, s_col, ld_sc); \
   }
 NH_BLOCK_QUANTIZE(f32, float)
 NH_BLOCK_QUANTIZE(bf16, __nv_bfloat16)

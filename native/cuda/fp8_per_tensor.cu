@@ -55,6 +55,12 @@ NH_AMAX(f16, __half)
 // ---------------------------------------------------------------------------------------------
 // Cast with a per-tensor scale (+ transposed copy), optionally accumulating the amax (delayed)
 // ---------------------------------------------------------------------------------------------
+// The CTA's shared memory, one instance for both builds of the tile body.
+struct CastShared {
+  __align__(16) unsigned char qT[kTile * kTransposePitch];  // transposed colwise codes
+  float warp_part[kWarps];
+};
+
 // q = sat(RN(x * s)) (one fp32 multiply, no FMA) into q_row [M, K] and/or q_col [K, M]
 // (byte-exact transpose).
 // Current scaling (amax_in non-null, the finished amax pass): every CTA derives s from amax_in[0]
@@ -63,21 +69,21 @@ NH_AMAX(f16, __half)
 // Delayed scaling (amax_in null): s = scale[0]; sinv (if non-null) receives RN(1/s); amax_acc (if
 // non-null) receives fmax(amax_acc, amax(x)) (NUMERICS §2: H[0] <- fmax(H[0], amax(x)), amax of the
 // UNSCALED input).
-template <typename T>
-__device__ __forceinline__ void per_tensor_cast(const T* __restrict__ x, i64 M, i64 K, int vec_in, int vec_row,
+// FULL: an interior tile (tile_interior): no bounds checks, vector loads and stores only.
+template <typename T, bool FULL>
+__device__ __forceinline__ void per_tensor_cast(CastShared& sh, const T* __restrict__ x, i64 M, i64 K,
+                                                const TileOrigin& tile, int vec_in, int vec_row,
                                                 int vec_col, const float* __restrict__ amax_in,
                                                 float* __restrict__ scale, float* __restrict__ sinv,
                                                 float* __restrict__ amax_acc, float* __restrict__ amax_copy,
                                                 float* __restrict__ sinv_copy, unsigned char* __restrict__ q_row,
                                                 unsigned char* __restrict__ q_col) {
-  __shared__ __align__(16) unsigned char qT[kTile * kTransposePitch];
-  __shared__ float warp_part[kWarps];
-  const i64 n_kt = (K + kTile - 1) / kTile;
-  const i64 m0 = (static_cast<i64>(blockIdx.x) / n_kt) * kTile;
-  const i64 k0 = (static_cast<i64>(blockIdx.x) % n_kt) * kTile;
+  unsigned char* qT = sh.qT;
+  float* warp_part = sh.warp_part;
+  const i64 m0 = tile.m0, k0 = tile.k0;
   const TileThread th;
   TileVals<T> v;
-  load_tile(x, M, K, m0, k0, vec_in != 0, th, v);
+  load_tile<FULL>(x, M, K, m0, k0, vec_in != 0, th, v);
   const float s = amax_in ? compute_scale(amax_in[0], ELEM_MAX, POW2 != 0, EPS, FP32_MAX) : scale[0];
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     const float si = scale_inverse(s);  // NUMERICS: §1/§2 sinv = RN(1/s)
@@ -104,12 +110,11 @@ __device__ __forceinline__ void per_tensor_cast(const T* __restrict__ x, i64 M, 
     }
   }
 
-  const i64 kcol = k0 + th.col0();
   // NUMERICS: §1 q = sat(RN(x*s)) for both copies (the colwise copy is the byte-exact transpose).
-  quantize_tile_one_scale(v, s, th, m0, M, K, kcol, q_row, vec_row != 0, q_col ? qT : nullptr);
+  quantize_tile_one_scale<FULL>(v, s, th, m0, k0, M, K, q_row, vec_row != 0, q_col ? qT : nullptr);
   if (q_col) {
     __syncthreads();
-    store_transposed(qT, q_col, M, K, m0, k0, vec_col != 0);
+    store_transposed<FULL>(qT, q_col, M, K, m0, k0, vec_col != 0);
   }
 }
 
@@ -119,8 +124,14 @@ __device__ __forceinline__ void per_tensor_cast(const T* __restrict__ x, i64 M, 
                                const float* amax_in, float* scale, float* sinv, float* amax_acc,          \
                                float* amax_copy, float* sinv_copy, unsigned char* q_row,                  \
                                unsigned char* q_col) {                                                    \
-    per_tensor_cast<T>(x, M, K, vec_in, vec_row, vec_col, amax_in, scale, sinv, amax_acc, amax_copy,      \
-                       sinv_copy, q_row, q_col);                                                          \
+    __shared__ CastShared sh;                                                                             \
+    const TileOrigin tile = tile_origin(K);                                                               \
+    if (tile_interior(tile, M, K, vec_in && vec_row && vec_col))                                          \
+      per_tensor_cast<T, true>(sh, x, M, K, tile, vec_in, vec_row, vec_col, amax_in, scale, sinv, amax_acc,   \
+                               amax_copy, sinv_copy, q_row, q_col);                                       \
+    else                                                                                                  \
+      per_tensor_cast<T, false>(sh, x, M, K, tile, vec_in, vec_row, vec_col, amax_in, scale, sinv, amax_acc,  \
+                                amax_copy, sinv_copy, q_row, q_col);                                      \
   }
 NH_CAST(f32, float)
 NH_CAST(bf16, __nv_bfloat16)

@@ -146,8 +146,9 @@ DELAYED += [
     QuantConfig("fp8_delayed", amax_history_len=4, **kw)
     for kw in ({}, {"margin": 1}, {"element": "e5m2"}, {"amax_compute_algo": "most_recent"})
 ]
-ANY_SHAPES = [(1, 1), (3, 200), (130, 257), (256, 384), (257, 129), (2048, 24)]
-MX_SHAPES = [(32, 32), (64, 96), (96, 4128), (256, 384), (4096, 32)]
+# (160, 288): interior 128x128 tiles (the kernels' FULL build) and edge tiles in one launch, vector-aligned.
+ANY_SHAPES = [(1, 1), (3, 200), (130, 257), (160, 288), (256, 384), (257, 129), (2048, 24)]
+MX_SHAPES = [(32, 32), (64, 96), (96, 4128), (160, 288), (256, 384), (4096, 32)]
 DISTS = ["normal", "scaled", "special", "grid"]
 
 
