@@ -41,6 +41,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from timing import event_ms, host_ms, kernel_ms, stream_ms  # noqa: E402
+
 from reference import QuantConfig, QuantizedTensor  # noqa: E402
 
 SEED = (0x5EED_0123_4567, 11)  # SR (seed, stream) for stochastic configs
@@ -73,67 +75,8 @@ CSV_COLUMNS = (
 
 
 # --------------------------------------------------------------------------------------------
-# timing
+# copy bandwidth and bytes moved (the timing itself: benchmarks/timing.py)
 # --------------------------------------------------------------------------------------------
-
-
-def event_ms(fn, iters: int) -> list[float]:
-    """CUDA-event time of each call, the GPU idle before each (so launch gaps count)."""
-    out = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        out.append(s.elapsed_time(e))
-    return out
-
-
-def stream_ms(fn, iters: int, runs: int = 3) -> list[float]:
-    """Per-call time of `iters` calls issued back to back between two events, for each of `runs` runs."""
-    out = []
-    for _ in range(runs):
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(iters):
-            fn()
-        e.record()
-        e.synchronize()
-        out.append(s.elapsed_time(e) / iters)
-    return out
-
-
-def host_ms(fn, iters: int) -> list[float]:
-    """Host-clock time of synchronize -> call -> synchronize (all Python overhead included)."""
-    out = []
-    for _ in range(iters):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
-
-
-def kernel_ms(fn, calls: int = 5) -> float | None:
-    """Mean GPU activity per call (kernels + memsets + copies, from CUPTI via torch.profiler)."""
-    try:
-        from torch.autograd import DeviceType
-        from torch.profiler import ProfilerActivity, profile
-
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-        total_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
-    except Exception as ex:  # the profiler is optional: report, do not fail the benchmark
-        print(f"# kernel_ms unavailable ({type(ex).__name__}: {str(ex).splitlines()[0][:100]})", flush=True)
-        return None
-    return total_us / 1e3 / calls if total_us > 0 else None
 
 
 def copy_gbps(nbytes: int, iters: int, warmup: int) -> tuple[float, float]:
