@@ -9,11 +9,13 @@ Passes per call (the copy modes RHT / SR / 2-D are compile-time, from defines_fo
 1. amax(X) (the rowwise copy's A_g; also the columnwise one's without RHT), a grid-stride kernel
    with a thread per GROUP 16-element blocks; or, when the columnwise copy uses RHT, one pass over
    the quantize tiles giving both amax(X) and the post-RHT amax (the RHT is recomputed in pass 2,
-   not stored). Both write one zeroed [2] buffer: slot 0 is the rowwise A_g, slot 1 the columnwise;
+   not stored). Both write one zeroed [2] buffer (slot 0 the rowwise A_g, slot 1 the columnwise)
+   and the scales' zero padding;
 2. one tiled kernel quantizes the requested copies: each CTA reads a 128-row tile of X once into
    shared memory and encodes its rowwise blocks and its column segments (the blocks of X^T) from
    there; 2-D builds reduce the 16x16 tile amaxes from the same tile (no separate pass). It writes
-   every output byte, the scales' zero padding included, so the outputs come from torch.empty.
+   the codes and the scale of every block; with pass 1, every output byte is written, so the
+   outputs come from torch.empty.
 """
 
 from __future__ import annotations

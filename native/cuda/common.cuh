@@ -154,6 +154,10 @@ __device__ __forceinline__ uint2 sat_elem8_mul(const float v[8], float s) {
   const float s8[8] = {s, s, s, s, s, s, s, s};
   return sat_elem8_mul(v, s8);
 }
+// Byte j of 8 packed codes (element j).
+__device__ __forceinline__ unsigned char code_at(uint2 q, int j) {
+  return static_cast<unsigned char>((j < 4 ? q.x : q.y) >> (8 * (j & 3)));
+}
 #endif
 
 #ifdef SCALE_FP8_INTERP
@@ -392,10 +396,9 @@ __device__ __forceinline__ void store8(unsigned char* __restrict__ dst, uint2 q,
   if (FULL || (vec_ok && valid >= 8)) {
     *reinterpret_cast<uint2*>(dst) = q;
   } else {
-    const unsigned long long b = (static_cast<unsigned long long>(q.y) << 32) | q.x;
 #pragma unroll
     for (int j = 0; j < 8; ++j)
-      if (j < valid) dst[j] = static_cast<unsigned char>(b >> (8 * j));
+      if (j < valid) dst[j] = code_at(q, j);
   }
 }
 
@@ -410,9 +413,8 @@ __device__ __forceinline__ int qT_offset(int c, int r) {
 // Write this thread's 8 colwise codes of pass p (byte j of q: column col0() + j, row row(p)) into the
 // transposed tile buffer, one byte each.
 __device__ __forceinline__ void store_col_codes(unsigned char* __restrict__ qT, uint2 q, const TileThread& th, int p) {
-  const unsigned long long b = (static_cast<unsigned long long>(q.y) << 32) | q.x;
 #pragma unroll
-  for (int j = 0; j < kVec; ++j) qT[qT_offset(th.col0() + j, th.row(p))] = static_cast<unsigned char>(b >> (8 * j));
+  for (int j = 0; j < kVec; ++j) qT[qT_offset(th.col0() + j, th.row(p))] = code_at(q, j);
 }
 
 // Write the transposed tile qT ([kTile][kTransposePitch] bytes in shared memory) to the row-major
