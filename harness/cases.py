@@ -58,6 +58,7 @@ import random
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -76,7 +77,15 @@ from reference.formats import (
     QuantConfig,
 )
 
-CASES_DIR = Path(__file__).resolve().parent.parent / "cases"
+
+def _cases_dir() -> Path:
+    """The directory of the shipped tier files: the `cases` package's data (importlib.resources), so an
+    installed distribution finds them from any working directory; the package is installed as plain files,
+    so its resource root is a directory."""
+    return Path(str(resources.files("cases")))
+
+
+CASES_DIR = _cases_dir()
 # Tier name -> file under cases/ (load_cases("smoke") reads cases/smoke.toml).
 TIERS: dict[str, str] = {
     "smoke": "smoke.toml",
