@@ -1,9 +1,10 @@
 """Kernel launches on torch's current CUDA stream, with as little host work per launch as possible.
 
 Source: DESIGN.md §2 (kernels run on torch's current stream; tensors cross zero-copy). Every
-argument takes one 8-byte slot of a small numpy buffer (one per thread): a CUDA tensor its device
-pointer, None a null pointer, a numpy integer its value (two's complement), a numpy float its bit
-pattern. The launch is one cuLaunchKernel through CuPy's driver binding, with the buffer's fixed
+argument is first checked against the kernel's declared parameter list (`native.kernels`: count, and
+each value against its C type), then takes one 8-byte slot of a small numpy buffer (one per thread): a
+CUDA tensor its device pointer, None a null pointer, an integer its value (two's complement), a float
+its bit pattern. The launch is one cuLaunchKernel through CuPy's driver binding, with the buffer's fixed
 array of pointers to the slots: the driver reads each parameter's size (known from the cubin) from
 the start of its slot, which on a little-endian host holds the value's low bytes, so a 4-byte
 parameter reads the value itself. The function handle of each (module, kernel, device) is cached;
@@ -24,30 +25,15 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from .kernels import signature
+
 SLOT_BYTES = 8
-_MASK64 = (1 << 64) - 1
 _MAX_ARGS = 64
 _SLOT_OFFSETS = np.arange(0, SLOT_BYTES * _MAX_ARGS, SLOT_BYTES, dtype=np.uint64)
 _FUNCTIONS: dict[tuple, int] = {}
 
 if sys.byteorder != "little":  # pragma: no cover - every CUDA host is little-endian
     raise ImportError("native.launch packs kernel parameters for a little-endian host")
-
-
-def kernel_arg(a) -> int:
-    """The 8-byte slot value of a kernel argument: a CUDA tensor's device pointer, 0 for None (a
-    null pointer), a numpy integer's value (two's complement), a numpy float's bit pattern."""
-    if a is None:
-        return 0
-    if isinstance(a, torch.Tensor):
-        if not a.is_cuda:
-            raise ValueError(f"kernel argument on {a.device}: expected a CUDA tensor")
-        return a.data_ptr()
-    if isinstance(a, np.integer):
-        return int(a) & _MASK64
-    if isinstance(a, np.floating):
-        return int(a.view(np.dtype(f"u{a.itemsize}")))
-    raise TypeError(f"kernel argument {a!r}: expected a CUDA tensor, None or a numpy scalar (its C type)")
 
 
 class _ParamBuffer(threading.local):
@@ -63,14 +49,16 @@ class _ParamBuffer(threading.local):
 _PARAMS = _ParamBuffer()
 
 
-def pack_params(args: Sequence) -> int:
-    """Write the slots of `args` into this thread's buffer; the address of its pointer array
-    (cuLaunchKernel's kernelParams), valid until the thread's next pack_params."""
-    n = len(args)
+def pack_params(kernel: str, args: Sequence) -> int:
+    """Check `args` against kernel `kernel`'s declared parameters (`native.kernels`), write their slots into
+    this thread's buffer; the address of its pointer array (cuLaunchKernel's kernelParams), valid until
+    the thread's next pack_params."""
+    slots = signature(kernel).slots(args)
+    n = len(slots)
     if n > _MAX_ARGS:
         raise ValueError(f"{n} kernel arguments; at most {_MAX_ARGS}")
     params = _PARAMS
-    params.buf[:n] = [kernel_arg(a) for a in args]
+    params.buf[:n] = slots
     return params.pointers
 
 
@@ -108,4 +96,4 @@ def launch(module, name: str, grid: int | tuple, block: int | tuple, args: Seque
     if fn is None:
         fn = _FUNCTIONS[key] = module.get_function(name).kernel.ptr
     cupy.cuda.driver.launchKernel(fn, *_dims(grid), *_dims(block), int(shared_mem), _raw_stream()(device_index),
-                                  pack_params(args), 0)  # fmt: skip
+                                  pack_params(name, args), 0)  # fmt: skip

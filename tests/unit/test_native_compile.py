@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from native import _compile
 from reference.formats import E2M1, E4M3, E5M2, FLT_MAX, UE8M0, QuantConfig
@@ -290,45 +289,3 @@ def test_compile_many_compiles_every_item_in_order_on_threads(monkeypatch):
     assert sorted((n, d, a) for n, d, a, _ in seen) == [(f"f{i}.cu", i, "sm_90") for i in range(7)]
     assert all(t.startswith("nvrtc") for *_, t in seen)  # the pool's threads, not the caller's
     assert _compile.compile_many([], "sm_90") == []
-
-
-def test_kernel_args_are_raw_pointers_null_or_numpy_scalars():
-    import numpy as np
-
-    from native.launch import kernel_arg
-
-    assert kernel_arg(None) == 0
-    assert kernel_arg(np.int64(-3)) == (1 << 64) - 3  # two's complement in the 8-byte slot
-    assert kernel_arg(np.uint32(0xDEADBEEF)) == 0xDEADBEEF
-    assert kernel_arg(np.int32(-1)) & 0xFFFFFFFF == 0xFFFFFFFF  # a 4-byte parameter reads the low bytes
-    assert kernel_arg(np.uint64((1 << 64) - 1)) == (1 << 64) - 1
-    assert kernel_arg(np.float32(1.5)) == 0x3FC00000
-    assert kernel_arg(np.float64(-2.0)) == 0xC000000000000000
-    with pytest.raises(ValueError, match="CUDA tensor"):
-        kernel_arg(torch.zeros(2))
-    with pytest.raises(TypeError, match="numpy scalar"):
-        kernel_arg(3)  # a bare int has no C type: the kernel would read garbage
-
-
-def test_kernel_params_are_pointers_to_the_argument_slots():
-    """cuLaunchKernel reads parameter i (4 or 8 bytes) at kernelParams[i]: the slot of argument i."""
-    import ctypes
-
-    import numpy as np
-
-    from native.launch import pack_params
-
-    args = [np.uint32(7), None, np.int64(-5), np.float32(0.25), np.uint64(1 << 40)]
-    ptrs = ctypes.cast(pack_params(args), ctypes.POINTER(ctypes.c_void_p))
-    read = [
-        ctypes.c_uint32.from_address(ptrs[0]).value,
-        ctypes.c_uint64.from_address(ptrs[1]).value,
-        ctypes.c_int64.from_address(ptrs[2]).value,
-        ctypes.c_float.from_address(ptrs[3]).value,
-        ctypes.c_uint64.from_address(ptrs[4]).value,
-    ]
-    assert read == [7, 0, -5, 0.25, 1 << 40]
-    pack_params([np.int64(9)])  # the next pack rewrites the same slots
-    assert ctypes.c_int64.from_address(ptrs[0]).value == 9
-    with pytest.raises(ValueError, match="at most"):
-        pack_params([None] * 65)
