@@ -7,6 +7,7 @@ only the names. Source: NUMERICS.md §0.4 (format table), §1-§5 (schemes), DES
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass, field, fields
 
@@ -80,34 +81,77 @@ AMAX_ALGOS = ("max", "most_recent")
 INPUT_DTYPES = ("float32", "bfloat16", "float16")
 
 
+# Optional QuantConfig fields a scheme may take (Scheme.options); a scheme without an option keeps
+# that field at its default. "delayed" is the amax-history group (amax_history_len,
+# amax_compute_algo, margin), which also appears in the config id.
+OPTIONS = ("pow2_scales", "eps", "e8m0_rule", "rht", "stochastic", "delayed")
+GEMM_METHODS = ("exact", "blockwise_order", "block_sum")
+
+
 @dataclass(frozen=True)
 class Scheme:
-    """One quantization scheme: element formats, scale format, tiles, scale rule (NUMERICS.md §1-§5)."""
+    """One quantization scheme: formats, tiles, layout geometry and behaviour (NUMERICS.md §1-§6).
+
+    Geometry fields are read by `layouts.CopyGeometry` (the only place they become shapes); behaviour
+    fields name the reference module and GEMM methods, so code outside the scheme's own module asks
+    the row, never the scheme's name.
+    """
 
     name: str
     elements: tuple[str, ...]  # allowed element formats, first is the default
     scale_format: str  # "fp32", "ue8m0" or "e4m3"
     tiles: tuple[tuple[int, int] | None, ...]  # allowed tiles, first is the default
-    scale_rule: str  # "compute_scale", "delayed", "e8m0", "nvfp4_two_level"
-    global_scale: bool  # has a second-level fp32 scale (NVFP4 global amax)
     pow2_default: bool
     partial_tiles: bool  # shapes that are not multiples of the tile are zero-padded
+    module: str  # reference module with quantize_2d / dequantize / gemm_operand (reference/<module>.py)
+    gemm_methods: tuple[str, ...]  # reference GEMM methods; the first is what "auto" runs
+    exact_accumulate: bool  # accumulating into C has a defined order (NUMERICS.md §6)
+    options: tuple[str, ...]  # the OPTIONS this scheme takes
+    colwise_transposed: bool = True  # the colwise copy's data is stored [K, M] (False: [M, K], §3)
+    swizzled_scales: bool = False  # scales pad to the cuBLASLt swizzle tile 128 x 4 (§3, §5.9)
+    scale_per_tile: bool = False  # a 2-D tile stores one scale entry (False: one per row of the tile)
+    block_major_scales: bool = False  # 1-D scales stored [block, row] (§4: TE's transposed sinv)
+    stores_amax: bool = False  # each copy carries its fp32 amax [1]
+    global_amax: bool = False  # that amax is the second-level scale source (consumed by dequantize / GEMM)
+    gemm_2d_x_2d: bool = True  # a GEMM of two 2-D-tiled operands is allowed (§6)
     input_dtypes: tuple[str, ...] = INPUT_DTYPES
+
+    @property
+    def per_tensor(self) -> bool:
+        """One fp32 scale for the whole tensor (no tiles)."""
+        return self.tiles == (None,)
+
+    @property
+    def scale_scalar_format(self) -> "ScalarFormat | None":
+        """The format of stored scale bytes (None: fp32 sinv)."""
+        return FORMATS.get(self.scale_format)
+
+    def reference_module(self):
+        """The reference module implementing this scheme (reference/<module>.py)."""
+        return importlib.import_module(f"{__package__}.{self.module}")
 
 
 SCHEMES: dict[str, Scheme] = {
     s.name: s
     for s in (
         # NUMERICS: §1 per-tensor current scaling, any shape.
-        Scheme("fp8_current", ("e4m3", "e5m2"), "fp32", (None,), "compute_scale", False, False, True),
+        Scheme("fp8_current", ("e4m3", "e5m2"), "fp32", (None,), False, True, "per_tensor", ("exact",), False,
+               ("pow2_scales", "eps"), stores_amax=True),
         # NUMERICS: §2 delayed scaling, any shape.
-        Scheme("fp8_delayed", ("e4m3", "e5m2"), "fp32", (None,), "delayed", False, False, True),
-        # NUMERICS: §3 MXFP8; M and K multiples of 32 (partial blocks not supported here).
-        Scheme("mxfp8", ("e4m3", "e5m2"), "ue8m0", ((1, 32), (32, 32)), "e8m0", False, True, False),
-        # NUMERICS: §4 blockwise; edge blocks zero-padded, any shape; pow2 on by default.
-        Scheme("fp8_block", ("e4m3", "e5m2"), "fp32", ((1, 128), (128, 128)), "compute_scale", False, True, True),
-        # NUMERICS: §5 NVFP4; M and K multiples of 16.
-        Scheme("nvfp4", ("e2m1",), "e4m3", ((1, 16), (16, 16)), "nvfp4_two_level", True, False, False),
+        Scheme("fp8_delayed", ("e4m3", "e5m2"), "fp32", (None,), False, True, "per_tensor", ("exact",), False,
+               ("delayed",), stores_amax=True),
+        # NUMERICS: §3 MXFP8; M and K multiples of 32 (partial blocks not supported here); colwise
+        # copy not transposed; E8M0 scales in the swizzle-padded layout.
+        Scheme("mxfp8", ("e4m3", "e5m2"), "ue8m0", ((1, 32), (32, 32)), True, False, "mxfp8",
+               ("block_sum", "exact"), False, ("e8m0_rule",), colwise_transposed=False, swizzled_scales=True),
+        # NUMERICS: §4 blockwise; edge blocks zero-padded, any shape; pow2 on by default; 1-D sinv
+        # stored [block, row]; one sinv per 128x128 tile; no 2-D x 2-D GEMM (§6); §6 defines C accumulation.
+        Scheme("fp8_block", ("e4m3", "e5m2"), "fp32", ((1, 128), (128, 128)), True, True, "blockwise",
+               ("blockwise_order", "exact"), True, ("pow2_scales", "eps"), scale_per_tile=True,
+               block_major_scales=True, gemm_2d_x_2d=False),
+        # NUMERICS: §5 NVFP4; M and K multiples of 16; global amax per copy; §6 defines C accumulation.
+        Scheme("nvfp4", ("e2m1",), "e4m3", ((1, 16), (16, 16)), False, False, "nvfp4", ("block_sum", "exact"), True,
+               ("rht", "stochastic"), swizzled_scales=True, stores_amax=True, global_amax=True),
     )
 }
 
@@ -134,13 +178,48 @@ def _bad(field_name: str, value: object, rule: str) -> ValueError:
     return ValueError(f"QuantConfig.{field_name}={value!r} is invalid: {rule}")
 
 
+# Documented ranges of the fp8_delayed fields (QuantConfig docstring says why).
+MARGIN_RANGE = (-64, 64)
+AMAX_HISTORY_LEN_RANGE = (1, 65536)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _tile(tile: object) -> tuple[int, ...]:
+    """A tile as a tuple of ints; non-integer entries (1.5, True, "32") are rejected, never truncated."""
+    try:
+        items = tuple(tile)  # type: ignore[arg-type]
+    except TypeError:
+        raise _bad("tile", tile, "expected None or a pair of ints (rows, cols)") from None
+    if not all(_is_int(t) for t in items):
+        raise _bad("tile", tile, "entries must be ints (not floats or bools)")
+    return items
+
+
+def _takers(option: str, sep: str = ", ") -> str:
+    """The schemes that take `option` (for error messages)."""
+    return sep.join(s.name for s in SCHEMES.values() if option in s.options)
+
+
 @dataclass(frozen=True)
 class QuantConfig:
     """Everything that changes output bits, validated on construction (DESIGN.md §3).
 
     Fields left unset take the scheme's defaults (first allowed element and tile, the scheme's
-    pow2 default). `amax_history_len`, `amax_compute_algo` and `margin` belong to fp8_delayed;
-    `variant` names optional NVFP4 variants (NUMERICS.md §5.10), none implemented yet.
+    pow2 default); options a scheme does not take (`Scheme.options`) must keep their defaults.
+    `amax_history_len`, `amax_compute_algo` and `margin` belong to fp8_delayed; `variant` names
+    optional NVFP4 variants (NUMERICS.md §5.10), none implemented yet. Numbers are never bools.
+
+    Ranges: `amax_history_len` in [1, 65536] (a history is a real buffer; TE's are 1..1024);
+    `margin` in [-64, 64]: S_max = fp8_max * 2^-margin (NUMERICS.md §2) stays a normal fp32 with
+    room to spare, while margin 10**6 would make S_max 0, every scale 0 and the output all NaN.
+    Negative margins (S_max above fp8_max) are legal in TE and used in tests.
     """
 
     scheme: str
@@ -165,7 +244,7 @@ class QuantConfig:
         if self.tile is _UNSET:
             object.__setattr__(self, "tile", sch.tiles[0])
         elif self.tile is not None:
-            object.__setattr__(self, "tile", tuple(int(t) for t in self.tile))
+            object.__setattr__(self, "tile", _tile(self.tile))
         if self.pow2_scales is _UNSET:
             object.__setattr__(self, "pow2_scales", sch.pow2_default)
         self._validate(sch)
@@ -182,38 +261,44 @@ class QuantConfig:
             if self.variant in UNIMPLEMENTED_VARIANTS:
                 raise _bad("variant", self.variant, "NVFP4 variant (NUMERICS.md §5.10) is not implemented yet")
             raise _bad("variant", self.variant, f"expected None (known, unimplemented: {UNIMPLEMENTED_VARIANTS})")
-        if self.scheme != "nvfp4":
-            if self.rht:
-                raise _bad("rht", self.rht, "the Random Hadamard Transform exists only for nvfp4 (NUMERICS.md §5.6)")
-            if self.stochastic:
-                raise _bad("stochastic", self.stochastic, "stochastic rounding exists only for nvfp4 (NUMERICS.md §5.7)")
-        else:
-            if self.rht and self.tile == (16, 16):
-                raise _bad("rht", self.rht, "RHT is never applied to 2-D (16x16, weight) tiles (NUMERICS.md §5.6)")
-            if self.stochastic and self.tile == (16, 16):
-                raise _bad(
-                    "stochastic",
-                    self.stochastic,
-                    "16x16 (weight) tiles round to nearest: their colwise copy is the exact transpose (NUMERICS.md §5.5)",
-                )
-        if self.pow2_scales and self.scheme not in ("fp8_current", "fp8_block") and not sch.pow2_default:
-            raise _bad("pow2_scales", self.pow2_scales, "power-of-two scales are an option of fp8_current and fp8_block only")
-        if self.scheme == "mxfp8" and not self.pow2_scales:
-            raise _bad("pow2_scales", self.pow2_scales, "mxfp8 scales are E8M0, always powers of two")
+        if self.rht and "rht" not in sch.options:
+            raise _bad("rht", self.rht, f"the Random Hadamard Transform exists only for {_takers('rht')} (NUMERICS.md §5.6)")
+        if self.stochastic and "stochastic" not in sch.options:
+            raise _bad("stochastic", self.stochastic, f"stochastic rounding exists only for {_takers('stochastic')} (NUMERICS.md §5.7)")
+        if self.rht and self.is_2d:
+            raise _bad("rht", self.rht, f"RHT is never applied to 2-D ({self.tile[0]}x{self.tile[1]}, weight) tiles (NUMERICS.md §5.6)")
+        if self.stochastic and self.is_2d:
+            raise _bad(
+                "stochastic",
+                self.stochastic,
+                f"{self.tile[0]}x{self.tile[1]} (weight) tiles round to nearest: their colwise copy is the exact "
+                "transpose (NUMERICS.md §5.5)",
+            )
+        if self.pow2_scales != sch.pow2_default and "pow2_scales" not in sch.options:
+            if sch.pow2_default:
+                raise _bad("pow2_scales", self.pow2_scales,
+                           f"{self.scheme} scales are {sch.scale_format.upper()}, always powers of two")
+            raise _bad("pow2_scales", self.pow2_scales,
+                       f"power-of-two scales are an option of {_takers('pow2_scales', ' and ')} only")
         if self.e8m0_rule not in E8M0_RULES:
             raise _bad("e8m0_rule", self.e8m0_rule, f"expected one of {E8M0_RULES}")
-        if self.e8m0_rule != "ceil" and self.scheme != "mxfp8":
-            raise _bad("e8m0_rule", self.e8m0_rule, "the E8M0 rule applies to mxfp8 only")
-        if not isinstance(self.eps, (int, float)) or not math.isfinite(self.eps) or self.eps < 0:
-            raise _bad("eps", self.eps, "must be a finite float >= 0")
-        if self.eps != 0 and self.scheme not in ("fp8_current", "fp8_block"):
-            raise _bad("eps", self.eps, "eps applies to compute_scale schemes (fp8_current, fp8_block) only")
-        if not isinstance(self.amax_history_len, int) or self.amax_history_len < 1:
-            raise _bad("amax_history_len", self.amax_history_len, "must be an int >= 1")
+        if self.e8m0_rule != "ceil" and "e8m0_rule" not in sch.options:
+            raise _bad("e8m0_rule", self.e8m0_rule, f"the E8M0 rule applies to {_takers('e8m0_rule')} only")
+        if not _is_number(self.eps) or not math.isfinite(self.eps) or self.eps < 0:
+            raise _bad("eps", self.eps, "must be a finite float >= 0 (not a bool)")
+        if self.eps != 0 and "eps" not in sch.options:
+            raise _bad("eps", self.eps, f"eps applies to compute_scale schemes ({_takers('eps')}) only")
+        lo, hi = AMAX_HISTORY_LEN_RANGE
+        if not _is_int(self.amax_history_len) or not lo <= self.amax_history_len <= hi:
+            raise _bad("amax_history_len", self.amax_history_len, f"must be an int >= {lo} and <= {hi} (not a bool)")
         if self.amax_compute_algo not in AMAX_ALGOS:
             raise _bad("amax_compute_algo", self.amax_compute_algo, f"expected one of {AMAX_ALGOS}")
-        if not isinstance(self.margin, int):
-            raise _bad("margin", self.margin, "must be an int (NUMERICS.md §2: S_max = fp8_max * 2^-margin)")
+        lo, hi = MARGIN_RANGE
+        if not _is_int(self.margin):
+            raise _bad("margin", self.margin, "must be an int, not a bool (NUMERICS.md §2: S_max = fp8_max * 2^-margin)")
+        if not lo <= self.margin <= hi:
+            raise _bad("margin", self.margin, f"must be in [{lo}, {hi}]: fp8_max * 2^-margin must stay a normal fp32 "
+                       "(margin 10**6 gives S_max = 0, scale 0 and an all-NaN output; NUMERICS.md §2)")
 
     # ---- derived facts -----------------------------------------------------------------------
     @property
@@ -252,6 +337,6 @@ class QuantConfig:
             parts.append(self.e8m0_rule)
         if self.eps:
             parts.append(f"eps{self.eps!r}")  # shortest repr that round-trips (e.g. 2^-20 = 9.5367431640625e-07)
-        if self.scheme == "fp8_delayed":
+        if "delayed" in self.scheme_row.options:
             parts.append(f"h{self.amax_history_len}-{self.amax_compute_algo}-m{self.margin}")
         return "-".join(parts)

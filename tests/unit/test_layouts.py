@@ -229,3 +229,142 @@ def test_blockwise_sinv_to_e8m0():
 def test_blockwise_sinv_to_e8m0_rejects_non_pow2(bad):
     with pytest.raises(SpecViolation, match="power-of-two"):
         layouts.blockwise_sinv_to_e8m0(torch.tensor([1.0, bad], dtype=torch.float32))
+
+
+# ---- CopyGeometry: one object per copy --------------------------------------------------------
+
+GEOMETRY_CONFIGS = {
+    "fp8_current": QuantConfig("fp8_current"),
+    "fp8_delayed": QuantConfig("fp8_delayed"),
+    "mxfp8-1x32": QuantConfig("mxfp8"),
+    "mxfp8-32x32": QuantConfig("mxfp8", tile=(32, 32)),
+    "fp8_block-1x128": QuantConfig("fp8_block"),
+    "fp8_block-128x128": QuantConfig("fp8_block", tile=(128, 128)),
+    "nvfp4-1x16": QuantConfig("nvfp4"),
+    "nvfp4-16x16": QuantConfig("nvfp4", tile=(16, 16)),
+}
+
+# Hand-derived from NUMERICS.md §1, §3, §4, §5.9 for a logical [64, 256] input:
+# (transposed, block, scale_block, scale index of data element (r, c) = (40, 200)).
+GEOMETRY_VECTORS = {
+    ("fp8_current", "rowwise"): (False, (64, 256), None, None),
+    ("fp8_current", "colwise"): (True, (256, 64), None, None),
+    ("mxfp8-1x32", "rowwise"): (False, (1, 32), (1, 32), (40, 6)),
+    ("mxfp8-1x32", "colwise"): (False, (32, 1), (32, 1), (1, 200)),
+    ("mxfp8-32x32", "rowwise"): (False, (32, 32), (1, 32), (40, 6)),
+    ("mxfp8-32x32", "colwise"): (False, (32, 32), (32, 1), (1, 200)),
+    ("fp8_block-1x128", "rowwise"): (False, (1, 128), (1, 128), (1, 40)),  # stored [kb, m]
+    ("fp8_block-1x128", "colwise"): (True, (1, 128), (1, 128), (1, 40)),  # data [K, M]: (r=40, c=200) -> [c//128, r]
+    ("fp8_block-128x128", "rowwise"): (False, (128, 128), (128, 128), (0, 1)),
+    ("fp8_block-128x128", "colwise"): (True, (128, 128), (128, 128), (0, 1)),
+    ("nvfp4-1x16", "rowwise"): (False, (1, 16), (1, 16), (40, 12)),
+    ("nvfp4-16x16", "colwise"): (True, (16, 16), (1, 16), (40, 12)),
+}
+
+
+@pytest.mark.parametrize("key", GEOMETRY_VECTORS, ids=[f"{n}-{o}" for n, o in GEOMETRY_VECTORS])
+def test_geometry_vectors(key):
+    name, o = key
+    g = layouts.copy_geometry(GEOMETRY_CONFIGS[name], o, 64, 256)
+    transposed, block, scale_block, idx = GEOMETRY_VECTORS[key]
+    assert g.transposed is transposed
+    assert (g.rows, g.cols) == ((256, 64) if transposed else (64, 256))
+    assert g.block == block and g.scale_block == scale_block
+    assert g.scale_index(40, 200) == idx
+    assert g.per_tensor is (scale_block is None)
+    assert g.logical(3, 5) == ((5, 3) if transposed else (3, 5))
+
+
+@pytest.mark.parametrize("name", GEOMETRY_CONFIGS)
+@pytest.mark.parametrize("o", ["rowwise", "colwise"])
+def test_geometry_scale_region_is_the_preimage_of_scale_index(name, o):
+    """Every data element maps to exactly one valid scale entry, and scale_region(i, j) is exactly the
+    set of elements that map to (i, j) (exhaustive, with partial edge blocks where the scheme pads)."""
+    cfg = GEOMETRY_CONFIGS[name]
+    m, k = (200, 300) if cfg.scheme_row.partial_tiles else (64, 96)
+    g = layouts.copy_geometry(cfg, o, m, k)
+    if g.per_tensor:
+        assert g.scale_index(0, 0) is None and g.scale_valid_shape == (1,)
+        return
+    r = torch.arange(g.rows).reshape(-1, 1).expand(g.rows, g.cols)
+    c = torch.arange(g.cols).reshape(1, -1).expand(g.rows, g.cols)
+    i, j = g.scale_index(r, c)
+    vr, vc = g.scale_valid_shape
+    assert int(i.max()) == vr - 1 and int(j.max()) == vc - 1 and int(i.min()) == 0 and int(j.min()) == 0
+    flat = i * vc + j
+    counts = torch.bincount(flat.reshape(-1), minlength=vr * vc)
+    assert bool((counts > 0).all())  # no valid entry unused
+    for ii in range(0, vr, max(1, vr // 7)):
+        for jj in range(0, vc, max(1, vc // 7)):
+            r0, r1, c0, c1 = g.scale_region(ii, jj)
+            mask = (i == ii) & (j == jj)
+            region = torch.zeros_like(mask)
+            region[r0:r1, c0:c1] = True
+            assert torch.equal(mask, region), (ii, jj)
+
+
+@pytest.mark.parametrize("name", [n for n in GEOMETRY_CONFIGS if not n.startswith("nvfp4")])
+@pytest.mark.parametrize("o", ["rowwise", "colwise"])
+def test_geometry_scale_index_reproduces_dequantize(name, o):
+    """Oracle: decode(code[r, c]) * scale[scale_index(r, c)] at logical(r, c) is the golden dequantize."""
+    from reference import casts, dequantize, quantize
+
+    cfg = GEOMETRY_CONFIGS[name]
+    m, k = (160, 200) if cfg.scheme_row.partial_tiles else (64, 96)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(3)) * 7
+    q = quantize(x, cfg, rowwise=True, colwise=True)
+    g = layouts.geometry_of(q, o)
+    codes = casts.decode(getattr(q, f"{o}_data"), cfg.element_format).to(torch.float64)
+    scale = getattr(q, f"{o}_scale")
+    sdec = casts.e8m0_decode(scale) if scale.dtype == torch.uint8 else scale
+    r = torch.arange(g.rows).reshape(-1, 1).expand(g.rows, g.cols)
+    c = torch.arange(g.cols).reshape(1, -1).expand(g.rows, g.cols)
+    idx = g.scale_index(r, c)
+    s = sdec.reshape(-1)[0].expand(g.rows, g.cols) if idx is None else sdec[idx[0], idx[1]]
+    want = codes * s.to(torch.float64)
+    if g.transposed:
+        want = want.t()
+    got = dequantize(q, o, torch.float32).to(torch.float64)
+    assert torch.equal(got, want.to(torch.float32).to(torch.float64))
+
+
+def test_geometry_fields_match_the_golden_output():
+    """data / scale / amax shapes and dtypes of every copy are what the golden quantize writes."""
+    from reference import quantize
+
+    x = torch.randn(64, 256).to(torch.bfloat16)
+    for cfg in GEOMETRY_CONFIGS.values():
+        q = quantize(x, cfg, rowwise=True, colwise=True)
+        for o in ("rowwise", "colwise"):
+            g = layouts.geometry_of(q, o)
+            assert tuple(getattr(q, f"{o}_data").shape) == g.data_shape
+            assert tuple(getattr(q, f"{o}_scale").shape) == g.scale_padded_shape
+            assert getattr(q, f"{o}_scale").dtype == g.scale_dtype
+            amax = getattr(q, f"{o}_amax")
+            assert (amax is None) == (g.amax_shape is None)
+            if amax is not None:
+                assert tuple(amax.shape) == g.amax_shape
+
+
+def test_geometry_validates_its_arguments():
+    with pytest.raises(ValueError, match="orientation='diag'"):
+        layouts.copy_geometry(QuantConfig("mxfp8"), "diag", 32, 32)
+    with pytest.raises(SpecViolation, match="positive int"):
+        layouts.copy_geometry(QuantConfig("mxfp8"), "rowwise", 0, 32)
+
+
+# ---- the GEMM layout table ----------------------------------------------------------------------
+
+
+def test_gemm_layout_table():
+    tn, nn, nt = (layouts.GEMM_LAYOUTS[n] for n in ("TN", "NN", "NT"))
+    assert tn.consumes == ("rowwise", "rowwise") and tn.copies == (True, False, True, False)
+    assert nn.consumes == ("rowwise", "colwise") and nn.copies == (True, False, False, True)
+    assert nt.consumes == ("colwise", "colwise") and nt.copies == (False, True, False, True)
+    # out [M=2, N=3] contracting K=5: fprop a [M, K] b [N, K]; dgrad b [K, N]; wgrad a [K, M] b [K, N].
+    assert tn.operand_shapes(2, 3, 5) == ((2, 5), (3, 5))
+    assert nn.operand_shapes(2, 3, 5) == ((2, 5), (5, 3))
+    assert nt.operand_shapes(2, 3, 5) == ((5, 2), (5, 3))
+    assert nn.quantize_flags("b") == {"rowwise": False, "colwise": True}
+    with pytest.raises(SpecViolation, match=r"layout='TT' is invalid"):
+        layouts.gemm_layout("TT")

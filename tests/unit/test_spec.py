@@ -1,0 +1,173 @@
+"""reference.spec: one rule, one exception, one message (DESIGN.md §3; issue 13 item 3, issue 14 item 7)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from reference import QuantConfig, SpecViolation, dequantize, gemm, quantize, spec
+
+CONFIGS = {
+    "fp8_current": QuantConfig("fp8_current"),
+    "mxfp8": QuantConfig("mxfp8"),
+    "fp8_block": QuantConfig("fp8_block"),
+    "nvfp4": QuantConfig("nvfp4"),
+}
+
+
+def _q(name, rowwise=True, colwise=True):
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(7))
+    return quantize(x, CONFIGS[name], rowwise=rowwise, colwise=colwise)
+
+
+def _tampered(q, **fields):
+    return dataclasses.replace(q, **fields)
+
+
+# ---- dequantize rejects a tampered QuantizedTensor, naming the field ---------------------------
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_truncated_data_names_the_field(name):
+    q = _q(name)
+    bad = _tampered(q, rowwise_data=q.rowwise_data[:-1])
+    with pytest.raises(SpecViolation, match=r"q\.rowwise_data has shape .*expected"):
+        dequantize(bad, "rowwise")
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_truncated_scale_names_the_field(name):
+    q = _q(name)
+    bad = _tampered(q, colwise_scale=q.colwise_scale.reshape(-1)[:-1])
+    with pytest.raises(SpecViolation, match=r"q\.colwise_scale has shape"):
+        dequantize(bad, "colwise")
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_wrong_dtype_names_the_field(name):
+    q = _q(name)
+    bad = _tampered(q, rowwise_data=q.rowwise_data.to(torch.int16))
+    with pytest.raises(SpecViolation, match=r"q\.rowwise_data has dtype torch.int16, expected torch.uint8"):
+        dequantize(bad, "rowwise")
+    want = q.rowwise_scale.dtype
+    other = torch.float16 if want == torch.float32 else torch.float32
+    bad = _tampered(q, rowwise_scale=q.rowwise_scale.to(other))
+    with pytest.raises(SpecViolation, match=rf"q\.rowwise_scale has dtype {other}, expected {want}"):
+        dequantize(bad, "rowwise")
+
+
+def test_missing_copy_and_missing_scale_and_missing_nvfp4_amax():
+    q = _q("nvfp4", colwise=False)
+    with pytest.raises(SpecViolation, match="no colwise copy"):
+        dequantize(q, "colwise")
+    with pytest.raises(SpecViolation, match=r"q\.rowwise_scale is None"):
+        dequantize(_tampered(q, rowwise_scale=None), "rowwise")
+    # NUMERICS §5.2: the NVFP4 global amax is consumed by dequantize (S_dec): it must be there.
+    with pytest.raises(SpecViolation, match=r"q\.rowwise_amax is None"):
+        dequantize(_tampered(q, rowwise_amax=None), "rowwise")
+    # A per-tensor amax is informational: absent is fine, present must be fp32 [1].
+    p = _q("fp8_current")
+    assert torch.equal(dequantize(_tampered(p, rowwise_amax=None)), dequantize(p))
+    with pytest.raises(SpecViolation, match=r"q\.rowwise_amax has shape \(2,\)"):
+        dequantize(_tampered(p, rowwise_amax=torch.zeros(2)))
+
+
+def test_bad_shape_and_hp_dtype_and_config():
+    q = _q("mxfp8")
+    with pytest.raises(SpecViolation, match=r"q\.shape=\(64, 0\) is invalid"):
+        dequantize(_tampered(q, shape=(64, 0)))
+    with pytest.raises(SpecViolation, match=r"q\.hp_dtype='float64' is invalid"):
+        dequantize(_tampered(q, hp_dtype="float64"))
+    with pytest.raises(SpecViolation, match=r"q\.config must be a QuantConfig"):
+        dequantize(_tampered(q, config="mxfp8"))
+    with pytest.raises(SpecViolation, match="must be a QuantizedTensor"):
+        dequantize(q.rowwise_data)
+    # A shape that disagrees with the stored data: the data is then the wrong size.
+    with pytest.raises(SpecViolation, match=r"q\.rowwise_data has shape \(64, 128\), expected \(32, 128\)"):
+        dequantize(_tampered(q, shape=(32, 128)))
+
+
+# ---- gemm validates its operands through the same rules ---------------------------------------
+
+
+def test_gemm_names_the_operand_field():
+    a, b = _q("mxfp8"), _q("mxfp8")
+    with pytest.raises(SpecViolation, match=r"b\.rowwise_scale has shape"):
+        gemm(a, _tampered(b, rowwise_scale=b.rowwise_scale[:, :2]))
+    with pytest.raises(SpecViolation, match=r"a\.colwise_data is None: layout NT consumes a's colwise copy"):
+        gemm(_tampered(a, colwise_data=None), b, layout="NT")
+    with pytest.raises(SpecViolation, match=r"layout='XY' is invalid"):
+        gemm(a, b, layout="XY")
+    with pytest.raises(SpecViolation, match="differ: a GEMM takes one scheme"):
+        gemm(a, _q("nvfp4"))
+    with pytest.raises(SpecViolation, match=r"bias must be .* \[N\] = \[64\]"):
+        gemm(a, b, bias=torch.zeros(3))
+
+
+def test_gemm_rules_on_configs_alone():
+    blk2 = QuantConfig("fp8_block", tile=(128, 128))
+    with pytest.raises(SpecViolation, match="2-D x 2-D fp8_block GEMM is not allowed"):
+        spec.gemm_rule(blk2, blk2, "TN")
+    spec.gemm_rule(QuantConfig("fp8_block"), blk2, "TN")  # 1-D x 2-D is allowed
+    spec.gemm_rule(QuantConfig("nvfp4", tile=(16, 16)), QuantConfig("nvfp4", tile=(16, 16)), "TN")
+    rht = QuantConfig("nvfp4", rht=True)
+    with pytest.raises(SpecViolation, match="only one consumed copy is in the Hadamard domain"):
+        spec.gemm_rule(rht, QuantConfig("nvfp4"), "NT")
+    spec.gemm_rule(rht, rht, "NT")
+    spec.gemm_rule(rht, QuantConfig("nvfp4"), "TN")  # TN consumes rowwise copies: no RHT involved
+
+
+def test_quantize_rule_on_names_and_shapes():
+    mx = QuantConfig("mxfp8")
+    with pytest.raises(SpecViolation, match=r"x K=48 \(shape \(64, 48\)\) is not a multiple of 32"):
+        spec.quantize_rule(mx, (64, 48), "float32")
+    with pytest.raises(SpecViolation, match=r"operand b M=6 \(shape \(2, 3, 64\)\)"):
+        spec.quantize_rule(mx, (2, 3, 64), "float32", what="operand b")
+    spec.quantize_rule(QuantConfig("fp8_block"), (3, 200), "float16")  # partial tiles are padded
+    with pytest.raises(SpecViolation, match="RHT needs a bfloat16 input"):
+        spec.quantize_rule(QuantConfig("nvfp4", rht=True), (16, 16), "float32")
+    with pytest.raises(SpecViolation, match="input dtype float64 is not allowed"):
+        spec.quantize_rule(mx, (32, 32), "float64")
+
+
+def test_the_tensor_check_is_the_name_check():
+    """check_quantize on a tensor says exactly what quantize_rule says on its shape and dtype."""
+    mx = QuantConfig("mxfp8")
+    with pytest.raises(SpecViolation) as by_name:
+        spec.quantize_rule(mx, (40, 64), "bfloat16")
+    with pytest.raises(SpecViolation) as by_tensor:
+        quantize(torch.zeros(40, 64, dtype=torch.bfloat16), mx)
+    assert str(by_name.value) == str(by_tensor.value)
+
+
+# ---- QuantConfig: bools, non-integer tiles, documented ranges -----------------------------------
+
+BAD_CONFIGS = [
+    (dict(scheme="fp8_current", eps=True), "eps", "bool"),
+    (dict(scheme="fp8_delayed", margin=True), "margin", "bool"),
+    (dict(scheme="fp8_delayed", amax_history_len=True), "amax_history_len", "bool"),
+    (dict(scheme="fp8_block", tile=(1.5, 32)), "tile", "ints"),
+    (dict(scheme="fp8_block", tile=(True, 128)), "tile", "ints"),
+    (dict(scheme="fp8_block", tile=128), "tile", "pair"),
+    (dict(scheme="fp8_delayed", margin=10**6), "margin", "all-NaN"),
+    (dict(scheme="fp8_delayed", margin=65), "margin", "[-64, 64]"),
+    (dict(scheme="fp8_delayed", margin=-65), "margin", "[-64, 64]"),
+    (dict(scheme="fp8_delayed", amax_history_len=65537), "amax_history_len", "<= 65536"),
+]
+
+
+@pytest.mark.parametrize("kwargs,field,fragment", BAD_CONFIGS, ids=[f"{b[1]}-{i}" for i, b in enumerate(BAD_CONFIGS)])
+def test_quantconfig_rejects(kwargs, field, fragment):
+    with pytest.raises(ValueError) as ei:
+        QuantConfig(**kwargs)
+    assert f"QuantConfig.{field}=" in str(ei.value) and fragment in str(ei.value)
+
+
+def test_quantconfig_range_edges_are_accepted():
+    assert QuantConfig("fp8_delayed", margin=64).margin == 64
+    assert QuantConfig("fp8_delayed", margin=-64).margin == -64
+    assert QuantConfig("fp8_delayed", amax_history_len=65536).amax_history_len == 65536
+    assert QuantConfig("fp8_block", tile=[128, 128]).tile == (128, 128)
+    assert QuantConfig("fp8_current", eps=1).eps == 1
