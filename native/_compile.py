@@ -36,9 +36,6 @@ from reference.formats import (
     FLT_MAX,
     FORMATS,
     INPUT_DTYPE_MAX,
-    RHT_SCALE,
-    RHT_SIGN_MASK,
-    RHT_SIZE,
     SCHEME_NAMES,
     SCHEMES,
     UE8M0,
@@ -78,12 +75,12 @@ def float_literal(v: float) -> str:
     return f"{f.hex()}f"
 
 
-def _recip(c: float) -> float:
+def recip(c: float) -> float:
     """fl(1/c): RN of the exact quotient, e.g. fl(1/448) = 0x3B124925 (NUMERICS.md §0.1)."""
     return fp32.reciprocal_const(c)
 
 
-def _fp32_bits(v: float) -> int:
+def fp32_bits(v: float) -> int:
     """The fp32 bit pattern of RN(v) (inf on overflow), as an unsigned int."""
     return struct.unpack("<I", struct.pack("<f", struct.unpack("<f", struct.pack("<f", v))[0]))[0]
 
@@ -98,7 +95,7 @@ def _format_defines(prefix: str, fmt: ScalarFormat) -> dict[str, int | float | s
         f"{prefix}_BIAS": fmt.bias,
         f"{prefix}_EMAX": fmt.emax,
         f"{prefix}_MAX": float(fmt.max_finite),
-        f"{prefix}_RECIP_MAX": _recip(fmt.max_finite),
+        f"{prefix}_RECIP_MAX": recip(fmt.max_finite),
         f"{prefix}_MIN_SUBNORMAL": float(fmt.min_subnormal),
         f"{prefix}_MAX_CODE": fmt.max_code,
         f"{prefix}_NAN_CODE": nan_code,
@@ -155,25 +152,8 @@ def defines_for(config: QuantConfig) -> dict[str, int | float | str]:
     # NUMERICS: §4 v_inf = max finite of the INPUT dtype (kernels are instantiated per input dtype).
     for dtype_name, vmax in INPUT_DTYPE_MAX.items():
         d[f"INPUT_MAX_{dtype_name.upper()}"] = float(vmax)
-    if config.scheme == "fp8_delayed":
-        d["AMAX_HISTORY_LEN"] = config.amax_history_len
-        d["AMAX_ALGO_MAX"] = int(config.amax_compute_algo == "max")
-        d["MARGIN"] = config.margin
-        # NUMERICS: §2 step 1 - S_max = RN(fp8_max * 2^-margin) (exact for an integer margin in range);
-        # passed as bits so that any margin, even one that overflows to inf, has a define.
-        d["DELAYED_SCALE_MAX_BITS"] = _fp32_bits(math.ldexp(elem.max_finite, -config.margin))
-    if config.scheme == "nvfp4":
-        scale_fmt = FORMATS["e4m3"]
-        gmax = elem.max_finite * scale_fmt.max_finite  # 2688 = 6 * 448, exact
-        d["RHT"] = int(config.rht)
-        d["STOCHASTIC"] = int(config.stochastic)
-        d["NVFP4_GLOBAL_MAX"] = float(gmax)
-        d["NVFP4_RECIP_GLOBAL_MAX"] = _recip(gmax)
-        d["NVFP4_RECIP_ALPHA"] = _recip(gmax * gmax)
-        # NUMERICS: §5.6 the RHT constants, from the formats.py row.
-        d["NVFP4_RHT_SIZE"] = RHT_SIZE
-        d["NVFP4_RHT_SIGN_MASK"] = RHT_SIGN_MASK
-        d["NVFP4_RHT_SCALE"] = RHT_SCALE
+    # The scheme's own defines (fp8_delayed: the history update; nvfp4: the global scale and RHT constants).
+    d.update(_launcher(config.scheme).scheme_defines(config))
     return d
 
 
@@ -243,12 +223,15 @@ def file_schemes(source: Path) -> tuple[str, ...]:
 
 
 def representative_config(scheme: str) -> QuantConfig:
-    """One config per scheme for the nvcc check, switching on as many code paths as the scheme has."""
-    if scheme == "nvfp4":
-        return QuantConfig("nvfp4", rht=True, stochastic=True)
-    if scheme == "fp8_current":
-        return QuantConfig("fp8_current", pow2_scales=True, eps=2.0**-20)
-    return QuantConfig(scheme)
+    """One config per scheme for the nvcc check, switching on as many code paths as the scheme has
+    (its launcher module's choice)."""
+    return _launcher(scheme).nvcc_check_config(scheme)
+
+
+def _launcher(scheme: str):
+    from .launchers import launcher  # lazily: the launcher modules import this one's users
+
+    return launcher(scheme)
 
 
 def _cuda_include_candidates() -> list[Path]:

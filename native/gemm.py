@@ -39,30 +39,24 @@ import functools
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from reference.formats import FORMATS, QuantConfig
+from reference.layouts import CopyGeometry, gemm_layout, geometry_of
+from reference.spec import check_gemm
 from reference.types import QuantizedTensor, SpecViolation, Unsupported
 
-from .launch import launch
+from .launch import device_index, launch
+from .launchers import CublasLtMode, launcher
 
 METHODS = ("auto", "cublaslt", "cublaslt_fast_accum", "portable")
 OUT_DTYPES = (torch.bfloat16, torch.float32)
-# Layout -> (orientation consumed from a, from b); interfaces.md (TE's fprop / dgrad / wgrad).
-LAYOUTS = {"TN": ("rowwise", "rowwise"), "NN": ("rowwise", "colwise"), "NT": ("colwise", "colwise")}
-PER_TENSOR = ("fp8_current", "fp8_delayed")
 
 CU_FILE = "block_scaled_gemm.cu"
 KERNEL = "block_scaled_gemm"
 TILE_M = TILE_N = 64  # must match BM / BN in block_scaled_gemm.cu
 BLOCK_DIM = (16, 16, 1)  # TX, TY
-
-# NUMERICS: §6 table - minimum cuBLAS (cublasLtGetVersion) per scale mode.
-CUBLAS_MIN = {"per_tensor": 120000, "fp8_block": 120900, "mxfp8": 120800, "nvfp4": 120800}
-
-
-def _family(scheme: str) -> str:
-    return "per_tensor" if scheme in PER_TENSOR else scheme
 
 
 # --------------------------------------------------------------------------------------------
@@ -81,6 +75,7 @@ class OperandView:
 
     q: QuantizedTensor
     orientation: str
+    geometry: CopyGeometry
     outer: int
     k: int
     data: torch.Tensor
@@ -102,20 +97,19 @@ class OperandView:
 
     @property
     def k_contiguous(self) -> bool:
-        return self.q.config.scheme == "nvfp4" or self.k_stride == 1
+        return self.k_stride == 1
 
     @property
     def is_2d(self) -> bool:
-        return _is_2d_fp8_block(self.q.config)
-
-
-def _is_2d_fp8_block(config: QuantConfig) -> bool:
-    """A 128x128 fp8_block operand (its scale applies to a 2-D tile; NUMERICS §6 scale order)."""
-    return config.scheme == "fp8_block" and config.is_2d
+        """One scale entry governs a 2-D tile of this copy (NUMERICS §4 128x128: §6 scale order)."""
+        sb = self.geometry.scale_block
+        return sb is not None and sb[0] > 1 and sb[1] > 1
 
 
 def operand_view(q: QuantizedTensor, orientation: str, name: str) -> OperandView:
-    """The (i, k) addressing of `q`'s `orientation` copy; contraction over K (rowwise) or M (colwise)."""
+    """The (i, k) addressing of `q`'s `orientation` copy, from its `CopyGeometry`: contraction over the
+    logical K (rowwise) or M (colwise), i.e. along the stored rows or columns of the data."""
+    g = geometry_of(q, orientation)
     data = getattr(q, f"{orientation}_data")
     scale = getattr(q, f"{orientation}_scale")
     if data is None or scale is None:
@@ -123,80 +117,38 @@ def operand_view(q: QuantizedTensor, orientation: str, name: str) -> OperandView
             f"{name}: the GEMM layout consumes the {orientation} copy, but this QuantizedTensor "
             f"({q.config.id}, shape {tuple(q.shape)}) has none; quantize with {orientation}=True"
         )
-    data = data.contiguous()
-    scale = scale.contiguous()
-    amax = getattr(q, f"{orientation}_amax")
-    r, c = q.m, q.k  # logical [R, C]
-    scheme, rowwise = q.config.scheme, orientation == "rowwise"
-    outer, k = (r, c) if rowwise else (c, r)
-    ld_s = scale.shape[-1] if scale.dim() == 2 else 0
-    if scheme in PER_TENSOR:
-        # NUMERICS: §1 rowwise [R, C]; colwise = data_T [C, R]; one sinv [1] shared.
-        i_st, k_st = (c, 1) if rowwise else (r, 1)
-        s = (1, 0, 0)
-    elif scheme == "fp8_block":
-        # NUMERICS: §4 rowwise [R, C]; colwise data [C, R] transposed. 1-D sinv entry [kb, i]
-        # (rowwise [ceil(C/128), roundup(R,4)], colwise [ceil(R/128), roundup(C,4)]);
-        # 2-D sinv entry [ib, kb] ([ceil(R/128), roundup(ceil(C/128),4)] and its transpose).
-        i_st, k_st = (c, 1) if rowwise else (r, 1)
-        s = (q.config.block, ld_s, 1) if q.config.is_2d else (1, 1, ld_s)
-    elif scheme == "mxfp8":
-        # NUMERICS: §3 data [R, C] for BOTH copies (colwise NOT transposed); S_r entry [r, kb],
-        # S_c entry [rb, c].
-        i_st, k_st = (c, 1) if rowwise else (1, c)
-        s = (1, ld_s, 1) if rowwise else (1, 1, ld_s)
-    elif scheme == "nvfp4":
-        # NUMERICS: §5.9 rowwise [R, C/2] packed along C; colwise = NVFP4(x^T) [C, R/2] packed along R;
-        # scales entry [i, kb] in both copies.
-        i_st, k_st = (k // 2, 1)
-        s = (1, ld_s, 1)
-    else:  # pragma: no cover - QuantConfig validates
-        raise ValueError(f"unknown scheme {scheme!r}")
-    return OperandView(q, orientation, outer, k, data, i_st, k_st, scale, *s, amax)
+    data, scale = data.contiguous(), scale.contiguous()
+    outer, k = (q.m, q.k) if orientation == "rowwise" else (q.k, q.m)
+    row_bytes = g.data_shape[1]
+    # NUMERICS: §1 / §4 / §5.9 the contraction runs along the stored rows' columns (rowwise copies and
+    # transposed colwise ones; 4-bit codes packed along it), or down the rows (§3 MXFP8 colwise [M, K]).
+    i_st, k_st = (1, row_bytes) if g.along_rows else (row_bytes, 1)
+    sb = g.scale_block
+    if sb is None:
+        s = (1, 0, 0)  # NUMERICS: §1 one sinv [1] for the whole copy
+    else:
+        ld_s = scale.shape[1]
+        # Scale entry of data (r, c) is (r // sb[0], c // sb[1]) ((j, i) when stored block-major, §4 1-D).
+        if g.along_rows:  # r = k, c = i: entry (kb, i)
+            s = (sb[1], 1, ld_s)
+        elif g.block_major:  # r = i, c = k: entry (kb, i // sb[0])
+            s = (sb[0], 1, ld_s)
+        else:  # r = i, c = k: entry (i // sb[0], kb)
+            s = (sb[0], ld_s, 1)
+    return OperandView(q, orientation, g, outer, k, data, i_st, k_st, scale, *s, getattr(q, f"{orientation}_amax"))
 
 
 def _check_operands(a, b, layout: str, out_dtype, bias, c, method: str) -> tuple[OperandView, OperandView]:
-    for name, q in (("a", a), ("b", b)):
-        if not isinstance(q, QuantizedTensor):
-            raise TypeError(f"{name} must be a QuantizedTensor, got {type(q).__name__}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r} is invalid: expected one of {tuple(LAYOUTS)}")
     if method not in METHODS:
         raise ValueError(f"method={method!r} is invalid: expected one of {METHODS}")
-    if out_dtype == torch.float16:
+    check_gemm(a, b, layout=layout, out_dtype=out_dtype, bias=bias, c=c)  # the spec rules, as the reference
+    if out_dtype not in OUT_DTYPES:
         # A backend gap, not bad input: the reference defines fp16 outputs; native GEMMs write bf16 or
         # fp32 (the cuBLASLt block-scaled modes and the portable kernel's epilogue).
-        raise Unsupported("native GEMMs write bf16 or fp32 outputs; out_dtype=torch.float16 is not implemented")
-    if out_dtype not in OUT_DTYPES:
-        raise ValueError(f"out_dtype={out_dtype} is invalid: expected torch.bfloat16 or torch.float32")
-    fa, fb = _family(a.config.scheme), _family(b.config.scheme)
-    if fa != fb:
-        raise SpecViolation(
-            f"a is {a.config.id} and b is {b.config.id}: a GEMM needs both operands in one scheme family "
-            f"(NUMERICS.md §6); got {fa} x {fb}"
-        )
-    if fa == "fp8_block" and a.config.is_2d and b.config.is_2d:
-        raise SpecViolation(
-            f"fp8_block 2D x 2D GEMM is not allowed (NUMERICS.md §4, §6: 1Dx1D, 1Dx2D, 2Dx1D only); "
-            f"a is {a.config.id}, b is {b.config.id}"
-        )
-    oa, ob = LAYOUTS[layout]
-    av = operand_view(a, oa, "a")
-    bv = operand_view(b, ob, "b")
-    if av.k != bv.k:
-        raise SpecViolation(
-            f"layout {layout}: a {tuple(a.shape)} ({oa}) contracts K={av.k} but b {tuple(b.shape)} ({ob}) "
-            f"contracts K={bv.k}"
-        )
-    tensors = [av.data, av.scale, bv.data, bv.scale]
-    if bias is not None:
-        if not isinstance(bias, torch.Tensor) or bias.dim() != 1 or bias.shape[0] != bv.outer:
-            raise SpecViolation(f"bias must be a [N] = [{bv.outer}] tensor, got {getattr(bias, 'shape', bias)}")
-        tensors.append(bias)
-    if c is not None:
-        if not isinstance(c, torch.Tensor) or tuple(c.shape) != (av.outer, bv.outer):
-            raise SpecViolation(f"c must be an [M, N] = [{av.outer}, {bv.outer}] tensor, got {getattr(c, 'shape', c)}")
-        tensors.append(c)
+        raise Unsupported(f"native GEMMs write bf16 or fp32 outputs; out_dtype={out_dtype} is not implemented")
+    lay = gemm_layout(layout)
+    av, bv = operand_view(a, lay.a, "a"), operand_view(b, lay.b, "b")
+    tensors = [av.data, av.scale, bv.data, bv.scale] + [t for t in (bias, c) if t is not None]
     if not torch.cuda.is_available():
         raise Unsupported("native.gemm needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)")
     devices = {t.device for t in tensors}
@@ -216,34 +168,30 @@ def _cc(device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-def cublaslt_gap(family: str, device) -> str | None:
-    """Why the NUMERICS §6 cuBLASLt row cannot run on `device` (None: it can); cached per process."""
-    device = torch.device(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _cublaslt_gap(family, index)
+def cublaslt_gap(config: QuantConfig, device) -> str | None:
+    """Why the NUMERICS §6 cuBLASLt row of `config`'s scheme cannot run on `device` (None: it can); cached."""
+    return _cublaslt_gap(launcher(config.scheme).CUBLASLT, device_index(torch.device(device)))
 
 
 @functools.lru_cache(maxsize=None)
-def _cublaslt_gap(family: str, device: int) -> str | None:
+def _cublaslt_gap(mode: CublasLtMode, device: int) -> str | None:
     from . import cublaslt
 
     ok, why = cublaslt.available()
     if not ok:
         return why
-    major, minor = _cc(device)
-    sm = f"sm_{major}{minor}"
+    cc = _cc(device)
+    sm = f"sm_{cc[0]}{cc[1]}"
+    if mode.only_cc is not None and cc != mode.only_cc:
+        return (f"{mode.family} cuBLASLt GEMM runs on sm_{mode.only_cc[0]}{mode.only_cc[1]} only (this GPU is {sm}); "
+                "use method='portable'")  # fmt: skip
+    if cc < mode.min_cc:
+        return (f"{mode.family} cuBLASLt GEMM needs sm_{mode.min_cc[0]}{mode.min_cc[1]}+ (this GPU is {sm}); "
+                "use method='portable'")  # fmt: skip
     ver = cublaslt.version()
-    if family == "per_tensor" and (major, minor) < (8, 9):
-        return f"per-tensor FP8 cuBLASLt GEMM needs sm_89+ (this GPU is {sm}); use method='portable'"
-    if family == "fp8_block" and (major, minor) != (9, 0):
-        return f"FP8 block-scaled (VEC128/BLK128x128) cuBLASLt GEMM runs on sm_90 only (this GPU is {sm}); use method='portable'"
-    if family == "mxfp8" and major < 10:
-        return f"MXFP8 cuBLASLt GEMM needs sm_100+ (this GPU is {sm}); use method='portable'"
-    if family == "nvfp4" and major < 10:
-        return f"NVFP4 cuBLASLt GEMM needs sm_100+ (this GPU is {sm}); use method='portable'"
-    if ver < CUBLAS_MIN[family]:
-        need = cublaslt.version_string(CUBLAS_MIN[family])
-        return f"{family} cuBLASLt GEMM needs cuBLAS >= {need}, found {cublaslt.version_string(ver)}; use method='portable'"
+    if ver < mode.cublas_min:
+        need = cublaslt.version_string(mode.cublas_min)
+        return f"{mode.family} cuBLASLt GEMM needs cuBLAS >= {need}, found {cublaslt.version_string(ver)}; use method='portable'"
     return None
 
 
@@ -267,24 +215,24 @@ def resolve_method(config: QuantConfig, method: str = "auto", device=None) -> tu
     if not torch.cuda.is_available():
         raise Unsupported("native.gemm needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)")
     device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    family = _family(config.scheme)
-    if method == "cublaslt_fast_accum" and family != "per_tensor":
+    mode = launcher(config.scheme).CUBLASLT
+    if method == "cublaslt_fast_accum" and not mode.fast_accum:
         raise Unsupported(
             f"fast accumulation is a per-tensor FP8 option (NUMERICS.md §6); {config.id} uses the split accumulator"
         )
     if method in ("cublaslt", "cublaslt_fast_accum"):
-        gap = cublaslt_gap(family, device)
+        gap = cublaslt_gap(config, device)
         if gap:
             raise Unsupported(gap)
-        return method, f"{method}: {family} scale mode on sm_{''.join(map(str, _cc(device)))}"
+        return method, f"{method}: {mode.family} scale mode on sm_{''.join(map(str, _cc(device)))}"
     if method == "portable":
         gap = portable_gap()
         if gap:
             raise Unsupported(gap)
         return "portable", "portable block-scaled kernel (NUMERICS.md §6 portable order)"
-    gap = cublaslt_gap(family, device)
+    gap = cublaslt_gap(config, device)
     if gap is None:
-        return "cublaslt", f"auto -> cublaslt ({family} on sm_{''.join(map(str, _cc(device)))})"
+        return "cublaslt", f"auto -> cublaslt ({mode.family} on sm_{''.join(map(str, _cc(device)))})"
     pgap = portable_gap()
     if pgap:
         raise Unsupported(f"no native GEMM for {config.id}: {gap}; portable: {pgap}")
@@ -327,17 +275,6 @@ def gemm(
         return _cublaslt(av, bv, out_dtype, bias, c, fast_accum=resolved == "cublaslt_fast_accum")
 
 
-def _alpha(av: OperandView, bv: OperandView) -> torch.Tensor | None:
-    """NVFP4 global alpha from the consumed copies' amaxes (NUMERICS §5.8), fp32 [1] on the device."""
-    if av.config.scheme != "nvfp4":
-        return None
-    if av.amax is None or bv.amax is None:
-        raise SpecViolation("nvfp4 GEMM needs the amax of each consumed copy (NUMERICS.md §5.8 alpha)")
-    from reference.nvfp4 import gemm_alpha
-
-    return gemm_alpha(av.amax, bv.amax).reshape(1).to(torch.float32).contiguous()
-
-
 # ---- portable kernel ------------------------------------------------------------------------
 
 
@@ -367,42 +304,47 @@ def kernel_defines(a_config: QuantConfig, b_config: QuantConfig, out_dtype: torc
     d.update(_element_defines("A", a_config.element))
     d.update(_element_defines("B", b_config.element))
     # NUMERICS: §6 blockwise - 2D(a) x 1D(b) applies b's (the 1-D operand's) scale first.
-    d["SCALE_B_FIRST"] = int(_is_2d_fp8_block(a_config) and not _is_2d_fp8_block(b_config))
+    d["SCALE_B_FIRST"] = int(_tile_scaled(a_config) and not _tile_scaled(b_config))
     d["OUT_BF16"] = int(out_dtype == torch.bfloat16)
     return d
 
 
+def _tile_scaled(config: QuantConfig) -> bool:
+    """One scale entry per 2-D tile (NUMERICS §4 128x128; the §6 scale order of a 1-D x 2-D GEMM)."""
+    return config.is_2d and config.scheme_row.scale_per_tile
+
+
 def _portable(av: OperandView, bv: OperandView, out_dtype, bias, c) -> torch.Tensor:
-    import numpy as np
-
-    from ._compile import load_module
-
     m, n, k = av.outer, bv.outer, av.k
     device = av.data.device
     out = torch.empty((m, n), dtype=out_dtype, device=device)
     if m == 0 or n == 0:
         return out
-    alpha = _alpha(av, bv)
     bias32 = None if bias is None else bias.to(torch.float32).contiguous()  # exact widening
     c32 = None if c is None else c.to(torch.float32).contiguous()  # exact for bf16/fp16/fp32 C
     # NUMERICS: §6 epilogue - fp8_block: bias, RN_out, D = RN_out(C + RN_out(Y)); the others:
     # RN(Y + C) in fp32, then RN(. + bias), then RN_out (reference.gemm's order).
-    epilogue = 1 if av.config.scheme == "fp8_block" else 0
-    dev_index = device.index if device.index is not None else torch.cuda.current_device()
-    with torch.cuda.device(dev_index):
+    epilogue = int(launcher(av.config.scheme).BLOCKWISE_EPILOGUE)
+    index = device_index(device)
+    with torch.cuda.device(index):
+        from ._compile import load_module
+
         module = load_module(CU_FILE, kernel_defines(av.config, bv.config, out_dtype))
+    # The kernel reads the global amaxes only in builds with an alpha (NUMERICS §5.8: nvfp4).
+    amax_a = None if av.amax is None else av.amax.to(torch.float32).contiguous()
+    amax_b = None if bv.amax is None else bv.amax.to(torch.float32).contiguous()
     grid = (math.ceil(n / TILE_N), math.ceil(m / TILE_M), 1)
     args = (
         av.data, np.int64(av.i_stride), np.int64(av.k_stride), av.scale,
         np.int64(av.s_idiv), np.int64(av.s_istride), np.int64(av.s_kstride),
         bv.data, np.int64(bv.i_stride), np.int64(bv.k_stride), bv.scale,
         np.int64(bv.s_idiv), np.int64(bv.s_istride), np.int64(bv.s_kstride),
-        alpha, bias32, c32, np.int32(epilogue), out,
+        amax_a, amax_b, bias32, c32, np.int32(epilogue), out,
         np.int64(m), np.int64(n), np.int64(k),
     )  # fmt: skip
-    launch(module, KERNEL, grid, BLOCK_DIM, args, dev_index)
+    launch(module, KERNEL, grid, BLOCK_DIM, args, index)
     # Keep the temporaries alive until the kernel has run on torch's stream.
-    for t in (alpha, bias32, c32):
+    for t in (amax_a, amax_b, bias32, c32):
         if t is not None:
             t.record_stream(torch.cuda.current_stream(device))
     return out
@@ -413,25 +355,10 @@ def _portable(av: OperandView, bv: OperandView, out_dtype, bias, c) -> torch.Ten
 
 def _lt_operand(v: OperandView, lt_mod):
     """An LtOperand for one view: the scale tensor in the layout cuBLASLt expects for its mode."""
-    scheme = v.config.scheme
-    if scheme in PER_TENSOR:
-        scale, mode = v.scale.to(torch.float32).reshape(1), lt_mod.SCALAR_32F
-    elif scheme == "fp8_block":
-        # NUMERICS: §4 - the stored sinv layouts are the ones cuBLASLt reads (TE passes them
-        # unchanged): 1-D [ceil(K/128), roundup(outer,4)] entry [kb, i]; 2-D [ceil(outer/128),
-        # roundup(ceil(K/128),4)] entry [ib, kb].
-        scale, mode = v.scale, (lt_mod.BLK128x128_32F if v.config.is_2d else lt_mod.VEC128_32F)
-    else:
-        from reference.layouts import swizzle_scales
-
-        # NUMERICS: §3 / §5.9 swizzled scales (MXFP8 colwise: S_c transposed; NVFP4 as is).
-        scale = swizzle_scales(v.q, v.orientation).contiguous()
-        mode = lt_mod.VEC32_UE8M0 if scheme == "mxfp8" else lt_mod.VEC16_UE4M3
-    if v.k_contiguous:
-        ld = v.i_stride * (2 if scheme == "nvfp4" else 1)  # leading dimension in elements
-    else:
-        ld = v.k_stride
-    return lt_mod.LtOperand(v.data, v.element, v.outer, v.k_contiguous, ld, scale, mode)
+    lt = launcher(v.config.scheme).lt_scale(v)
+    # Leading dimension in elements: codes per stored row (4-bit codes are packed two to a byte).
+    ld = v.i_stride * v.geometry.codes_per_byte if v.k_contiguous else v.k_stride
+    return lt_mod.LtOperand(v.data, v.element, v.outer, v.k_contiguous, ld, lt.scale, lt.mode)
 
 
 def _bf16_exact(t: torch.Tensor) -> bool:
@@ -443,18 +370,19 @@ def _cublaslt(av: OperandView, bv: OperandView, out_dtype, bias, c, *, fast_accu
 
     m, n, k = av.outer, bv.outer, av.k
     device = av.data.device
-    family = _family(av.config.scheme)
+    scheme = launcher(av.config.scheme)
+    mode = scheme.CUBLASLT
     if av.element == "e5m2" and bv.element == "e5m2":
         raise Unsupported("cuBLASLt FP8 GEMMs do not support e5m2 x e5m2 (cuBLAS FP8 type table); use method='portable'")
-    if not (av.k_contiguous and bv.k_contiguous) and (family != "mxfp8"):
-        raise Unsupported(f"{family} cuBLASLt GEMM needs K-contiguous operands (TN only, NUMERICS.md §6)")
-    if family == "fp8_block" and (k % 16 or m % 8 or n % 8):
+    if not (av.k_contiguous and bv.k_contiguous) and not mode.any_layout:
+        raise Unsupported(f"{mode.family} cuBLASLt GEMM needs K-contiguous operands (TN only, NUMERICS.md §6)")
+    if mode.aligned and (k % 16 or m % 8 or n % 8):
         # TE cublaslt_gemm.cu: lda, ldb % 16 == 0 and the outer dims % 8 == 0 for block scaling.
         raise Unsupported(
-            f"fp8_block cuBLASLt GEMM needs K % 16 == 0 and M, N % 8 == 0 (got M={m}, N={n}, K={k}); use method='portable'"
+            f"{mode.family} cuBLASLt GEMM needs K % 16 == 0 and M, N % 8 == 0 (got M={m}, N={n}, K={k}); "
+            "use method='portable'"
         )
-    alpha_t = _alpha(av, bv)
-    alpha = float(alpha_t.item()) if alpha_t is not None else 1.0  # exact fp32 value, host pointer mode
+    alpha = scheme.lt_alpha(av, bv)  # exact fp32 value, host pointer mode
     la, lb = _lt_operand(av, lt_mod), _lt_operand(bv, lt_mod)
 
     bias_lt = None
@@ -468,11 +396,11 @@ def _cublaslt(av: OperandView, bv: OperandView, out_dtype, bias, c, *, fast_accu
         else:
             out = torch.empty((m, n), dtype=out_dtype, device=device)
         return lt_mod.scaled_matmul(la, lb, k, out, accumulate=c is not None, bias=bias_lt, alpha=alpha, fast_accum=fast_accum)
-    # Emulated epilogue: fp32 Y from cuBLASLt, then RN(Y + C), RN(. + bias), RN_out (reference.gemm's
-    # order for every scheme cuBLASLt runs here but fp8_block, whose order is RN_out(C + RN_out(Y + bias))).
+    # Emulated epilogue: fp32 Y from cuBLASLt, then reference.gemm's epilogue order: RN(Y + C), RN(. + bias),
+    # RN_out, or for the blockwise order RN_out(C + RN_out(Y + bias)).
     y = torch.empty((m, n), dtype=torch.float32, device=device)
     lt_mod.scaled_matmul(la, lb, k, y, alpha=alpha, fast_accum=fast_accum)
-    if family == "fp8_block":
+    if scheme.BLOCKWISE_EPILOGUE:
         if bias is not None:
             y = y + bias.to(torch.float32)  # NUMERICS: §6 blockwise bias in fp32, then RN_out
         z = y.to(out_dtype)

@@ -183,7 +183,7 @@ _declare("nvfp4_dequantize",
 _declare("block_scaled_gemm",
          "const u8* a_data, i64 a_is, i64 a_ks, const void* a_scale, i64 a_s_idiv, i64 a_s_is, i64 a_s_ks, "
          "const u8* b_data, i64 b_is, i64 b_ks, const void* b_scale, i64 b_s_idiv, i64 b_s_is, i64 b_s_ks, "
-         "const float* alpha_ptr, const float* bias, const float* c_in, int epilogue, void* out, "
+         "const float* amax_a, const float* amax_b, const float* bias, const float* c_in, int epilogue, void* out, "
          "i64 M, i64 N, i64 K")  # fmt: skip
 
 

@@ -97,3 +97,30 @@ def launch(module, name: str, grid: int | tuple, block: int | tuple, args: Seque
         fn = _FUNCTIONS[key] = module.get_function(name).kernel.ptr
     cupy.cuda.driver.launchKernel(fn, *_dims(grid), *_dims(block), int(shared_mem), _raw_stream()(device_index),
                                   pack_params(name, args), 0)  # fmt: skip
+
+
+def device_index(device: torch.device) -> int:
+    """The CUDA ordinal of `device` (torch's current device for a bare "cuda")."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@functools.cache
+def module_for(cu_file: str, config, index: int):
+    """The compiled module of `cu_file` for `config` on CUDA device `index` (cached per file, config, device);
+    its defines are `native._compile.defines_for(config)`."""
+    from . import _compile
+
+    with torch.cuda.device(index):
+        arch = _compile.device_arch(index)
+        return _compile.load_module(cu_file, _compile.defines_for(config), arch=arch)
+
+
+@functools.cache
+def sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def grid_stride_blocks(n: int, threads: int, index: int) -> int:
+    """CTAs for a grid-stride loop over `n` items with `threads` threads a CTA: enough to cover them, at most
+    32 per SM."""
+    return max(1, min(-(-n // threads), sm_count(index) * 32))

@@ -23,13 +23,9 @@ def modules_for(op: str, config: QuantConfig, *, b_config: QuantConfig | None = 
     from . import _compile
 
     if op in ("quantize", "dequantize"):
-        if config.scheme == "nvfp4":
-            from .nvfp4 import CU_FILE, module_defines
+        from .launchers import launcher
 
-            return [(CU_FILE, module_defines(config))]
-        from .quantize import CU_FILES
-
-        return [(CU_FILES[config.scheme], _compile.defines_for(config))]
+        return [(launcher(config.scheme).CU_FILE, _compile.defines_for(config))]
     if op == "gemm":
         from .gemm import CU_FILE, kernel_defines, resolve_method
 

@@ -26,13 +26,18 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from reference import layouts
-from reference.formats import RHT_SIZE, QuantConfig
+from reference.formats import FORMATS, RHT_SCALE, RHT_SIGN_MASK, RHT_SIZE, QuantConfig
+from reference.layouts import copy_geometry, geometry_of
 from reference.types import QuantizedTensor, SpecViolation, SRSeed
 
-from .launch import launch
+from . import swizzle
+from .launch import device_index, launch, module_for
+from .launchers import CublasLtMode, LtScale
 
 CU_FILE = "nvfp4.cu"
+# NUMERICS: §6 table - VEC16_UE4M3 + alpha on sm_100+, cuBLAS >= 12.8, TN only.
+CUBLASLT = CublasLtMode(family="nvfp4", min_cc=(10, 0), cublas_min=120800)
+BLOCKWISE_EPILOGUE = False  # NUMERICS: §6 RN(Y + C), RN(. + bias), RN_out
 
 THREADS = 256  # a multiple of 32: the amax reductions use full-warp shuffles (nvfp4.cu NVFP4_THREADS)
 MAX_BLOCKS = 1 << 20  # kernels are grid-stride loops; this only caps the launch size
@@ -53,22 +58,35 @@ _MASK32 = 0xFFFFFFFF
 Launcher = Callable[..., None]
 
 
-def module_defines(config: QuantConfig) -> dict[str, int | float | str]:
-    """The complete define set nvfp4.cu is compiled with for `config`."""
-    from . import _compile
+def scheme_defines(config: QuantConfig) -> dict[str, int | float | str]:
+    """nvfp4.cu's own defines: the copy modes and the global-scale and RHT constants."""
+    from ._compile import recip
 
-    return _compile.defines_for(config)
+    gmax = config.element_format.max_finite * FORMATS[config.scheme_row.scale_format].max_finite  # 2688, exact
+    return {
+        "RHT": int(config.rht),
+        "STOCHASTIC": int(config.stochastic),
+        "NVFP4_GLOBAL_MAX": float(gmax),
+        "NVFP4_RECIP_GLOBAL_MAX": recip(gmax),
+        "NVFP4_RECIP_ALPHA": recip(gmax * gmax),
+        # NUMERICS: §5.6 the RHT constants, from the formats.py row.
+        "NVFP4_RHT_SIZE": RHT_SIZE,
+        "NVFP4_RHT_SIGN_MASK": RHT_SIGN_MASK,
+        "NVFP4_RHT_SCALE": RHT_SCALE,
+    }
+
+
+def nvcc_check_config(scheme: str) -> QuantConfig:
+    """The config the nvcc check builds: RHT and stochastic rounding on (every code path)."""
+    return QuantConfig(scheme, rht=True, stochastic=True)
 
 
 class CupyLauncher:
     """Launches nvfp4.cu kernels of one config on torch's current stream (`native.launch`)."""
 
     def __init__(self, config: QuantConfig, device: torch.device):
-        from . import _compile
-
-        self._device_index = device.index if device.index is not None else torch.cuda.current_device()
-        with torch.cuda.device(self._device_index):
-            self._module = _compile.load_module(CU_FILE, module_defines(config))
+        self._device_index = device_index(device)
+        self._module = module_for(CU_FILE, config, self._device_index)
 
     def __call__(
         self, name: str, n_units: int, args: Sequence, max_blocks: int = MAX_BLOCKS, units_per_block: int = THREADS
@@ -85,26 +103,7 @@ def _cached_launcher(config: QuantConfig, device_index: int) -> CupyLauncher:
 
 
 def _launcher(config: QuantConfig, device: torch.device) -> Launcher:
-    return _cached_launcher(config, device.index if device.index is not None else torch.cuda.current_device())
-
-
-def _check(x2d: torch.Tensor, config: QuantConfig) -> None:
-    if config.scheme != "nvfp4":
-        raise SpecViolation(f"native.nvfp4 quantizes nvfp4 configs, got {config.id}")
-    if x2d.dtype not in _SUFFIX:
-        raise SpecViolation(
-            f"{config.id}: input dtype {x2d.dtype} is not allowed; expected float32, bfloat16 or float16"
-        )
-    blk = config.block
-    if x2d.dim() != 2 or x2d.shape[0] % blk or x2d.shape[1] % blk or x2d.numel() == 0:
-        raise SpecViolation(
-            f"{config.id}: NVFP4 needs a 2-D [M, K] input with M and K multiples of {blk} (NUMERICS.md §5.5); "
-            f"got shape {tuple(x2d.shape)}"
-        )
-    if config.rht and x2d.dtype != torch.bfloat16:
-        raise SpecViolation(f"{config.id}: RHT needs a bfloat16 input (NUMERICS.md §5.6), got {x2d.dtype}")
-    if RHT_SIZE != blk:
-        raise SpecViolation(f"{config.id}: the RHT chunk ({RHT_SIZE}) must equal the NVFP4 block ({blk})")
+    return _cached_launcher(config, device_index(device))
 
 
 def _i64(v: int) -> np.int64:
@@ -154,8 +153,9 @@ def quantize_with(
             copies += [None, None, _i64(0), None, np.uint32(0)]
             pads += [None, _i64(0), _i64(0)]
             continue
-        data = torch.empty(layouts.data_shape(config, orientation, m, k), dtype=torch.uint8, device=dev)
-        scale = torch.empty(layouts.scale_padded_shape(config, orientation, m, k), dtype=torch.uint8, device=dev)
+        g = copy_geometry(config, orientation, m, k)
+        data = torch.empty(g.data_shape, dtype=torch.uint8, device=dev)
+        scale = torch.empty(g.scale_padded_shape, dtype=torch.uint8, device=dev)
         copies += [data, scale, _i64(scale.shape[1]), a_g, stream]
         pads += [scale, _i64(scale.shape[1]), _i64(scale.shape[0])]
         out.update({f"{orientation}_data": data, f"{orientation}_scale": scale, f"{orientation}_amax": a_g})
@@ -178,15 +178,11 @@ def quantize_with(
 def quantize_2d(
     x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, rng: SRSeed | None = None, state=None
 ) -> dict:
-    """NVFP4 copies of a CUDA [M, K] tensor as QuantizedTensor fields (NUMERICS.md §5; `state` unused)."""
-    _check(x2d, config)
+    """NVFP4 copies of a CUDA [M, K] tensor, already checked by `reference.spec.check_quantize`, as
+    QuantizedTensor fields (NUMERICS.md §5; `state` unused)."""
     if not x2d.is_cuda:
         raise SpecViolation(f"{config.id}: native.nvfp4 needs a CUDA tensor, got device {x2d.device}")
-    if not (rowwise or colwise):
-        raise SpecViolation("quantize needs rowwise=True or colwise=True; both were False")
     seed = SRSeed.coerce(rng) if config.stochastic else None
-    if config.stochastic and seed is None:
-        raise SpecViolation(f"{config.id}: stochastic rounding needs rng=(seed, stream) (NUMERICS.md §5.7)")
     x2d = x2d.contiguous()
     if x2d.data_ptr() % 16:  # the kernels use 16-byte vector loads along rows
         x2d = x2d.clone()
@@ -216,3 +212,34 @@ def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torc
     if not data.is_cuda:
         raise SpecViolation(f"native.nvfp4.dequantize needs CUDA tensors, got device {data.device}")
     return dequantize_with(_launcher(q.config, data.device), q, orientation, dtype)
+
+
+# ---- GEMM ------------------------------------------------------------------------------------
+
+
+def recip_alpha_range() -> np.float32:
+    """fl(1 / (E2M1 max * E4M3 max)^2) = fl(1/7225344), from the format rows (NUMERICS: §5.8, the
+    constant the kernels get as NVFP4_RECIP_ALPHA)."""
+    global_max = np.float32(FORMATS["e2m1"].max_finite) * np.float32(FORMATS["e4m3"].max_finite)  # 2688, exact
+    return np.float32(1.0) / (global_max * global_max)  # 7225344 exact in fp32; one RN division
+
+
+def alpha(amax_a: float | np.floating, amax_b: float | np.floating) -> np.float32:
+    """alpha = RN(RN(A_g,a * A_g,b) * fl(1/7225344)) in fp32 host arithmetic (NUMERICS: §5.8 - multiply by the
+    reciprocal, never divide; both products one RN each). numpy float32 arithmetic keeps subnormals."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        return np.float32(np.float32(amax_a) * np.float32(amax_b)) * recip_alpha_range()
+
+
+def lt_scale(view) -> LtScale:
+    """The consumed copy's E4M3 block scales, swizzled (NUMERICS §5.9: each compact matrix as is)."""
+    g = geometry_of(view.q, view.orientation)
+    return LtScale(swizzle.swizzled(view.scale, g.scale_valid_shape, transposed=g.swizzle_transposed),
+                   "VEC16_UE4M3")  # fmt: skip
+
+
+def lt_alpha(a_view, b_view) -> float:
+    """cuBLASLt's host alpha from the consumed copies' global amaxes (NUMERICS §5.8)."""
+    a = a_view.amax.reshape(1).to(torch.float32).cpu().numpy()[0]
+    b = b_view.amax.reshape(1).to(torch.float32).cpu().numpy()[0]
+    return float(alpha(a, b))

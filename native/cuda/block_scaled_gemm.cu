@@ -16,7 +16,8 @@
 //       SCALE_KIND 2 (mxfp8, UE8M0):        y = FMA32(RN(p·D(e_a)), D(e_b), y)
 //       SCALE_KIND 3 (nvfp4, UE4M3):        y = FMA32(p, RN(s_a·s_b), y)  (s_a·s_b and p·s_a·s_b exact)
 //   SCALE_KIND 0 (per-tensor, fp32 sinv): one p over all of K, then y = RN(RN(p·sinv_a)·sinv_b)
-//   y = RN(alpha·y) if HAS_ALPHA (nvfp4 §5.8 alpha)
+//   y = RN(alpha·y) if HAS_ALPHA (nvfp4 §5.8 alpha = RN(RN(amax_a·amax_b)·NVFP4_RECIP_ALPHA), computed here
+//   from the consumed copies' global amaxes)
 //   epilogue 0 (all but fp8_block; NVFP4 §6, cuBLASLt's alpha·AB + beta·C, then its BIAS epilogue):
 //                  y = RN(y + C) if C (C read as fp32); y = RN(y + bias[n]) if bias; out = RN_out(y)
 //   epilogue 1 (fp8_block §6, TE's cuBLAS-matching order):
@@ -183,7 +184,7 @@ block_scaled_gemm(const u8* __restrict__ a_data, i64 a_is, i64 a_ks, const void*
                   i64 a_s_idiv, i64 a_s_is, i64 a_s_ks,
                   const u8* __restrict__ b_data, i64 b_is, i64 b_ks, const void* __restrict__ b_scale,
                   i64 b_s_idiv, i64 b_s_is, i64 b_s_ks,
-                  const float* __restrict__ alpha_ptr, const float* __restrict__ bias,
+                  const float* __restrict__ amax_a, const float* __restrict__ amax_b, const float* __restrict__ bias,
                   const float* __restrict__ c_in, int epilogue, void* __restrict__ out,
                   i64 M, i64 N, i64 K) {
   __shared__ float lut_a[1 << A_BITS];
@@ -302,7 +303,8 @@ block_scaled_gemm(const u8* __restrict__ a_data, i64 a_is, i64 a_ks, const void*
 #endif
 
 #if HAS_ALPHA
-  const float alpha = alpha_ptr[0];
+  // NUMERICS: §5.8 alpha = RN(RN(A_g,a * A_g,b) * fl(1/7225344)): multiplied by the reciprocal, never divided.
+  const float alpha = __fmul_rn(__fmul_rn(amax_a[0], amax_b[0]), NVFP4_RECIP_ALPHA);
 #endif
 #pragma unroll
   for (int i = 0; i < RM; ++i) {

@@ -560,10 +560,10 @@ def precompile() -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from native import _compile
-    from native.quantize import CU_FILES
+    from native.launchers import launcher
 
     arch = _compile.device_arch()
-    jobs = {(CU_FILES[c.scheme], c.id): c for c in CURRENT + BLOCK + MX + DELAYED}
+    jobs = {(launcher(c.scheme).CU_FILE, c.id): c for c in CURRENT + BLOCK + MX + DELAYED}
     with ThreadPoolExecutor(16) as ex:
         list(ex.map(lambda kv: _compile.compile_cubin(kv[0][0], _compile.defines_for(kv[1]), arch), jobs.items()))
     print(f"precompiled {len(jobs)} modules for {arch}")

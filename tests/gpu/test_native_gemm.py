@@ -20,10 +20,10 @@ import pytest
 import torch
 
 import reference
-from native.gemm import LAYOUTS, kernel_defines, operand_view, supports_gemm
+from native.gemm import kernel_defines, operand_view, supports_gemm
 from reference import casts, fp32
 from reference.formats import E4M3, FORMATS, QuantConfig
-from reference.layouts import scale_padded_shape
+from reference.layouts import gemm_layout, scale_padded_shape
 from reference.types import QuantizedTensor, SpecViolation, Unsupported
 
 native_gemm = __import__("native").gemm  # the function (it shadows the submodule name)
@@ -185,13 +185,13 @@ def _blank(config, shape, orientations):
 
 def test_spec_violations_name_the_problem():
     blk1, blk2 = QuantConfig("fp8_block"), QuantConfig("fp8_block", tile=(128, 128))
-    with pytest.raises(SpecViolation, match="2D x 2D"):
+    with pytest.raises(SpecViolation, match="2-D x 2-D"):
         native_gemm(_blank(blk2, (128, 256), ["rowwise"]), _blank(blk2, (128, 256), ["rowwise"]))
     with pytest.raises(SpecViolation, match="colwise"):
         native_gemm(_blank(blk1, (128, 256), ["rowwise"]), _blank(blk1, (256, 128), ["rowwise"]), layout="NN")
     with pytest.raises(SpecViolation, match="K="):
         native_gemm(_blank(blk1, (128, 256), ["rowwise"]), _blank(blk1, (128, 128), ["rowwise"]))
-    with pytest.raises(SpecViolation, match="scheme family"):
+    with pytest.raises(SpecViolation, match="a GEMM takes one scheme"):
         native_gemm(_blank(blk1, (128, 256), ["rowwise"]), _blank(QuantConfig("mxfp8"), (128, 256), ["rowwise"]))
 
 
@@ -285,7 +285,7 @@ def random_operand(config, outer, k, *, exact, gen, device, outer_is_rows, orien
 def make_pair(a_cfg, b_cfg, layout, m, n, k, *, exact, seed, device, amax=2688.0):
     """(a, b) QuantizedTensors for `layout` holding only the consumed copies."""
     gen = torch.Generator().manual_seed(seed)
-    oa, ob = LAYOUTS[layout]
+    oa, ob = gemm_layout(layout).consumes
     am = torch.tensor([amax]) if a_cfg.scheme == "nvfp4" else None
     a = random_operand(a_cfg, m, k, exact=exact, gen=gen, device=device, outer_is_rows=(oa == "rowwise"),
                        orientation=oa, amax=am)
@@ -296,7 +296,7 @@ def make_pair(a_cfg, b_cfg, layout, m, n, k, *, exact, seed, device, amax=2688.0
 
 def exact_oracle(a, b, layout, out_dtype, bias=None, c=None):
     """RN_out of the exact Y (fp64; exact for exact-representable operands) + bias + C."""
-    oa, ob = LAYOUTS[layout]
+    oa, ob = gemm_layout(layout).consumes
     va, vb = operand_view(a, oa, "a"), operand_view(b, ob, "b")
     if a.config.scheme == "nvfp4":
         from reference.nvfp4 import gemm_alpha
@@ -324,7 +324,7 @@ def exact_oracle(a, b, layout, out_dtype, bias=None, c=None):
 
 def replay_portable(a, b, layout, out_dtype, bias=None, c=None):
     """PyTorch replay of block_scaled_gemm.cu's documented order (eager fp32 ops, FMA32 emulated)."""
-    oa, ob = LAYOUTS[layout]
+    oa, ob = gemm_layout(layout).consumes
     va, vb = operand_view(a, oa, "a"), operand_view(b, ob, "b")
     xa, sa = view_decoded(va)
     xb, sb = view_decoded(vb)
@@ -468,7 +468,7 @@ def test_cublaslt_per_tensor_equals_torch_scaled_mm(fast_accum, layout, hybrid):
     dev = torch.device("cuda")
     m, n, k = 256, 192, 512
     a, b = make_pair(a_cfg, b_cfg, layout, m, n, k, exact=False, seed=21, device=dev)
-    oa, ob = LAYOUTS[layout]
+    oa, ob = gemm_layout(layout).consumes
     va, vb = operand_view(a, oa, "a"), operand_view(b, ob, "b")
     fp8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
     a8 = va.data.view(fp8[a_cfg.element]).reshape(m, k)
@@ -505,7 +505,7 @@ def test_cublaslt_exact_representable_bit_exact(cfg_id, a_cfg, b_cfg, layout):
 def hardware_partials_blockwise(a, b, layout, out_dtype):
     """NUMERICS §6 / TE blockwise_fp8_gemm_reference: per 128-K block p from the tensor cores
     (torch._scaled_mm, scales 1, fp32 out, split accumulator), then FMA32 in the documented order."""
-    oa, ob = LAYOUTS[layout]
+    oa, ob = gemm_layout(layout).consumes
     va, vb = operand_view(a, oa, "a"), operand_view(b, ob, "b")
     _, sa = view_decoded(va)
     _, sb = view_decoded(vb)
@@ -629,7 +629,7 @@ def test_auto_on_quantized_data_close_to_reference_gemm(cfg_id, a_cfg, b_cfg, la
     dev = torch.device("cuda")
     m, n, k = 128, 96, 256
     gen = torch.Generator().manual_seed(61)
-    dims_a = (m, k) if LAYOUTS[layout][0] == "rowwise" else (k, m)
+    dims_a = (m, k) if gemm_layout(layout).consumes[0] == "rowwise" else (k, m)
     dims_b = {"TN": (n, k), "NN": (k, n), "NT": (k, n)}[layout]
     xa = (torch.randn(dims_a, generator=gen) * 2).to(dev)
     xb = torch.randn(dims_b, generator=gen).to(dev)
@@ -638,7 +638,7 @@ def test_auto_on_quantized_data_close_to_reference_gemm(cfg_id, a_cfg, b_cfg, la
     bias = torch.randn(n, generator=gen).to(dev)
     got = native_gemm(a, b, layout=layout, out_dtype=torch.float32, bias=bias)
     want = reference.gemm(a, b, layout=layout, out_dtype=torch.float32, bias=bias)
-    oa, ob = LAYOUTS[layout]
+    oa, ob = gemm_layout(layout).consumes
     ha = reference.dequantize(a, oa, torch.float32).double()
     hb = reference.dequantize(b, ob, torch.float32).double()
     ha = ha if oa == "rowwise" else ha.t()

@@ -28,7 +28,7 @@ def test_precompile_fills_the_cache_that_quantize_and_gemm_then_use(tmp_path, mo
     monkeypatch.setenv("NUMERICS_HARNESS_CACHE", str(tmp_path))
     monkeypatch.setattr(_compile, "_MODULES", {})  # this process loads modules afresh from the new cache
     # (`native.quantize` is the function; the modules are looked up by name)
-    caches = [importlib.import_module("native.quantize")._module_for,
+    caches = [importlib.import_module("native.launch").module_for,
               importlib.import_module("native.nvfp4")._cached_launcher]
     for cached in caches:
         cached.cache_clear()

@@ -261,12 +261,12 @@ def test_nvcc_check_fails_on_a_broken_file(tmp_path, monkeypatch):
 
 def test_modules_for_names_the_file_and_defines_each_quantizer_loads():
     from native.modules import modules_for
-    from native.nvfp4 import CU_FILE as NVFP4_CU
-    from native.quantize import CU_FILES
 
+    files = {"fp8_current": "fp8_per_tensor.cu", "fp8_delayed": "fp8_per_tensor.cu", "mxfp8": "mxfp8.cu",
+             "fp8_block": "fp8_block.cu", "nvfp4": "nvfp4.cu"}
     for cfg in (QuantConfig("fp8_current"), QuantConfig("fp8_delayed"), QuantConfig("mxfp8", tile=(32, 32)),
                 QuantConfig("fp8_block", element="e5m2"), QuantConfig("nvfp4", rht=True, stochastic=True)):
-        want = NVFP4_CU if cfg.scheme == "nvfp4" else CU_FILES[cfg.scheme]
+        want = files[cfg.scheme]
         for op in ("quantize", "dequantize"):
             assert modules_for(op, cfg) == [(want, _compile.defines_for(cfg))]
     with pytest.raises(ValueError, match="'transpose'"):

@@ -1,0 +1,85 @@
+"""Native FP8 blockwise 1x128 / 128x128 (fp32 sinv per block): the kernels of native/cuda/fp8_block.cu.
+
+Source: NUMERICS.md §4 (rowwise [M, K], colwise [K, M], the stored sinv layouts cuBLASLt reads as they
+are), §6 (VEC128_32F / BLK128x128_32F on sm_90, the blockwise epilogue order). The launcher module of
+"fp8_block" (`native.launchers`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from reference.formats import QuantConfig
+from reference.layouts import copy_geometry
+from reference.types import QuantizedTensor
+
+from .launch import device_index, grid_stride_blocks, launch, module_for
+from .launchers import CublasLtMode, LtScale
+from .per_tensor import ELEMENTWISE_THREADS, SUFFIX, THREADS, n_tiles, vec_flags
+
+CU_FILE = "fp8_block.cu"
+# NUMERICS: §6 table - VEC128_32F / BLK128x128_32F on sm_90 only, cuBLAS >= 12.9, TN only, aligned.
+CUBLASLT = CublasLtMode(family="fp8_block", min_cc=(9, 0), only_cc=(9, 0), cublas_min=120900, aligned=True)
+BLOCKWISE_EPILOGUE = True  # NUMERICS: §6 blockwise - bias, RN_out, then RN_out(C + RN_out(Y))
+
+
+def scheme_defines(config) -> dict[str, int | float | str]:
+    """No defines beyond `native._compile.defines_for`'s format rows."""
+    return {}
+
+
+def nvcc_check_config(scheme: str) -> QuantConfig:
+    """The config the nvcc check builds: the scheme's defaults."""
+    return QuantConfig(scheme)
+
+
+def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=None, state=None) -> dict:
+    """FP8 blockwise 1x128 / 128x128 (NUMERICS §4): rowwise [M, K], colwise [K, M], fp32 sinv layouts."""
+    dev = x2d.device
+    index = device_index(dev)
+    m, k = x2d.shape
+    f32 = dict(dtype=torch.float32, device=dev)
+    q_row = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None  # (M, K)
+    q_col = torch.empty((k, m), dtype=torch.uint8, device=dev) if colwise else None  # (K, M)
+    # The kernel writes every scale, the zero padding included (fp8_block.cu), so no memset is needed.
+    s_r = torch.empty(copy_geometry(config, "rowwise", m, k).scale_padded_shape, **f32) if rowwise else None
+    s_c = torch.empty(copy_geometry(config, "colwise", m, k).scale_padded_shape, **f32) if colwise else None
+    vec_in, vec_row, vec_col = vec_flags(x2d, q_row, q_col)
+    ld_r = s_r.shape[1] if s_r is not None else 0
+    ld_c = s_c.shape[1] if s_c is not None else 0
+    launch(module_for(CU_FILE, config, index), f"fp8_block_quantize_{SUFFIX[x2d.dtype]}", n_tiles(m, k), THREADS,
+           (x2d, np.int64(m), np.int64(k), vec_in, vec_row, vec_col, q_row, s_r, np.int64(ld_r), q_col, s_c,
+            np.int64(ld_c)), index)  # fmt: skip
+    out: dict = {}
+    if rowwise:
+        out.update(rowwise_data=q_row, rowwise_scale=s_r, rowwise_amax=None)
+    if colwise:
+        out.update(colwise_data=q_col, colwise_scale=s_c, colwise_amax=None)
+    return out
+
+
+def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:
+    """x_hat = RN_out(RN(dec(q) * sinv)) as [M, K] (NUMERICS §4; the colwise copy is read transposed)."""
+    data = getattr(q, f"{orientation}_data").contiguous()
+    scale = getattr(q, f"{orientation}_scale").contiguous()
+    dev = data.device
+    index = device_index(dev)
+    m, k = q.m, q.k
+    out = torch.empty((m, k), dtype=dtype, device=dev)  # (M, K)
+    launch(module_for(CU_FILE, q.config, index), f"fp8_block_dequantize_{SUFFIX[dtype]}",
+           grid_stride_blocks(m * k, ELEMENTWISE_THREADS, index), ELEMENTWISE_THREADS,
+           (data, scale, np.int64(scale.shape[1]), np.int64(m), np.int64(k), int(orientation == "colwise"), out),
+           index)  # fmt: skip
+    return out
+
+
+def lt_scale(view) -> LtScale:
+    """NUMERICS: §4 - the stored sinv layouts are the ones cuBLASLt reads (TE passes them unchanged): 1-D
+    [ceil(K/128), roundup(outer,4)] entry [kb, i]; 2-D [ceil(outer/128), roundup(ceil(K/128),4)] entry [ib, kb]."""
+    return LtScale(view.scale, "BLK128x128_32F" if view.config.is_2d else "VEC128_32F")
+
+
+def lt_alpha(a_view, b_view) -> float:
+    """cuBLASLt's alpha: 1 (the block scales carry everything)."""
+    return 1.0

@@ -1,0 +1,188 @@
+"""Native per-tensor FP8 (`fp8_current`, `fp8_delayed`): the kernels of native/cuda/fp8_per_tensor.cu.
+
+Source: NUMERICS.md §1 (current scaling: amax pass, scale, one cast pass), §2 (delayed scaling: cast
+with the slot's scale, H[0] accumulation, the fused end-of-step update), §6 (cuBLASLt SCALAR_32F row).
+The launcher module of both per-tensor schemes (`native.launchers`): quantize_2d / dequantize and the
+GEMM entries take CUDA tensors; the amax-history record and update are native's own (an fmax here, the
+`delayed_update` kernel), cross-checked against `reference.per_tensor.AmaxHistory` in tests.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from reference.formats import QuantConfig
+from reference.per_tensor import AmaxHistory  # the state's type (its fields), never its numerics
+from reference.types import QuantizedTensor
+
+from .launch import device_index, grid_stride_blocks, launch, module_for
+from .launchers import CublasLtMode, LtScale
+
+CU_FILE = "fp8_per_tensor.cu"
+TILE = 128  # the cast kernel's CTA tile (common.cuh kTile)
+THREADS = 256  # the cast kernel's CTA size (common.cuh kThreads)
+ELEMENTWISE_THREADS = 256
+SCALAR_SLOT = 4  # fp32 elements per scalar slot in the per-tensor buffer (16 bytes: aligned scale pointers)
+SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+
+# NUMERICS: §6 table - per-tensor FP8 on cuBLASLt: SCALAR_32F, sm_89+, cuBLAS >= 12.0, TN only;
+# fast accumulation is a per-tensor option.
+CUBLASLT = CublasLtMode(family="per_tensor", min_cc=(8, 9), cublas_min=120000, fast_accum=True)
+BLOCKWISE_EPILOGUE = False  # NUMERICS: §6 RN(Y + C), RN(. + bias), RN_out
+
+
+def scheme_defines(config) -> dict[str, int | float | str]:
+    """fp8_delayed: the history-update defines of fp8_per_tensor.cu (fp8_current: none)."""
+    if config.scheme != "fp8_delayed":
+        return {}
+    from ._compile import fp32_bits
+
+    return {
+        "AMAX_HISTORY_LEN": config.amax_history_len,
+        "AMAX_ALGO_MAX": int(config.amax_compute_algo == "max"),
+        "MARGIN": config.margin,
+        # NUMERICS: §2 step 1 - S_max = RN(fp8_max * 2^-margin) (exact for an integer margin in range);
+        # passed as bits so that any margin, even one that overflows to inf, has a define.
+        "DELAYED_SCALE_MAX_BITS": fp32_bits(math.ldexp(config.element_format.max_finite, -config.margin)),
+    }
+
+
+def nvcc_check_config(scheme: str) -> QuantConfig:
+    """The config the nvcc check builds for `scheme`: fp8_current with pow2 scales and eps (both paths)."""
+    if scheme == "fp8_current":
+        return QuantConfig("fp8_current", pow2_scales=True, eps=2.0**-20)
+    return QuantConfig(scheme)
+
+
+def _aligned(t: torch.Tensor | None, nbytes: int = 16) -> bool:
+    return t is not None and t.data_ptr() % nbytes == 0
+
+
+def vec_flags(x2d: torch.Tensor, q_row: torch.Tensor | None, q_col: torch.Tensor | None) -> tuple[int, int, int]:
+    """(vec_in, vec_row, vec_col): 16-byte input rows, 8-byte rowwise stores, 16-byte transposed stores
+    (the tiled kernels of fp8_per_tensor.cu and fp8_block.cu)."""
+    m, k = x2d.shape
+    vec_in = _aligned(x2d) and (k * x2d.element_size()) % 16 == 0
+    vec_row = q_row is None or (_aligned(q_row, 8) and k % 8 == 0)
+    vec_col = q_col is None or (_aligned(q_col) and m % 16 == 0)
+    return int(vec_in), int(vec_row), int(vec_col)
+
+
+def n_tiles(m: int, k: int) -> int:
+    return math.ceil(m / TILE) * math.ceil(k / TILE)
+
+
+def record(state: AmaxHistory, amax: torch.Tensor) -> None:
+    """H[0] <- fmax(H[0], amax) on the state's own device (NUMERICS: §2 "H_j[0] <- fmax(H_j[0], amax(x))";
+    fmax ignores a NaN entry, §0.1)."""
+    h0 = state.history[0:1]
+    h0.copy_(torch.fmax(h0, amax.to(device=h0.device, dtype=torch.float32).reshape(1)))
+
+
+def _state(config, state, dev: torch.device) -> AmaxHistory | None:
+    """The fp8_delayed state to read (a fresh one, scale 1.0, when None; as in the reference)."""
+    if config.scheme != "fp8_delayed":
+        if state is not None:
+            raise ValueError(f"{config.id}: state is only for fp8_delayed (got {type(state).__name__})")
+        return None
+    if state is None:
+        return AmaxHistory(config, device=dev)  # documented: a fresh AmaxHistory (scale 1.0), then discarded
+    if not isinstance(state, AmaxHistory):
+        raise ValueError(f"{config.id}: state must be a reference.per_tensor.AmaxHistory, got {type(state).__name__}")
+    if state.config != config:
+        raise ValueError(f"{config.id}: state was built for {state.config.id}, not for this config")
+    return state
+
+
+def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=None, state=None) -> dict:
+    """fp8_current (NUMERICS §1: amax pass, scale, one cast pass) and fp8_delayed (§2: cast with state.scale)."""
+    dev = x2d.device
+    index = device_index(dev)
+    m, k = x2d.shape
+    mod = module_for(CU_FILE, config, index)
+    sfx = SUFFIX[x2d.dtype]
+    delayed = _state(config, state, dev)
+    # One zeroed fp32 buffer (one memset) holds every scalar, each slot 16-byte aligned:
+    # amax (+0: the start of every amax, NUMERICS §0.1), scale, sinv, and the colwise copy's amax and sinv.
+    slots = torch.zeros(5 * SCALAR_SLOT, dtype=torch.float32, device=dev)
+    amax, scale, sinv, amax_c, sinv_c = (slots[i * SCALAR_SLOT:i * SCALAR_SLOT + 1] for i in range(5))
+    q_row = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None  # (M, K)
+    q_col = torch.empty((k, m), dtype=torch.uint8, device=dev) if colwise else None  # (K, M)
+    vec_in, vec_row, vec_col = vec_flags(x2d, q_row, q_col)
+    both = rowwise and colwise
+    if delayed is None:
+        n = m * k
+        grid = grid_stride_blocks(math.ceil(n / 8), ELEMENTWISE_THREADS, index)
+        launch(mod, f"tensor_amax_{sfx}", grid, THREADS, (x2d, np.int64(n), int(_aligned(x2d)), amax), index)
+        # The cast kernel derives the scale from the amax itself (NUMERICS §1) and stores scale, sinv
+        # and the second copy's amax / sinv (no separate scale launch).
+        amax_in, amax_acc, copy_amax, copy_sinv = amax, None, (amax_c if both else None), (sinv_c if both else None)
+    else:
+        scale = delayed.scale.to(device=dev, dtype=torch.float32).contiguous()
+        # NUMERICS: §2 sinv = RN(1/scale); amax of the unscaled input
+        amax_in, amax_acc, copy_amax, copy_sinv = None, amax, None, None
+    launch(mod, f"per_tensor_cast_{sfx}", n_tiles(m, k), THREADS,
+           (x2d, np.int64(m), np.int64(k), vec_in, vec_row, vec_col, amax_in, scale, sinv, amax_acc, copy_amax,
+            copy_sinv, q_row, q_col), index)  # fmt: skip
+    if delayed is not None:
+        record(delayed, amax)  # NUMERICS: §2 H[0] <- fmax(H[0], amax(x)) on the state's own device
+        if both:  # the cast kernel wrote amax and sinv once; the colwise copy gets its own tensors
+            amax_c.copy_(amax)
+            sinv_c.copy_(sinv)
+    out: dict = {}
+    # NUMERICS: §1 the transposed copy shares sinv and the amax (as separate tensors of equal value).
+    if rowwise:
+        out.update(rowwise_data=q_row, rowwise_scale=sinv, rowwise_amax=amax)
+    if colwise:
+        out.update(colwise_data=q_col, colwise_scale=sinv_c if both else sinv, colwise_amax=amax_c if both else amax)
+    return out
+
+
+def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:
+    """x_hat = RN_out(RN(dec(q) * sinv)) as [M, K] (NUMERICS §1; the colwise copy is read transposed)."""
+    data = getattr(q, f"{orientation}_data").contiguous()
+    dev = data.device
+    index = device_index(dev)
+    scale = getattr(q, f"{orientation}_scale").contiguous()
+    m, k = q.m, q.k
+    out = torch.empty((m, k), dtype=dtype, device=dev)  # (M, K)
+    grid = grid_stride_blocks(m * k, ELEMENTWISE_THREADS, index)
+    launch(module_for(CU_FILE, q.config, index), f"per_tensor_dequantize_{SUFFIX[dtype]}", grid, ELEMENTWISE_THREADS,
+           (data, scale, np.int64(m), np.int64(k), int(orientation == "colwise"), out), index)  # fmt: skip
+    return out
+
+
+def update_amax_history(state: AmaxHistory, reduced_amax: torch.Tensor | float | None = None) -> None:
+    """The fused end-of-step fp8_delayed update on the GPU (NUMERICS §2 steps 1-6; the `delayed_update`
+    kernel). `state.history` and `state.scale` are replaced by the new tensors, on the state's own device."""
+    config = state.config
+    home = state.history.device
+    dev = home if home.type == "cuda" else torch.device("cuda", torch.cuda.current_device())
+    index = device_index(dev)
+    with torch.cuda.device(dev):
+        hist = state.history.to(device=dev, dtype=torch.float32).contiguous()  # (L,)
+        h_out = torch.empty_like(hist)
+        scale = state.scale.to(device=dev, dtype=torch.float32).clone()
+        has_r = reduced_amax is not None
+        r = (
+            torch.as_tensor(reduced_amax, dtype=torch.float32).reshape(1).to(dev)
+            if has_r
+            else torch.zeros(1, dtype=torch.float32, device=dev)
+        )
+        launch(module_for(CU_FILE, config, index), "delayed_update", 1, 1024, (hist, h_out, scale, r, int(has_r)),
+               index)  # fmt: skip
+    state.history = h_out.to(home)
+    state.scale = scale.to(home)
+
+
+def lt_scale(view) -> LtScale:
+    """The fp32 sinv [1] as cuBLASLt's SCALAR_32F scale (NUMERICS §1, §6)."""
+    return LtScale(view.scale.to(torch.float32).reshape(1), "SCALAR_32F")
+
+
+def lt_alpha(a_view, b_view) -> float:
+    """cuBLASLt's alpha: 1 (the per-tensor scales are the SCALAR_32F scale pointers)."""
+    return 1.0
