@@ -20,7 +20,8 @@ from .per_tensor import ELEMENTWISE_THREADS, SUFFIX, THREADS, n_tiles, vec_flags
 
 CU_FILE = "fp8_block.cu"
 # NUMERICS: §6 table - VEC128_32F / BLK128x128_32F on sm_90 only, cuBLAS >= 12.9, TN only, aligned.
-CUBLASLT = CublasLtMode(family="fp8_block", min_cc=(9, 0), only_cc=(9, 0), cublas_min=120900, aligned=True)
+CUBLASLT = CublasLtMode(family="fp8_block", label="FP8 block-scaled (VEC128/BLK128x128)",
+                        min_cc=(9, 0), only_cc=(9, 0), cublas_min=120900, aligned=True)
 BLOCKWISE_EPILOGUE = True  # NUMERICS: §6 blockwise - bias, RN_out, then RN_out(C + RN_out(Y))
 
 

@@ -183,10 +183,10 @@ def _cublaslt_gap(mode: CublasLtMode, device: int) -> str | None:
     cc = _cc(device)
     sm = f"sm_{cc[0]}{cc[1]}"
     if mode.only_cc is not None and cc != mode.only_cc:
-        return (f"{mode.family} cuBLASLt GEMM runs on sm_{mode.only_cc[0]}{mode.only_cc[1]} only (this GPU is {sm}); "
+        return (f"{mode.label} cuBLASLt GEMM runs on sm_{mode.only_cc[0]}{mode.only_cc[1]} only (this GPU is {sm}); "
                 "use method='portable'")  # fmt: skip
     if cc < mode.min_cc:
-        return (f"{mode.family} cuBLASLt GEMM needs sm_{mode.min_cc[0]}{mode.min_cc[1]}+ (this GPU is {sm}); "
+        return (f"{mode.label} cuBLASLt GEMM needs sm_{mode.min_cc[0]}{mode.min_cc[1]}+ (this GPU is {sm}); "
                 "use method='portable'")  # fmt: skip
     ver = cublaslt.version()
     if ver < mode.cublas_min:

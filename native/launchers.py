@@ -40,7 +40,8 @@ assert set(MODULES) == set(SCHEMES), "every scheme of reference.formats.SCHEMES 
 class CublasLtMode:
     """One row of NUMERICS §6's cuBLASLt table: where the scheme's scale mode runs and what it needs."""
 
-    family: str  # the row's name in messages ("per_tensor", "mxfp8", ...)
+    family: str  # the row's name in reports and messages ("per_tensor", "mxfp8", ...)
+    label: str  # how the arch messages name it ("per-tensor FP8", "MXFP8", ...)
     min_cc: tuple[int, int]  # lowest compute capability
     cublas_min: int  # lowest cublasLtGetVersion()
     only_cc: tuple[int, int] | None = None  # the one compute capability it runs on (fp8_block: sm_90)

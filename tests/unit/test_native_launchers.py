@@ -157,3 +157,38 @@ def test_record_equals_the_reference(h0, amax):
     gold.record(torch.tensor([amax]))
     assert torch.equal(ours.history.view(torch.int32), gold.history.view(torch.int32))
     assert torch.equal(ours.scale, gold.scale)
+
+
+# ---- cuBLASLt rows ----------------------------------------------------------------------------
+
+
+def test_cublaslt_rows_give_the_arch_and_version_reasons(monkeypatch):
+    """NUMERICS §6 table, through each launcher's CublasLtMode (the strings reports carry as skip reasons)."""
+    import importlib
+
+    from native import cublaslt
+
+    native_gemm = importlib.import_module("native.gemm")  # the module (native.gemm is also the function)
+
+    cc, ver = [(9, 0)], [130000]
+    monkeypatch.setattr(cublaslt, "available", lambda: (True, "cuBLASLt 13.0.0"))
+    monkeypatch.setattr(cublaslt, "version", lambda: ver[0])
+    monkeypatch.setattr(native_gemm, "_cc", lambda device: cc[0])
+
+    def gap(cfg: QuantConfig, at: tuple[int, int], version: int = 130000):
+        native_gemm._cublaslt_gap.cache_clear()
+        cc[0], ver[0] = at, version
+        return native_gemm._cublaslt_gap(launchers.launcher(cfg.scheme).CUBLASLT, 0)
+
+    cur, dly, blk, mx, nv = (QuantConfig(s) for s in ("fp8_current", "fp8_delayed", "fp8_block", "mxfp8", "nvfp4"))
+    assert [gap(c, (9, 0)) for c in (cur, dly, blk)] == [None, None, None]
+    assert gap(mx, (9, 0)) == "MXFP8 cuBLASLt GEMM needs sm_100+ (this GPU is sm_90); use method='portable'"
+    assert gap(nv, (9, 0)) == "NVFP4 cuBLASLt GEMM needs sm_100+ (this GPU is sm_90); use method='portable'"
+    assert gap(cur, (8, 0)) == "per-tensor FP8 cuBLASLt GEMM needs sm_89+ (this GPU is sm_80); use method='portable'"
+    assert gap(cur, (8, 9)) is None and gap(mx, (10, 0)) is None and gap(nv, (12, 0)) is None
+    assert gap(blk, (10, 0)) == ("FP8 block-scaled (VEC128/BLK128x128) cuBLASLt GEMM runs on sm_90 only "
+                                 "(this GPU is sm_100); use method='portable'")
+    assert gap(blk, (9, 0), 120800) == ("fp8_block cuBLASLt GEMM needs cuBLAS >= 12.9.0, found 12.8.0; "
+                                        "use method='portable'")
+    assert gap(nv, (10, 0), 120700) == "nvfp4 cuBLASLt GEMM needs cuBLAS >= 12.8.0, found 12.7.0; use method='portable'"
+    native_gemm._cublaslt_gap.cache_clear()
