@@ -31,7 +31,8 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from reference import fp32
+import numpy as np
+
 from reference.formats import (
     FLT_MAX,
     FORMATS,
@@ -77,7 +78,10 @@ def float_literal(v: float) -> str:
 
 def recip(c: float) -> float:
     """fl(1/c): RN of the exact quotient, e.g. fl(1/448) = 0x3B124925 (NUMERICS.md §0.1)."""
-    return fp32.reciprocal_const(c)
+    if _fp32(c) != c:
+        raise ValueError(f"reciprocal constant of {c!r}: {c!r} is not exactly representable in fp32")
+    with np.errstate(all="ignore"):
+        return float(np.float32(1.0) / np.float32(c))  # one IEEE fp32 division of exact operands: RN(1/c)
 
 
 def fp32_bits(v: float) -> int:

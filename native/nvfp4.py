@@ -1,4 +1,6 @@
-"""Native NVFP4 quantize / dequantize: the kernels of native/cuda/nvfp4.cu driven from torch CUDA tensors.
+"""Native NVFP4 quantize / dequantize / GEMM scales: the launcher module of "nvfp4" (`native.launchers`),
+driving the kernels of native/cuda/nvfp4.cu from torch CUDA tensors; its own swizzle (`native.swizzle`)
+and GEMM alpha (§5.8, numpy fp32 on the host for cuBLASLt; block_scaled_gemm.cu computes it in-kernel).
 
 Source: NUMERICS.md §5 (NVFP4: 5.1-5.4 scale chain and codes, 5.5 copies and 2-D tiles, 5.6 RHT,
 5.7 SR, 5.8 dequantization, 5.9 layouts), §0.3 (kernel rules). Same fields and bits as
@@ -218,10 +220,12 @@ def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torc
 
 
 def recip_alpha_range() -> np.float32:
-    """fl(1 / (E2M1 max * E4M3 max)^2) = fl(1/7225344), from the format rows (NUMERICS: §5.8, the
-    constant the kernels get as NVFP4_RECIP_ALPHA)."""
-    global_max = np.float32(FORMATS["e2m1"].max_finite) * np.float32(FORMATS["e4m3"].max_finite)  # 2688, exact
-    return np.float32(1.0) / (global_max * global_max)  # 7225344 exact in fp32; one RN division
+    """fl(1 / (E2M1 max * E4M3 max)^2) = fl(1/7225344), from the format rows (NUMERICS: §5.8; the kernels'
+    NVFP4_RECIP_ALPHA define)."""
+    from ._compile import recip
+
+    global_max = FORMATS["e2m1"].max_finite * FORMATS["e4m3"].max_finite  # 2688, exact
+    return np.float32(recip(global_max * global_max))  # 7225344 is exact in fp32
 
 
 def alpha(amax_a: float | np.floating, amax_b: float | np.floating) -> np.float32:
