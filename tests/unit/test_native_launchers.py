@@ -192,3 +192,22 @@ def test_cublaslt_rows_give_the_arch_and_version_reasons(monkeypatch):
                                         "use method='portable'")
     assert gap(nv, (10, 0), 120700) == "nvfp4 cuBLASLt GEMM needs cuBLAS >= 12.8.0, found 12.7.0; use method='portable'"
     native_gemm._cublaslt_gap.cache_clear()
+
+
+def test_native_imports_contract_types_and_rules_never_golden_numerics():
+    """DESIGN.md §1: native -> reference.formats / types / geometry / spec only (and AmaxHistory, the
+    fp8_delayed state type). A golden swizzle, alpha, amax-history update or cast imported here could never
+    show up as a mismatch."""
+    import ast
+
+    allowed_modules = {"reference.formats", "reference.types", "reference.spec"}
+    allowed_names = {("reference.layouts", n) for n in ("CopyGeometry", "copy_geometry", "geometry_of", "gemm_layout")}
+    allowed_names.add(("reference.per_tensor", "AmaxHistory"))
+    for path in sorted(NATIVE.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                assert not any(a.name.split(".")[0] == "reference" for a in node.names), (path.name, ast.dump(node))
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("reference"):
+                for a in node.names:
+                    ok = node.module in allowed_modules or (node.module, a.name) in allowed_names
+                    assert ok, f"{path.name}: from {node.module} import {a.name}"
