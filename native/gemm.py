@@ -41,16 +41,18 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.formats import FORMATS, QuantConfig
+from reference import spec
+from reference.formats import FORMATS, SCHEMES, QuantConfig
+from reference.layouts import GEMM_LAYOUTS
 from reference.types import QuantizedTensor, SpecViolation, Unsupported
 
 from .launch import launch
 
 METHODS = ("auto", "cublaslt", "cublaslt_fast_accum", "portable")
 OUT_DTYPES = (torch.bfloat16, torch.float32)
-# Layout -> (orientation consumed from a, from b); interfaces.md (TE's fprop / dgrad / wgrad).
-LAYOUTS = {"TN": ("rowwise", "rowwise"), "NN": ("rowwise", "colwise"), "NT": ("colwise", "colwise")}
-PER_TENSOR = ("fp8_current", "fp8_delayed")
+# Layout -> (orientation consumed from a, from b): a view of reference.layouts.GEMM_LAYOUTS.
+LAYOUTS = {name: lay.consumes for name, lay in GEMM_LAYOUTS.items()}
+PER_TENSOR = tuple(name for name, row in SCHEMES.items() if row.per_tensor)
 
 CU_FILE = "block_scaled_gemm.cu"
 KERNEL = "block_scaled_gemm"
@@ -62,7 +64,7 @@ CUBLAS_MIN = {"per_tensor": 120000, "fp8_block": 120900, "mxfp8": 120800, "nvfp4
 
 
 def _family(scheme: str) -> str:
-    return "per_tensor" if scheme in PER_TENSOR else scheme
+    return "per_tensor" if SCHEMES[scheme].per_tensor else scheme
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,7 +113,7 @@ class OperandView:
 
 def _is_2d_fp8_block(config: QuantConfig) -> bool:
     """A 128x128 fp8_block operand (its scale applies to a 2-D tile; NUMERICS §6 scale order)."""
-    return config.scheme == "fp8_block" and config.is_2d
+    return config.is_2d and config.scheme_row.scale_per_tile
 
 
 def operand_view(q: QuantizedTensor, orientation: str, name: str) -> OperandView:
@@ -156,47 +158,18 @@ def operand_view(q: QuantizedTensor, orientation: str, name: str) -> OperandView
 
 
 def _check_operands(a, b, layout: str, out_dtype, bias, c, method: str) -> tuple[OperandView, OperandView]:
-    for name, q in (("a", a), ("b", b)):
-        if not isinstance(q, QuantizedTensor):
-            raise TypeError(f"{name} must be a QuantizedTensor, got {type(q).__name__}")
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r} is invalid: expected one of {tuple(LAYOUTS)}")
     if method not in METHODS:
         raise ValueError(f"method={method!r} is invalid: expected one of {METHODS}")
     if out_dtype == torch.float16:
         # A backend gap, not bad input: the reference defines fp16 outputs; native GEMMs write bf16 or
         # fp32 (the cuBLASLt block-scaled modes and the portable kernel's epilogue).
         raise Unsupported("native GEMMs write bf16 or fp32 outputs; out_dtype=torch.float16 is not implemented")
-    if out_dtype not in OUT_DTYPES:
-        raise ValueError(f"out_dtype={out_dtype} is invalid: expected torch.bfloat16 or torch.float32")
-    fa, fb = _family(a.config.scheme), _family(b.config.scheme)
-    if fa != fb:
-        raise SpecViolation(
-            f"a is {a.config.id} and b is {b.config.id}: a GEMM needs both operands in one scheme family "
-            f"(NUMERICS.md §6); got {fa} x {fb}"
-        )
-    if fa == "fp8_block" and a.config.is_2d and b.config.is_2d:
-        raise SpecViolation(
-            f"fp8_block 2D x 2D GEMM is not allowed (NUMERICS.md §4, §6: 1Dx1D, 1Dx2D, 2Dx1D only); "
-            f"a is {a.config.id}, b is {b.config.id}"
-        )
+    # The spec rules, with the reference's exceptions and messages (reference.spec).
+    spec.check_gemm(a, b, layout=layout, out_dtype=out_dtype, bias=bias, c=c)
     oa, ob = LAYOUTS[layout]
     av = operand_view(a, oa, "a")
     bv = operand_view(b, ob, "b")
-    if av.k != bv.k:
-        raise SpecViolation(
-            f"layout {layout}: a {tuple(a.shape)} ({oa}) contracts K={av.k} but b {tuple(b.shape)} ({ob}) "
-            f"contracts K={bv.k}"
-        )
-    tensors = [av.data, av.scale, bv.data, bv.scale]
-    if bias is not None:
-        if not isinstance(bias, torch.Tensor) or bias.dim() != 1 or bias.shape[0] != bv.outer:
-            raise SpecViolation(f"bias must be a [N] = [{bv.outer}] tensor, got {getattr(bias, 'shape', bias)}")
-        tensors.append(bias)
-    if c is not None:
-        if not isinstance(c, torch.Tensor) or tuple(c.shape) != (av.outer, bv.outer):
-            raise SpecViolation(f"c must be an [M, N] = [{av.outer}, {bv.outer}] tensor, got {getattr(c, 'shape', c)}")
-        tensors.append(c)
+    tensors = [av.data, av.scale, bv.data, bv.scale] + [t for t in (bias, c) if t is not None]
     if not torch.cuda.is_available():
         raise Unsupported("native.gemm needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)")
     devices = {t.device for t in tensors}
@@ -329,7 +302,7 @@ def gemm(
 
 def _alpha(av: OperandView, bv: OperandView) -> torch.Tensor | None:
     """NVFP4 global alpha from the consumed copies' amaxes (NUMERICS §5.8), fp32 [1] on the device."""
-    if av.config.scheme != "nvfp4":
+    if not av.config.scheme_row.global_amax:
         return None
     if av.amax is None or bv.amax is None:
         raise SpecViolation("nvfp4 GEMM needs the amax of each consumed copy (NUMERICS.md §5.8 alpha)")
@@ -387,7 +360,7 @@ def _portable(av: OperandView, bv: OperandView, out_dtype, bias, c) -> torch.Ten
     c32 = None if c is None else c.to(torch.float32).contiguous()  # exact for bf16/fp16/fp32 C
     # NUMERICS: §6 epilogue - fp8_block: bias, RN_out, D = RN_out(C + RN_out(Y)); the others:
     # RN(Y + C) in fp32, then RN(. + bias), then RN_out (reference.gemm's order).
-    epilogue = 1 if av.config.scheme == "fp8_block" else 0
+    epilogue = 1 if av.config.scheme_row.round_before_accumulate else 0
     dev_index = device.index if device.index is not None else torch.cuda.current_device()
     with torch.cuda.device(dev_index):
         module = load_module(CU_FILE, kernel_defines(av.config, bv.config, out_dtype))

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from reference import layouts
+from reference import layouts, spec
 from reference.formats import RHT_SIZE, QuantConfig
 from reference.types import QuantizedTensor, SpecViolation, SRSeed
 
@@ -91,18 +91,8 @@ def _launcher(config: QuantConfig, device: torch.device) -> Launcher:
 def _check(x2d: torch.Tensor, config: QuantConfig) -> None:
     if config.scheme != "nvfp4":
         raise SpecViolation(f"native.nvfp4 quantizes nvfp4 configs, got {config.id}")
-    if x2d.dtype not in _SUFFIX:
-        raise SpecViolation(
-            f"{config.id}: input dtype {x2d.dtype} is not allowed; expected float32, bfloat16 or float16"
-        )
+    spec.quantize_rule(config, tuple(x2d.shape), spec.dtype_name(x2d.dtype))  # the reference's rules and messages
     blk = config.block
-    if x2d.dim() != 2 or x2d.shape[0] % blk or x2d.shape[1] % blk or x2d.numel() == 0:
-        raise SpecViolation(
-            f"{config.id}: NVFP4 needs a 2-D [M, K] input with M and K multiples of {blk} (NUMERICS.md §5.5); "
-            f"got shape {tuple(x2d.shape)}"
-        )
-    if config.rht and x2d.dtype != torch.bfloat16:
-        raise SpecViolation(f"{config.id}: RHT needs a bfloat16 input (NUMERICS.md §5.6), got {x2d.dtype}")
     if RHT_SIZE != blk:
         raise SpecViolation(f"{config.id}: the RHT chunk ({RHT_SIZE}) must equal the NVFP4 block ({blk})")
 

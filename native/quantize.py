@@ -19,7 +19,7 @@ import torch
 
 from reference import layouts
 from reference.formats import QuantConfig
-from reference.quantization import DTYPE_NAMES, check_input
+from reference.spec import DTYPE_NAMES, check_dequantize, check_quantize
 from reference.types import QuantizedTensor, SpecViolation, SRSeed, Unsupported
 
 from .launch import launch
@@ -310,15 +310,12 @@ def quantize(
     Raises SpecViolation for input that breaks the spec (the reference's checks, plus: x must be on
     a CUDA device) and Unsupported when this machine cannot run the kernels.
     """
-    x2d = check_input(x_hp, config, rowwise=rowwise, colwise=colwise)
+    x2d, seed = check_quantize(x_hp, config, rowwise=rowwise, colwise=colwise, rng=rng)
     if not x2d.is_cuda:
         raise SpecViolation(
             f"{config.id}: the native backend quantizes CUDA tensors; x is on {x2d.device} "
             f"(move it with x.cuda(), or use the reference backend)"
         )
-    seed = SRSeed.coerce(rng)
-    if config.stochastic and seed is None:
-        raise SpecViolation(f"{config.id}: stochastic rounding needs rng=(seed, stream) (NUMERICS.md §5.7)")
     _require("quantize", config, x2d.device)
     with torch.cuda.device(x2d.device):
         if config.scheme == "nvfp4":
@@ -338,12 +335,7 @@ def quantize(
 
 def dequantize(q: QuantizedTensor, orientation: str = "rowwise", dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """x_hat of one copy as the GPU computes it, [M, K] (colwise copies transposed back); CUDA tensors in/out."""
-    if orientation not in ("rowwise", "colwise"):
-        raise ValueError(f"orientation={orientation!r} is invalid: expected 'rowwise' or 'colwise'")
-    if not q.has(orientation):
-        raise ValueError(f"this QuantizedTensor has no {orientation} copy (quantize with {orientation}=True)")
-    if dtype not in _SUFFIX:
-        raise ValueError(f"dtype={dtype} is invalid: expected float32, bfloat16 or float16")
+    check_dequantize(q, orientation, dtype)  # the spec rules, with the reference's messages
     config = q.config
     data = getattr(q, f"{orientation}_data")
     scale = getattr(q, f"{orientation}_scale")

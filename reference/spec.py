@@ -24,6 +24,11 @@ TORCH_DTYPES = {name: dt for dt, name in DTYPE_NAMES.items()}
 OUT_DTYPES = tuple(DTYPE_NAMES)  # GEMM and dequantize outputs
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The spelling of a torch dtype in cases, reports and messages ("bfloat16", "float64", ...)."""
+    return DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.")
+
+
 # ---- rules on names and shapes (the case generator's view) -----------------------------------
 
 
@@ -96,12 +101,7 @@ def check_quantize(
         raise SpecViolation(f"x must be a torch.Tensor, got {type(x).__name__}")
     if not (rowwise or colwise):
         raise SpecViolation("quantize needs rowwise=True or colwise=True; both were False")
-    name = DTYPE_NAMES.get(x.dtype)
-    if name is None:
-        raise SpecViolation(
-            f"{config.scheme}: input dtype {x.dtype} is not allowed; expected one of {config.scheme_row.input_dtypes}"
-        )
-    quantize_rule(config, tuple(x.shape), name)
+    quantize_rule(config, tuple(x.shape), dtype_name(x.dtype))
     seed = SRSeed.coerce(rng)
     if config.stochastic and seed is None:
         raise SpecViolation(f"{config.id}: stochastic rounding needs rng=(seed, stream) (NUMERICS.md §5.7)")
