@@ -18,13 +18,12 @@ import torch
 
 import reference
 from reference.formats import QuantConfig
+from reference.layouts import gemm_layout
+from reference.spec import TORCH_DTYPES, dtype_name
 from reference.types import QuantizedTensor, Unsupported
 
 ENTRY_POINT_GROUP = "numerics_harness.backends"
 OPS = ("quantize", "dequantize", "gemm")
-PER_TENSOR_SCHEMES = ("fp8_current", "fp8_delayed")
-
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class UnknownBackend(ValueError):
@@ -66,9 +65,9 @@ def torch_dtype(name: str | torch.dtype | None, default: torch.dtype = torch.flo
     if isinstance(name, torch.dtype):
         return name
     try:
-        return _TORCH_DTYPES[name]
+        return TORCH_DTYPES[name]
     except KeyError:
-        raise ValueError(f"dtype {name!r} is invalid: expected one of {sorted(_TORCH_DTYPES)}") from None
+        raise ValueError(f"dtype {name!r} is invalid: expected one of {sorted(TORCH_DTYPES)}") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -175,6 +174,16 @@ class NativeBackend:
 _FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 
 
+def _per_tensor(config: QuantConfig) -> bool:
+    """One fp32 scale for the tensor: what torch's float8 casts and torch._scaled_mm take."""
+    return config.scheme_row.per_tensor
+
+
+def _fp32_blocks(config: QuantConfig) -> bool:
+    """fp32 block sinv in TE's compact layout (fp8_block): what F.scaled_mm's BlockWise recipes take."""
+    return not config.scheme_row.per_tensor and config.scheme_row.scale_format == "fp32"
+
+
 def _scaling_type(name: str):
     st = getattr(torch.nn.functional, "ScalingType", None)
     return None if st is None else getattr(st, name, None)
@@ -194,7 +203,7 @@ class TorchBackend:
 
     def supports(self, op, config, device):
         if op in ("quantize", "dequantize"):
-            if config.scheme in PER_TENSOR_SCHEMES:
+            if _per_tensor(config):
                 return True, ""
             return False, f"torch: no PyTorch {op} op for {config.scheme} (only per-tensor fp8_current / fp8_delayed)"
         if op != "gemm":
@@ -203,13 +212,13 @@ class TorchBackend:
             return False, (f"torch: GEMMs run through torch._scaled_mm / F.scaled_mm, which need a CUDA device "
                            f"(device is {device})")
         cap = torch.cuda.get_device_capability(torch.device(device))
-        if config.scheme in PER_TENSOR_SCHEMES:
+        if _per_tensor(config):
             if not hasattr(torch, "_scaled_mm"):
                 return False, f"torch: this torch {torch.__version__} has no torch._scaled_mm"
             if cap < (8, 9):
                 return False, f"torch: FP8 _scaled_mm needs sm_89+, this GPU is sm_{cap[0]}{cap[1]}"
             return True, ""
-        if config.scheme == "fp8_block":
+        if _fp32_blocks(config):
             if not hasattr(torch.nn.functional, "scaled_mm") or _scaling_type("BlockWise1x128") is None:
                 return False, f"torch: this torch {torch.__version__} has no F.scaled_mm with BlockWise1x128"
             if cap != (9, 0):
@@ -239,7 +248,7 @@ class TorchBackend:
         return torch.where(special, torch.ones_like(s), s)
 
     def quantize(self, x, config, *, rowwise=True, colwise=False, rng=None, state=None):
-        if config.scheme not in PER_TENSOR_SCHEMES:
+        if not _per_tensor(config):
             raise Unsupported(self.supports("quantize", config, x.device)[1])
         if not (rowwise or colwise):
             raise ValueError("quantize needs rowwise=True or colwise=True")
@@ -248,7 +257,7 @@ class TorchBackend:
         fp8_max = torch.full((1,), torch.finfo(f8).max, dtype=torch.float32, device=x.device)
         x32 = x.reshape(-1, x.shape[-1]).to(torch.float32)  # (M, K)
         amax = self._amax(x32)
-        if config.scheme == "fp8_current":
+        if "delayed" not in config.scheme_row.options:  # current scaling (NUMERICS.md §1)
             s = self._scale(amax, fp8_max, config)
         elif state is not None:
             s = state.scale.to(device=x.device, dtype=torch.float32).reshape(1)
@@ -261,7 +270,7 @@ class TorchBackend:
         # NUMERICS: §0.2.3 clamp to ±max before the float8 cast, then NaN lanes -> the NaN code.
         q = torch.clamp(y, -fp8_max, fp8_max).to(f8).view(torch.uint8)
         q = torch.where(torch.isnan(y), torch.full_like(q, fmt.nan_code), q)
-        out = QuantizedTensor(config=config, shape=tuple(x.shape), hp_dtype=str(x.dtype).replace("torch.", ""))
+        out = QuantizedTensor(config=config, shape=tuple(x.shape), hp_dtype=dtype_name(x.dtype))
         if rowwise:
             out.rowwise_data, out.rowwise_scale, out.rowwise_amax = q, sinv, amax.clone()
         if colwise:
@@ -270,7 +279,7 @@ class TorchBackend:
         return out
 
     def dequantize(self, q, orientation="rowwise", dtype=torch.float32):
-        if q.config.scheme not in PER_TENSOR_SCHEMES:
+        if not _per_tensor(q.config):
             raise Unsupported(self.supports("dequantize", q.config, "cpu")[1])
         data, sinv = getattr(q, f"{orientation}_data"), getattr(q, f"{orientation}_scale")
         if data is None:
@@ -304,17 +313,15 @@ class TorchBackend:
         return scale[:, :rows].contiguous().t(), _scaling_type("BlockWise1x128")
 
     def gemm(self, a, b, *, layout="TN", out_dtype=torch.bfloat16, bias=None, c=None):
-        if layout not in ("TN", "NN", "NT"):
-            raise ValueError(f"layout={layout!r} is invalid: expected TN, NN or NT")
-        # Copies consumed (DESIGN interfaces): TN a, b rowwise; NN a rowwise, b colwise; NT both colwise.
-        a_col, b_col = layout == "NT", layout in ("NN", "NT")
+        lay = gemm_layout(layout)  # the copies each layout consumes (reference.layouts.GEMM_LAYOUTS)
+        a_col, b_col = lay.a == "colwise", lay.b == "colwise"
         a8, sa = self._operand(a, a_col)  # (M, K)
         b8, sb = self._operand(b, b_col)  # (N, K)
         for q in (a, b):
             ok, why = self.supports("gemm", q.config, a8.device)
             if not ok:
                 raise Unsupported(why)
-        schemes = {a.config.scheme in PER_TENSOR_SCHEMES, b.config.scheme in PER_TENSOR_SCHEMES}
+        schemes = {_per_tensor(a.config), _per_tensor(b.config)}
         if len(schemes) != 1:
             raise Unsupported(f"torch: mixed GEMM {a.config.id} x {b.config.id} has no PyTorch kernel")
         if a.config.element == "e5m2" and b.config.element == "e5m2":
@@ -322,7 +329,7 @@ class TorchBackend:
         m, n = a8.shape[0], b8.shape[0]
         epilogue = bias is not None or c is not None
         mm_dtype = torch.float32 if epilogue else out_dtype
-        if a.config.scheme in PER_TENSOR_SCHEMES:
+        if _per_tensor(a.config):
             y = torch._scaled_mm(a8, b8.t(), scale_a=sa.reshape(()), scale_b=sb.reshape(()), out_dtype=mm_dtype,
                                  use_fast_accum=False)
         else:
@@ -335,7 +342,7 @@ class TorchBackend:
         if not epilogue:
             return y
         b32 = None if bias is None else bias.to(torch.float32)
-        if a.config.scheme == "fp8_block":
+        if a.config.scheme_row.round_before_accumulate:
             # NUMERICS: §6 blockwise - bias added in fp32, RN_out, then D = RN_out(C + RN_out(Y)).
             y = (y if b32 is None else y + b32).to(out_dtype)
             return y if c is None else (c.to(torch.float32) + y.to(torch.float32)).to(out_dtype)

@@ -73,9 +73,11 @@ from reference.formats import (
     FORMATS,
     INPUT_DTYPES,
     SCHEME_NAMES,
-    SCHEMES,
     QuantConfig,
 )
+from reference.layouts import GEMM_LAYOUTS
+from reference.spec import gemm_rule, quantize_rule
+from reference.types import SpecViolation
 
 
 def _cases_dir() -> Path:
@@ -98,13 +100,7 @@ TIERS: dict[str, str] = {
 
 OPS = ("quantize", "dequantize", "gemm")
 ORIENTATIONS = ("rowwise", "colwise", "both")
-LAYOUTS = ("TN", "NN", "NT")
-# The copies each GEMM layout consumes, (A, B) (interfaces.md; NUMERICS.md §6).
-LAYOUT_CONSUMES: dict[str, tuple[str, str]] = {
-    "TN": ("rowwise", "rowwise"),
-    "NN": ("rowwise", "colwise"),
-    "NT": ("colwise", "colwise"),
-}
+LAYOUTS = tuple(GEMM_LAYOUTS)
 DISTRIBUTIONS = (
     "normal",
     "uniform",
@@ -173,7 +169,7 @@ class Case:
 
     `shape` is x's shape for quantize/dequantize and (M, N, K) for gemm. For gemm, `config` is A's
     config and `b_config` B's (defaults to A's); the layout decides which copies are consumed
-    (LAYOUT_CONSUMES) and `orientation` is "both". `source` ("file:line") is not part of the id
+    (reference.layouts.GEMM_LAYOUTS) and `orientation` is "both". `source` ("file:line") is not part of the id
     nor of equality.
     """
 
@@ -219,7 +215,7 @@ class Case:
             put("b_config", self.b_config or self.config)
             if self.layout not in LAYOUTS:
                 raise ValueError(f"Case.layout={self.layout!r} is invalid: expected one of {LAYOUTS}")
-            if not isinstance(self.b_config, QuantConfig) or self.b_config.scheme != self.config.scheme:
+            if not isinstance(self.b_config, QuantConfig) or self.b_config.scheme_row is not self.config.scheme_row:
                 raise ValueError(f"Case.b_config must be a QuantConfig of scheme {self.config.scheme}")
         else:
             put("orientation", self.orientation or "rowwise")
@@ -258,13 +254,13 @@ class Case:
         if self.op != "gemm":
             return {"x": self.shape}
         m, n, k = self.shape
-        a, b = {"TN": ((m, k), (n, k)), "NN": ((m, k), (k, n)), "NT": ((k, m), (k, n))}[self.layout]
+        a, b = GEMM_LAYOUTS[self.layout].operand_shapes(m, n, k)
         return {"a": a, "b": b, "c": (m, n), "bias": (n,)}
 
     @property
     def consumed(self) -> tuple[str, str] | None:
         """(A's, B's) consumed copy for gemm, None otherwise."""
-        return LAYOUT_CONSUMES[self.layout] if self.op == "gemm" else None
+        return GEMM_LAYOUTS[self.layout].consumes if self.op == "gemm" else None
 
     @classmethod
     def from_id(cls, case_id: str) -> "Case":
@@ -368,46 +364,22 @@ def _parse_id(case_id: str) -> Case:
     return case
 
 
-def _m_k(shape: tuple[int, ...]) -> tuple[int, int]:
-    return math.prod(shape[:-1]), shape[-1]
-
-
-def _shape_violation(cfg: QuantConfig, m: int, k: int, what: str) -> str | None:
-    sch = SCHEMES[cfg.scheme]
-    if sch.partial_tiles:
-        return None
-    blk = cfg.block
-    for dim, n in (("M", m), ("K", k)):
-        if n % blk:
-            return f"shape: {what} {dim}={n} is not a multiple of {blk} ({cfg.scheme} has no partial blocks)"
-    return None
-
-
 def spec_violation(case: Case) -> str | None:
-    """Why the spec forbids `case` (NUMERICS.md §3-§6), or None. QuantConfig already validated itself."""
-    cfgs = [("A", case.config)] + ([("B", case.b_config)] if case.op == "gemm" else [])
-    for who, cfg in cfgs:
-        if cfg.rht and case.in_dtype != "bfloat16":
-            return f"rht: RHT needs a bfloat16 input (NUMERICS.md §5.6), {who} is {case.in_dtype}"
-    if case.op != "gemm":
-        return _shape_violation(case.config, *_m_k(case.shape), "x")
-    shapes = case.operand_shapes
-    for name, cfg in (("a", case.config), ("b", case.b_config)):
-        why = _shape_violation(cfg, *_m_k(shapes[name]), f"operand {name}")
-        if why:
-            return why
-    a, b = case.config, case.b_config
-    if a.scheme == "fp8_block" and a.is_2d and b.is_2d:
-        return "gemm: a 2-D x 2-D fp8_block GEMM is not allowed (NUMERICS.md §4, §6)"
-    ca, cb = LAYOUT_CONSUMES[case.layout]
-    rht_a = a.rht and ca == "colwise"
-    rht_b = b.rht and cb == "colwise"
-    if rht_a != rht_b:
-        return (
-            "gemm: the layout consumes an RHT (Hadamard-domain) copy of only one operand "
-            f"({case.layout}: A {ca}{' rht' if rht_a else ''}, B {cb}{' rht' if rht_b else ''}; NUMERICS.md §5.6)"
-        )
-    if case.distribution == "exact_representable" and rht_a:
+    """Why the spec forbids `case` ("<rule>: <reference.spec message>"), or None. QuantConfig already
+    validated itself; the rules are reference.spec's, so a case is excluded exactly when the
+    reference would raise SpecViolation for it."""
+    try:
+        if case.op != "gemm":
+            quantize_rule(case.config, case.shape, case.in_dtype)
+            return None
+        shapes = case.operand_shapes
+        for name, cfg in (("a", case.config), ("b", case.b_config)):
+            quantize_rule(cfg, shapes[name], case.in_dtype, what=f"operand {name}")
+        gemm_rule(case.config, case.b_config, case.layout)
+    except SpecViolation as e:
+        return f"{e.rule}: {e}"
+    ca = GEMM_LAYOUTS[case.layout].a
+    if case.distribution == "exact_representable" and case.config.rht and ca == "colwise":
         return "gemm: exact_representable needs the consumed copies to quantize exactly, RHT copies do not"
     return None
 

@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from reference import casts, fp32
-from reference.formats import E4M3, FLT_MAX, INPUT_DTYPE_MAX, UE8M0, QuantConfig
+from reference.formats import FLT_MAX, INPUT_DTYPE_MAX, UE8M0, QuantConfig
+from reference.layouts import copy_geometry
 from reference.types import QuantizedTensor
 
 from . import tolerance
@@ -42,7 +43,6 @@ MISMATCH_CLASSES = (
     "other",
 )
 ULP_BUCKETS = ("0", "0*", "1", "2", "3-4", "5-16", "17+", "nan")  # "0*": same value, other bits (±0)
-PER_TENSOR = ("fp8_current", "fp8_delayed")
 _BLOCK_WINDOW = 32  # input values shown around a mismatch (per-tensor schemes: a window of the row)
 
 
@@ -211,11 +211,7 @@ def is_midpoint(y: torch.Tensor, fmt) -> torch.Tensor:
 
 def _scale_format(cfg: QuantConfig):
     """The format of the stored scale bytes (None: fp32 sinv)."""
-    if cfg.scheme == "mxfp8":
-        return UE8M0
-    if cfg.scheme == "nvfp4":
-        return E4M3
-    return None
+    return cfg.scheme_row.scale_scalar_format
 
 
 def _hex(v: int, width: int = 2) -> str:
@@ -227,78 +223,45 @@ def _f32_hex(v: torch.Tensor) -> str:
 
 
 def _valid_shape(cfg: QuantConfig, orientation: str, m: int, k: int) -> tuple[int, ...]:
-    from reference import layouts  # noqa: PLC0415
-
-    return tuple(layouts.scale_valid_shape(cfg, orientation, m, k))
+    return copy_geometry(cfg, orientation, m, k).scale_valid_shape
 
 
 # ----------------------------------------------------------------------------------------------
-# Geometry of one copy (data coordinates = the stored copy's own [rows, cols], FP4 unpacked)
+# One copy: its geometry (reference.layouts.CopyGeometry) plus the input it quantized
 # ----------------------------------------------------------------------------------------------
 
 
 class _Copy:
-    """Where each stored element of one copy comes from, which scale entry it uses, its block."""
+    """Where each stored element of one copy comes from, which scale entry it uses, its block.
+
+    Geometry is `reference.layouts.CopyGeometry` (data coordinates = the stored copy's own
+    [rows, cols], FP4 unpacked); this adds the input values behind the copy.
+    """
 
     def __init__(self, cfg: QuantConfig, orientation: str, x2d: torch.Tensor, hp_dtype: str) -> None:
         self.cfg, self.o = cfg, orientation
         self.m, self.k = x2d.shape
         self.hp_dtype = hp_dtype
-        self.transposed = orientation == "colwise" and cfg.scheme != "mxfp8"
-        self.rows, self.cols = (self.k, self.m) if self.transposed else (self.m, self.k)
+        self.geom = copy_geometry(cfg, orientation, self.m, self.k)
+        self.transposed = self.geom.transposed
+        self.rows, self.cols = self.geom.rows, self.geom.cols
         self.x2d = x2d
-        b = cfg.block
-        if cfg.tile is None:
-            self.br, self.bc = self.rows, self.cols
-        elif cfg.is_2d:
-            self.br, self.bc = b, b
-        elif cfg.scheme == "mxfp8" and orientation == "colwise":
-            self.br, self.bc = b, 1  # NUMERICS: §3 colwise blocks along M, data not transposed
-        else:
-            self.br, self.bc = 1, b
+        self.br, self.bc = self.geom.block
+        self.scale_index = self.geom.scale_index
+        self.scale_block = self.geom.scale_region
+        self.logical = self.geom.logical
+        self.block_of = self.geom.block_of
 
     @functools.cached_property
     def src(self) -> torch.Tensor:
         """The high-precision values this copy quantized, in data coordinates (fp32; computed on
-        first use, i.e. only when something differs: with RHT this is the Hadamard transform)."""
-        if self.cfg.scheme == "nvfp4":
-            from reference import nvfp4  # noqa: PLC0415
-
-            return nvfp4.copy_source(self.x2d, self.cfg, self.o).to(torch.float32)
+        first use, i.e. only when something differs: with RHT this is the Hadamard transform).
+        A scheme module that transforms its input before quantizing exports `copy_source`."""
+        copy_source = getattr(self.cfg.scheme_row.reference_module(), "copy_source", None)
+        if copy_source is not None:
+            return copy_source(self.x2d, self.cfg, self.o).to(torch.float32)
         x = self.x2d.to(torch.float32)
         return x.t() if self.transposed else x
-
-    def scale_index(self, r: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(i, j) into the compact scale tensor for data positions (r, c); None for per-tensor."""
-        cfg, b = self.cfg, self.cfg.block
-        if cfg.tile is None:
-            return None
-        if cfg.scheme == "mxfp8":
-            # NUMERICS: §3 S_r [m, kb] (2-D: the tile's exponent on each row); S_c [mb, k].
-            return (r, c // b) if self.o == "rowwise" else (r // b, c)
-        if cfg.scheme == "fp8_block":
-            # NUMERICS: §4 1-D sinv stored [kb, m] (rowwise) / [mb, k] (colwise): [c // B, r] in data
-            # coordinates; 2-D [mb, kb] / its transpose: [r // B, c // B].
-            return (r // b, c // b) if cfg.is_2d else (c // b, r)
-        # NUMERICS: §5.9 NVFP4 [r, c // 16] in the copy's own layout (2-D: repeated per row).
-        return (r, c // b)
-
-    def scale_block(self, i: int, j: int) -> tuple[int, int, int, int]:
-        """Data-coordinate rectangle (r0, r1, c0, c1) governed by scale entry (i, j)."""
-        cfg, b = self.cfg, self.cfg.block
-        if cfg.scheme == "mxfp8" and self.o == "colwise":
-            return i * b, (i + 1) * b, j, j + 1
-        if cfg.scheme == "fp8_block":
-            if cfg.is_2d:
-                return i * b, min((i + 1) * b, self.rows), j * b, min((j + 1) * b, self.cols)
-            return j, j + 1, i * b, min((i + 1) * b, self.cols)
-        return i, i + 1, j * b, j * b + b  # mxfp8 rowwise, nvfp4: one row segment per entry
-
-    def logical(self, r: int, c: int) -> tuple[int, int]:
-        return (c, r) if self.transposed else (r, c)
-
-    def block_of(self, r: int, c: int) -> tuple[list[int], int]:
-        return [r // self.br, c // self.bc], (r % self.br) * self.bc + (c % self.bc)
 
     def input_block(self, src: torch.Tensor, r: int, c: int) -> dict:
         """The input values of the block holding (r, c) (its row segment for 2-D / per-tensor)."""
@@ -338,9 +301,10 @@ def _multiplier(q: QuantizedTensor, cp: _Copy, src: torch.Tensor, r: torch.Tenso
     cfg = q.config
     scale = getattr(q, f"{cp.o}_scale").to("cpu")
     notes: dict[str, Any] = {}
-    if cfg.scheme in PER_TENSOR:
+    row = cfg.scheme_row
+    if row.per_tensor:
         sinv = scale.reshape(-1)[0].to(torch.float32)
-        if cfg.scheme == "fp8_current":
+        if "delayed" not in row.options:  # current scaling: the scale follows from the stored amax
             from reference.scaling import compute_scale  # noqa: PLC0415
 
             a = getattr(q, f"{cp.o}_amax").to("cpu").reshape(())
@@ -353,13 +317,12 @@ def _multiplier(q: QuantizedTensor, cp: _Copy, src: torch.Tensor, r: torch.Tenso
             notes["multiplier"] = "RN(1/sinv): the delayed-scaling state scale is not stored"
         return s.expand(r.shape), notes
     i, j = cp.scale_index(r, c)
-    if cfg.scheme == "mxfp8":
+    if _scale_format(cfg) is UE8M0:
         return casts.e8m0_multiplier(scale[i, j]), notes  # NUMERICS: §3 P(e) = 2^(127 - e)
-    if cfg.scheme == "nvfp4":
-        from reference import nvfp4  # noqa: PLC0415
-
-        s_enc, s_dec = nvfp4.global_scale(getattr(q, f"{cp.o}_amax").to("cpu").reshape(()))
-        return nvfp4.encode_factor(scale[i, j], s_dec), notes  # NUMERICS: §5.3
+    if row.global_amax:
+        mod = row.reference_module()  # two-level scaling: the scheme module owns §5.2-§5.3
+        s_enc, s_dec = mod.global_scale(getattr(q, f"{cp.o}_amax").to("cpu").reshape(()))
+        return mod.encode_factor(scale[i, j], s_dec), notes  # NUMERICS: §5.3
     # fp8_block: s is not stored; recompute it from the block amax (NUMERICS: §4, v_inf = input max).
     from reference.scaling import compute_scale  # noqa: PLC0415
 
@@ -392,13 +355,13 @@ def _chain(q: QuantizedTensor, cp: _Copy, r: int, c: int, src: torch.Tensor, gol
         out["scale"] = "out of range of the stored scale tensor"
         return out
     v = scale[i, j]
-    if cfg.scheme == "mxfp8":
+    row = cfg.scheme_row
+    if _scale_format(cfg) is UE8M0:
         out.update(e8m0=int(v), decode=float(casts.e8m0_decode(v.reshape(1))[0]),
                    multiplier=float(casts.e8m0_multiplier(v.reshape(1))[0]))
-    elif cfg.scheme == "nvfp4":
-        from reference import nvfp4  # noqa: PLC0415
-
-        out.update(s_blk=_hex(int(v)), s_blk_value=float(casts.decode(v.reshape(1), E4M3)[0]))
+    elif row.global_amax:
+        nvfp4 = row.reference_module()  # two-level scaling (NUMERICS.md §5.1-§5.3)
+        out.update(s_blk=_hex(int(v)), s_blk_value=float(casts.decode(v.reshape(1), _scale_format(cfg))[0]))
         if amax is not None:
             s_enc, s_dec = nvfp4.global_scale(amax.to("cpu").reshape(()))
             out.update(S_enc=float(s_enc), S_dec=float(s_dec),
@@ -426,7 +389,7 @@ def _chain(q: QuantizedTensor, cp: _Copy, r: int, c: int, src: torch.Tensor, gol
 
 def _codes(q: QuantizedTensor, name: str) -> torch.Tensor:
     t = getattr(q, name).to("cpu")
-    if q.config.scheme == "nvfp4":
+    if 8 // q.config.element_format.bits == 2:
         return casts.unpack_nibbles(t)  # NUMERICS: §5.4 compare each FP4 code on its own
     return t
 
@@ -493,7 +456,7 @@ def _compare_data(golden, candidate, name, cp: _Copy) -> TensorResult:
     cfg = golden.config
     fmt = cfg.element_format
     if _same_field(golden, candidate, name):
-        n = getattr(golden, name).numel() * (2 if cfg.scheme == "nvfp4" else 1)  # FP4: two codes per byte
+        n = getattr(golden, name).numel() * cp.geom.codes_per_byte  # FP4: two codes per byte
         return _result(name, n, {}, None, *_identical(n), {})
     g = _codes(golden, name)
     c = _codes(candidate, name)
@@ -552,7 +515,7 @@ def _chain_differs(golden, candidate, cp: _Copy, r: torch.Tensor, c: torch.Tenso
     gs, cs = gs.to("cpu"), cs.to("cpu")
     glob = torch.zeros((), dtype=torch.bool)
     ga, ca = getattr(golden, f"{cp.o}_amax"), getattr(candidate, f"{cp.o}_amax")
-    if cfg.scheme == "nvfp4" and ga is not None and ca is not None:
+    if cfg.scheme_row.global_amax and ga is not None and ca is not None:
         glob = torch.tensor(not torch.equal(fp32.bits(ga.to("cpu")), fp32.bits(ca.to("cpu"))))
     if cfg.tile is None:
         if gs.shape != cs.shape:

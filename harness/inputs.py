@@ -45,12 +45,13 @@ from typing import TypeVar
 import torch
 
 from reference import casts
-from reference.formats import E2M1, E4M3, QuantConfig
+from reference.formats import E4M3, QuantConfig
+from reference.layouts import GEMM_LAYOUTS
+from reference.spec import TORCH_DTYPES
 
-from .cases import DISTRIBUTIONS, LAYOUT_CONSUMES, Case
+from .cases import DISTRIBUTIONS, Case
 
 T = TypeVar("T")
-TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PER_TENSOR_TILE = 32  # pattern tile of per-tensor schemes (they have no blocks)
 # NUMERICS: §6 exact-representable mode - sum_k |t_k| <= 2^13 q (Hopper fast-accumulation bound).
 EXACT_SUM_BITS = 13
@@ -92,6 +93,16 @@ def _sign_bits(shape, g: torch.Generator) -> torch.Tensor:
 def _sign(shape, g: torch.Generator) -> torch.Tensor:
     """Random +-1.0 (float64) from `_sign_bits`."""
     return _sign_bits(shape, g).to(torch.float64) * 2 - 1
+
+
+def _delayed(cfg: QuantConfig) -> bool:
+    """The scheme scales from an amax history (NUMERICS.md §2): the fresh state's scale is 1."""
+    return "delayed" in cfg.scheme_row.options
+
+
+def _two_level(cfg: QuantConfig) -> bool:
+    """The scheme has a global (second-level) scale from the copy's amax (NUMERICS.md §5.1-§5.3)."""
+    return cfg.scheme_row.global_amax
 
 
 def _block(cfg: QuantConfig) -> int:
@@ -164,7 +175,7 @@ def _finite_codes(fmt) -> torch.Tensor:
 def _anchor(cfg: QuantConfig) -> float:
     """A*: the scaled-domain block maximum that makes the decode scale an exact power of two."""
     fmt = cfg.element_format
-    if cfg.scheme == "fp8_delayed":
+    if _delayed(cfg):
         # NUMERICS: §2 - S_max = fp8_max * 2^-margin; amax = S_max gives scale 1 (as the fresh state).
         return math.ldexp(fmt.max_finite, -cfg.margin)
     return fmt.max_finite
@@ -183,7 +194,7 @@ def _k_range(cfg: QuantConfig, in_dtype: str, top: float, quantum: float) -> tup
 def _tile_scales(cfg: QuantConfig, grid: _Grid, lo: int, hi: int, g: torch.Generator) -> torch.Tensor:
     """2^k per element (float64): k drawn once per tile (block schemes), once for the tensor
     (fp8_current), or 0 (fp8_delayed); the powers are formed per tile, then spread."""
-    if cfg.scheme == "fp8_delayed":
+    if _delayed(cfg):
         return _pow2(torch.zeros(1, 1, dtype=torch.int64))
     if cfg.tile is None:
         return _pow2(torch.randint(lo, hi + 1, (1, 1), generator=g))
@@ -254,13 +265,13 @@ def _ties(cfg, rows, cols, g, in_dtype):
     grid = _Grid(rows, cols, t, t)
     y = mids[torch.randint(0, mids.numel(), (rows, cols), generator=g)]
     y = torch.where(grid.diag, torch.full_like(y, a_star), y) * _sign((rows, cols), g)
-    if cfg.scheme == "nvfp4":
+    if _two_level(cfg):
         # NUMERICS: §5.1-§5.3 - S_enc = 2^gexp; a block with amax 6 * 2^(j - gexp) gets
         # d = RN(6 * 2^j * fl(1/6)) = 2^j exactly, s_blk = 2^j, f = 2^(gexp - j): y lands on x * f.
         gexp = _nvfp4_global(g, in_dtype)
         j = grid.per_tile(torch.randint(-6, 1, (grid.nti, grid.ntj), generator=g))
         x = y * _pow2(j - gexp)
-        x[0, 0] = math.ldexp(E2M1.max_finite * E4M3.max_finite, -gexp)  # the global amax
+        x[0, 0] = math.ldexp(fmt.max_finite * E4M3.max_finite, -gexp)  # the global amax
         return x
     lo, hi = _k_range(cfg, in_dtype, max(a_star, fmt.max_finite), fmt.min_subnormal / 2)
     return y * _tile_scales(cfg, grid, lo, hi, g)
@@ -268,7 +279,7 @@ def _ties(cfg, rows, cols, g, in_dtype):
 
 def _exhaustive(cfg, rows, cols, g, in_dtype):
     fmt = cfg.element_format
-    if cfg.scheme == "nvfp4":
+    if _two_level(cfg):
         t = cfg.block
         grid = _Grid(rows, cols, t, t)
         n_codes = 1 << fmt.bits
@@ -386,9 +397,9 @@ def _exact_plan(cfg_a: QuantConfig, cfg_b: QuantConfig, k: int) -> dict:
     plans["b"]["L"] = left - left // 2
     for role, cfg in (("a", cfg_a), ("b", cfg_b)):
         p = plans[role]
-        if cfg.scheme == "nvfp4":
+        if _two_level(cfg):
             p["L"] = min(p["L"], 3)  # E2M1 powers of two: 4, 2, 1, 0.5
-            p["base"] = 2.0 ** (E2M1.emax)  # 4
+            p["base"] = 2.0 ** (cfg.element_format.emax)  # 4
         else:
             p["base"] = 1.0
         p["stride"] = stride
@@ -414,18 +425,18 @@ def _exact_klast(cfg: QuantConfig, lines: int, k: int, role: str, plan: dict, t0
     col = torch.arange(k).unsqueeze(0)
     if plan["stride"] > 1 and role == "a":
         v = torch.where(col % plan["stride"] == 0, v, torch.zeros_like(v))
-    anchor = _anchor(cfg) if cfg.scheme != "nvfp4" else E2M1.max_finite
+    anchor = cfg.element_format.max_finite if _two_level(cfg) else _anchor(cfg)
     v = torch.where(off == own, anchor * _sign((lines, k), g), v)
     v = torch.where(off == other, torch.zeros_like(v), v)
     if role == "b" and cfg.block is not None and k % blk == 1:
         v[:, k - 1] = 0.0  # a one-element last block cannot hold B's anchor: keep it all zero (scale 1)
     x = v * d
-    if cfg.scheme == "nvfp4":
+    if _two_level(cfg):
         # NUMERICS: §5.1, §5.8 - global amax 2688 * s_dec at B's/A's anchor offset of block 0;
         # the rest of that tile is zero (its scale is 448, its anchors never meet the other operand).
         tile_rows = cfg.tile[0]
         x[:tile_rows, :blk] = torch.where(off[:, :blk] == own, x[:tile_rows, :blk], torch.zeros_like(x[:tile_rows, :blk]))
-        x[0, own] = E2M1.max_finite * E4M3.max_finite * s_dec
+        x[0, own] = cfg.element_format.max_finite * E4M3.max_finite * s_dec
     return x
 
 
@@ -437,24 +448,24 @@ def _exact_gemm(case: Case, g: torch.Generator) -> dict[str, torch.Tensor]:
     t0 = {}
     for role, cfg in (("a", cfg_a), ("b", cfg_b)):
         # NUMERICS: §6 - NVFP4 global amax 2688 (S_dec 1) or 21504 (S_dec 8): alpha is a power of two.
-        s_dec[role] = (1.0, 8.0)[int(torch.randint(0, 2, (1,), generator=g))] if cfg.scheme == "nvfp4" else 1.0
+        s_dec[role] = (1.0, 8.0)[int(torch.randint(0, 2, (1,), generator=g))] if _two_level(cfg) else 1.0
     # Shift the block scales down so that |Y| <= 2^EXACT_OUT_BITS (float16 outputs).
     lg = max(0, math.ceil(math.log2(k)))
     top = lg + sum(math.log2(plans[r]["base"] * s_dec[r]) for r in ("a", "b"))
     shift = max(0, math.ceil(top - EXACT_OUT_BITS))
     for role, cfg in (("a", cfg_a), ("b", cfg_b)):
         share = shift // 2 if role == "a" else shift - shift // 2
-        t0[role] = 0 if cfg.scheme == "fp8_delayed" else share
-        if cfg.scheme == "nvfp4":
+        t0[role] = 0 if _delayed(cfg) else share
+        if _two_level(cfg):
             # NUMERICS: §5.2 - s_blk = 2^-(t0 + t) must stay an E4M3 power of two (>= 2^-9).
             t0[role] = min(t0[role], -E4M3.emin + E4M3.man_bits)
             plans[role]["S"] = max(0, min(plans[role]["S"], -E4M3.emin + E4M3.man_bits - t0[role]))
     a_kl = _exact_klast(cfg_a, m, k, "a", plans["a"], t0["a"], s_dec["a"], g)  # (M, K)
     b_kl = _exact_klast(cfg_b, n, k, "b", plans["b"], t0["b"], s_dec["b"], g)  # (N, K)
-    ca, cb = LAYOUT_CONSUMES[case.layout]
+    lay = GEMM_LAYOUTS[case.layout]
     out = {
-        "a": a_kl if ca == "rowwise" else a_kl.t().contiguous(),  # TN/NN: [M, K]; NT: [K, M]
-        "b": b_kl if case.layout == "TN" else b_kl.t().contiguous(),  # TN: [N, K]; NN/NT: [K, N]
+        "a": a_kl if lay.a == "rowwise" else a_kl.t().contiguous(),  # TN/NN: [M, K]; NT: [K, M]
+        "b": b_kl if lay.b == "rowwise" else b_kl.t().contiguous(),  # TN: [N, K]; NN/NT: [K, N]
     }
     # q: the common power of two of all products (x-domain), C and bias are small multiples of it.
     q = 1.0
@@ -568,7 +579,7 @@ def input_key(case: Case) -> tuple:
         return key + _config_key(dist, case.config, case.orientation)
     if dist == "exact_representable":  # both configs shape both operands (_exact_gemm)
         return key + (case.config, case.b_config, case.orientation)
-    ca, cb = LAYOUT_CONSUMES[case.layout]
+    ca, cb = GEMM_LAYOUTS[case.layout].consumes
     return key + _config_key(dist, case.config, ca) + _config_key(dist, case.b_config, cb)
 
 
@@ -599,7 +610,7 @@ def generate(case: Case, device: str | torch.device = "cpu") -> dict:
                 if name in exact:
                     out[name] = exact[name].to(torch.float32).to(out_dt)
         else:
-            ca, cb = LAYOUT_CONSUMES[case.layout]
+            ca, cb = GEMM_LAYOUTS[case.layout].consumes
             out["a"] = _operand(case, case.config, shapes["a"], ca, "a")
             out["b"] = _operand(case, case.b_config, shapes["b"], cb, "b")
             if case.accumulate:

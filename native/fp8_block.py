@@ -22,7 +22,6 @@ CU_FILE = "fp8_block.cu"
 # NUMERICS: §6 table - VEC128_32F / BLK128x128_32F on sm_90 only, cuBLAS >= 12.9, TN only, aligned.
 CUBLASLT = CublasLtMode(family="fp8_block", label="FP8 block-scaled (VEC128/BLK128x128)",
                         min_cc=(9, 0), only_cc=(9, 0), cublas_min=120900, aligned=True)
-BLOCKWISE_EPILOGUE = True  # NUMERICS: §6 blockwise - bias, RN_out, then RN_out(C + RN_out(Y))
 
 
 def scheme_defines(config) -> dict[str, int | float | str]:

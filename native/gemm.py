@@ -324,7 +324,7 @@ def _portable(av: OperandView, bv: OperandView, out_dtype, bias, c) -> torch.Ten
     c32 = None if c is None else c.to(torch.float32).contiguous()  # exact for bf16/fp16/fp32 C
     # NUMERICS: §6 epilogue - fp8_block: bias, RN_out, D = RN_out(C + RN_out(Y)); the others:
     # RN(Y + C) in fp32, then RN(. + bias), then RN_out (reference.gemm's order).
-    epilogue = int(launcher(av.config.scheme).BLOCKWISE_EPILOGUE)
+    epilogue = int(av.config.scheme_row.round_before_accumulate)
     index = device_index(device)
     with torch.cuda.device(index):
         from ._compile import load_module
@@ -400,7 +400,7 @@ def _cublaslt(av: OperandView, bv: OperandView, out_dtype, bias, c, *, fast_accu
     # RN_out, or for the blockwise order RN_out(C + RN_out(Y + bias)).
     y = torch.empty((m, n), dtype=torch.float32, device=device)
     lt_mod.scaled_matmul(la, lb, k, y, alpha=alpha, fast_accum=fast_accum)
-    if scheme.BLOCKWISE_EPILOGUE:
+    if av.config.scheme_row.round_before_accumulate:
         if bias is not None:
             y = y + bias.to(torch.float32)  # NUMERICS: §6 blockwise bias in fp32, then RN_out
         z = y.to(out_dtype)

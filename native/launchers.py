@@ -11,7 +11,8 @@ in its launcher module, which provides:
   `dequantize(q, orientation, dtype) -> [M, K]`, on CUDA tensors already checked by `reference.spec`;
 - `CUBLASLT` (a `CublasLtMode`: its NUMERICS §6 cuBLASLt row), `lt_scale(view) -> LtScale` (the scale
   tensor and scale mode cuBLASLt reads for one consumed copy), `lt_alpha(a_view, b_view) -> float`;
-- `BLOCKWISE_EPILOGUE`: True for NUMERICS §6's blockwise epilogue order (bias, RN_out, then C).
+- `scheme_defines(config)` (its own compile-time defines) and `nvcc_check_config(scheme)`.
+The GEMM epilogue order is the scheme row's (`Scheme.round_before_accumulate`, NUMERICS §6).
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ from .per_tensor import ELEMENTWISE_THREADS, SUFFIX, THREADS, n_tiles
 CU_FILE = "mxfp8.cu"
 # NUMERICS: §6 table - VEC32_UE8M0 on sm_100+, cuBLAS >= 12.8; any layout (both copies are K-scaled).
 CUBLASLT = CublasLtMode(family="mxfp8", label="MXFP8", min_cc=(10, 0), cublas_min=120800, any_layout=True)
-BLOCKWISE_EPILOGUE = False  # NUMERICS: §6 RN(Y + C), RN(. + bias), RN_out
 
 
 def _vec_flags(x2d: torch.Tensor, q_row, q_col) -> tuple[int, int]:

@@ -39,7 +39,6 @@ from .launchers import CublasLtMode, LtScale
 CU_FILE = "nvfp4.cu"
 # NUMERICS: §6 table - VEC16_UE4M3 + alpha on sm_100+, cuBLAS >= 12.8, TN only.
 CUBLASLT = CublasLtMode(family="nvfp4", label="NVFP4", min_cc=(10, 0), cublas_min=120800)
-BLOCKWISE_EPILOGUE = False  # NUMERICS: §6 RN(Y + C), RN(. + bias), RN_out
 
 THREADS = 256  # a multiple of 32: the amax reductions use full-warp shuffles (nvfp4.cu NVFP4_THREADS)
 MAX_BLOCKS = 1 << 20  # kernels are grid-stride loops; this only caps the launch size

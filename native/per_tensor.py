@@ -31,7 +31,6 @@ SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 # NUMERICS: §6 table - per-tensor FP8 on cuBLASLt: SCALAR_32F, sm_89+, cuBLAS >= 12.0, TN only;
 # fast accumulation is a per-tensor option.
 CUBLASLT = CublasLtMode(family="per_tensor", label="per-tensor FP8", min_cc=(8, 9), cublas_min=120000, fast_accum=True)
-BLOCKWISE_EPILOGUE = False  # NUMERICS: §6 RN(Y + C), RN(. + bias), RN_out
 
 
 def scheme_defines(config) -> dict[str, int | float | str]:

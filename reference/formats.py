@@ -114,6 +114,7 @@ class Scheme:
     stores_amax: bool = False  # each copy carries its fp32 amax [1]
     global_amax: bool = False  # that amax is the second-level scale source (consumed by dequantize / GEMM)
     gemm_2d_x_2d: bool = True  # a GEMM of two 2-D-tiled operands is allowed (§6)
+    round_before_accumulate: bool = False  # GEMM epilogue D = RN_out(C + RN_out(Y + bias)) (§6 blockwise)
     input_dtypes: tuple[str, ...] = INPUT_DTYPES
 
     @property
@@ -148,7 +149,8 @@ SCHEMES: dict[str, Scheme] = {
         # stored [block, row]; one sinv per 128x128 tile; no 2-D x 2-D GEMM (§6); §6 defines C accumulation.
         Scheme("fp8_block", ("e4m3", "e5m2"), "fp32", ((1, 128), (128, 128)), True, True, "blockwise",
                ("blockwise_order", "exact"), True, ("pow2_scales", "eps"), scale_per_tile=True,
-               block_major_scales=True, gemm_2d_x_2d=False),
+               block_major_scales=True, gemm_2d_x_2d=False,
+               round_before_accumulate=True),
         # NUMERICS: §5 NVFP4; M and K multiples of 16; global amax per copy; §6 defines C accumulation.
         Scheme("nvfp4", ("e2m1",), "e4m3", ((1, 16), (16, 16)), False, False, "nvfp4", ("block_sum", "exact"), True,
                ("rht", "stochastic"), swizzled_scales=True, stores_amax=True, global_amax=True),

@@ -40,28 +40,20 @@ from dataclasses import dataclass
 
 import torch
 
-from . import casts, fp32, layouts
-from .formats import E2M1, E4M3, FLT_MAX, FORMATS
+from . import casts, fp32, spec
+from .formats import E4M3, FLT_MAX, GEMM_METHODS, SCHEMES
+from .layouts import GEMM_LAYOUTS, copy_geometry
 from .types import QuantizedTensor, SpecViolation
 
-LAYOUTS = {"TN": ("rowwise", "rowwise"), "NN": ("rowwise", "colwise"), "NT": ("colwise", "colwise")}
-METHODS = ("auto", "exact", "blockwise_order", "block_sum")
-AUTO_METHOD = {
-    "fp8_current": "exact",
-    "fp8_delayed": "exact",
-    "fp8_block": "blockwise_order",
-    "mxfp8": "block_sum",
-    "nvfp4": "block_sum",
-}
-METHODS_FOR_SCHEME = {
-    "fp8_current": ("exact",),
-    "fp8_delayed": ("exact",),
-    "fp8_block": ("exact", "blockwise_order"),
-    "mxfp8": ("exact", "block_sum"),
-    "nvfp4": ("exact", "block_sum"),
-}
-OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_PER_TENSOR = ("fp8_current", "fp8_delayed")
+# NUMERICS: §6 - the one layout table lives in layouts.GEMM_LAYOUTS; these views keep the old names.
+LAYOUTS = {name: lay.consumes for name, lay in GEMM_LAYOUTS.items()}
+METHODS = ("auto",) + GEMM_METHODS
+AUTO_METHOD = {name: row.gemm_methods[0] for name, row in SCHEMES.items()}
+METHODS_FOR_SCHEME = {name: tuple(m for m in GEMM_METHODS if m in row.gemm_methods) for name, row in SCHEMES.items()}
+OUT_DTYPES = spec.OUT_DTYPES
+# Decoders of stored scale bytes by scale format (fp32 sinv is used as is).
+_SCALE_DECODE = {"fp32": lambda s: s.to(torch.float32), "ue8m0": casts.e8m0_decode,
+                 "e4m3": lambda s: casts.decode(s, E4M3)}
 
 # fp64 elements per (block, M, N) partial-product chunk: bounds memory of the per-block paths.
 _CHUNK_ELEMENTS = 1 << 23
@@ -106,76 +98,44 @@ class Operand:
 # ---- operand extraction ------------------------------------------------------------------------
 
 
-def _field(q: QuantizedTensor, name: str, fld: str, layout: str, orientation: str) -> torch.Tensor:
-    t = getattr(q, fld)
-    if t is None:
-        raise SpecViolation(
-            f"{name}.{fld} is None: layout {layout} consumes {name}'s {orientation} copy "
-            f"(quantize it with {orientation}=True)"
-        )
-    return t
-
-
 def operand(q: QuantizedTensor, orientation: str, *, name: str = "a", layout: str = "TN") -> Operand:
-    """Decode the copy `orientation` of `q` into its K-contiguous GEMM form (NUMERICS.md §1, §3, §4, §5.9)."""
-    if not isinstance(q, QuantizedTensor):
-        raise SpecViolation(f"{name} must be a QuantizedTensor, got {type(q).__name__}")
-    cfg = q.config
-    m, k = q.m, q.k
-    data = _field(q, name, f"{orientation}_data", layout, orientation)
-    scale = _field(q, name, f"{orientation}_scale", layout, orientation)
-    want = layouts.data_shape(cfg, orientation, m, k)
-    if tuple(data.shape) != want:
-        raise SpecViolation(
-            f"{name}.{orientation}_data has shape {tuple(data.shape)}, expected {want} for {cfg.id} logical [{m}, {k}]"
-        )
-    padded = layouts.scale_padded_shape(cfg, orientation, m, k)
-    if tuple(scale.shape) != padded:
-        raise SpecViolation(
-            f"{name}.{orientation}_scale has shape {tuple(scale.shape)}, expected {padded} for {cfg.id} "
-            f"logical [{m}, {k}] (layouts.scale_padded_shape)"
-        )
-    rows, depth = (m, k) if orientation == "rowwise" else (k, m)  # the consumed K is the copy's block axis
-    valid = layouts.scale_valid_shape(cfg, orientation, m, k)  # (1,) per-tensor, else (rows, cols)
-    vr, vc = valid if len(valid) == 2 else (1, 1)
-    fmt = FORMATS[cfg.element]
-    blk = cfg.block
+    """Decode the copy `orientation` of `q` into its K-contiguous GEMM form (NUMERICS.md §1, §3, §4, §5.9).
+
+    Generic over the copy's `CopyGeometry`: the consumed rows are data rows, or data columns when
+    the blocks run along data rows (MXFP8 colwise, §3); scales are brought to one entry per
+    (consumed row, K block).
+    """
+    lay = spec.gemm_layout(layout)
+    spec.check_quantized(q, orientation, name=name,
+                         why=f"layout {lay.name} consumes {name}'s {orientation} copy (quantize it with {orientation}=True)")
+    cfg, row = q.config, q.config.scheme_row
+    g = copy_geometry(cfg, orientation, q.m, q.k)
+    data, scale = getattr(q, f"{orientation}_data"), getattr(q, f"{orientation}_scale")
+    codes = casts.unpack_nibbles(data) if g.codes_per_byte == 2 else data  # NUMERICS: §5.4 two codes per byte
+    vals = casts.decode(codes, cfg.element_format)  # data coordinates [rows, cols]
     sc: torch.Tensor | None = None
     gscale: torch.Tensor | None = None
-    amax: torch.Tensor | None = None
-    if cfg.scheme in _PER_TENSOR:
-        vals = casts.decode(data, fmt)  # (R, K): rowwise [M, K] or data_T [K, M]  (NUMERICS: §1)
-        gscale = scale.reshape(1).to(torch.float32)
-    elif cfg.scheme == "fp8_block":
-        vals = casts.decode(data, fmt)  # (R, K): rowwise [M, K] or colwise [K, M]  (NUMERICS: §4)
-        s = scale[:vr, :vc].to(torch.float32)
-        if cfg.is_2d:
-            # NUMERICS: §4 2-D - entry [row block, K block], shared by the tile's 128 rows.
-            sc = s.repeat_interleave(blk, dim=0)[:rows]  # (R, nb)
-        else:
-            # NUMERICS: §4 1-D - stored transposed, entry [K block, row].
-            sc = s.t()  # (R, nb)
-    elif cfg.scheme == "mxfp8":
-        v = casts.decode(data, fmt)  # [M, K] for both copies (NUMERICS: §3 colwise not transposed)
-        e = scale[:vr, :vc]
-        if orientation == "rowwise":
-            vals, sc = v, casts.e8m0_decode(e)  # (R, K), (R, nb): S_r entry [m, kb]
-        else:
-            vals, sc = v.t(), casts.e8m0_decode(e).t()  # S_c entry [mb, k] -> (R = K, nb)
-    elif cfg.scheme == "nvfp4":
-        vals = casts.decode(casts.unpack_nibbles(data), E2M1)  # (R, K)  (NUMERICS: §5.4, §5.9)
-        sc = casts.decode(scale[:vr, :vc], E4M3)  # (R, nb): UE4M3 bytes
-        amax = _field(q, name, f"{orientation}_amax", layout, orientation).reshape(1).to(torch.float32)
-    else:  # pragma: no cover - QuantConfig validates the scheme
-        raise SpecViolation(f"unknown scheme {cfg.scheme!r}")
+    if g.per_tensor:
+        gscale = scale.reshape(1).to(torch.float32)  # NUMERICS: §1 one sinv for data and data_T
+    else:
+        vr, vc = g.scale_valid_shape
+        s = _SCALE_DECODE[row.scale_format](scale[:vr, :vc])
+        if g.block_major:
+            s = s.t()  # NUMERICS: §4 1-D sinv stored [K block, row] -> [row, K block]
+        if g.along_rows:
+            vals, s = vals.t(), s.t()  # NUMERICS: §3 MXFP8 colwise: data [M, K], S_c [mb, k] -> (K, nb)
+        if g.scale_block[0] > 1 and g.scale_block[1] > 1:
+            s = s.repeat_interleave(cfg.block, dim=0)[: vals.shape[0]]  # NUMERICS: §4 2-D: one sinv per tile
+        sc = s
+    # NUMERICS: §5.2 the NVFP4 global amax (alpha, §5.8) travels with the operand.
+    amax = getattr(q, f"{orientation}_amax").reshape(1).to(torch.float32) if row.global_amax else None
     vals = vals.to(torch.float64).contiguous()
-    assert vals.shape == (rows, depth), (vals.shape, rows, depth)
     return Operand(
         name=name,
         orientation=orientation,
         values=vals,
         scale=None if sc is None else sc.to(torch.float32).contiguous(),
-        block=blk,
+        block=cfg.block,
         two_d=cfg.is_2d,
         global_scale=gscale,
         amax=amax,
@@ -184,37 +144,14 @@ def operand(q: QuantizedTensor, orientation: str, *, name: str = "a", layout: st
 
 
 def operands(a: QuantizedTensor, b: QuantizedTensor, layout: str) -> tuple[Operand, Operand, str]:
-    """Both operands of a GEMM in K-contiguous form, after the compatibility checks; and the scheme."""
-    if layout not in LAYOUTS:
-        raise SpecViolation(f"layout={layout!r} is invalid: expected one of {tuple(LAYOUTS)}")
-    for name, q in (("a", a), ("b", b)):
-        if not isinstance(q, QuantizedTensor):
-            raise SpecViolation(f"{name} must be a QuantizedTensor, got {type(q).__name__}")
-    sa, sb = a.config.scheme, b.config.scheme
-    if sa != sb:
-        raise SpecViolation(f"a.config.scheme={sa!r} and b.config.scheme={sb!r} differ: a GEMM takes one scheme")
-    oa_orient, ob_orient = LAYOUTS[layout]
-    oa = operand(a, oa_orient, name="a", layout=layout)
-    ob = operand(b, ob_orient, name="b", layout=layout)
-    if oa.depth != ob.depth:
-        raise SpecViolation(
-            f"K mismatch for layout {layout}: a (logical {tuple(a.shape)}, {oa_orient}) has K={oa.depth}, "
-            f"b (logical {tuple(b.shape)}, {ob_orient}) has K={ob.depth}"
-        )
-    if oa.block != ob.block:
-        raise SpecViolation(f"K block mismatch: a.config.tile={a.config.tile}, b.config.tile={b.config.tile}")
-    if sa == "fp8_block" and oa.two_d and ob.two_d:
-        # NUMERICS: §4 / §6 - a 2-D x 2-D blockwise GEMM is not allowed (cuBLASLt rejects it).
-        raise SpecViolation(
-            f"a.config.tile={a.config.tile} and b.config.tile={b.config.tile}: a 2-D x 2-D fp8_block GEMM is not allowed "
-            "(NUMERICS.md §6)"
-        )
-    if oa.rht != ob.rht:
-        raise SpecViolation(
-            f"a.config.rht={a.config.rht} ({oa_orient}) and b.config.rht={b.config.rht} ({ob_orient}): only one consumed "
-            "copy is in the Hadamard domain, so the product is meaningless (RHT is for the wgrad NT GEMM, both colwise)"
-        )
-    return oa, ob, sa
+    """Both operands of a GEMM in K-contiguous form, after the spec checks (`spec.check_gemm`); and the scheme."""
+    spec.check_gemm(a, b, layout=layout, out_dtype=torch.float32)
+    return _operands(a, b, layout)
+
+
+def _operands(a: QuantizedTensor, b: QuantizedTensor, layout: str) -> tuple[Operand, Operand, str]:
+    lay = GEMM_LAYOUTS[layout]
+    return operand(a, lay.a, name="a", layout=layout), operand(b, lay.b, name="b", layout=layout), a.config.scheme
 
 
 # ---- arithmetic ---------------------------------------------------------------------------------
@@ -232,20 +169,19 @@ def _dequantized(op: Operand) -> torch.Tensor:
     return op.values * _expand(op.scale.to(torch.float64), op.block, op.depth)
 
 
-def _alpha(oa: Operand, ob: Operand) -> torch.Tensor:
-    """NVFP4 alpha from the two consumed copies' global amaxes (NUMERICS.md §5.8, reference.nvfp4)."""
-    from .nvfp4 import gemm_alpha  # the NVFP4 module owns §5.8
-
+def _alpha(oa: Operand, ob: Operand, scheme: str) -> torch.Tensor:
+    """The global-amax alpha of the two consumed copies (NUMERICS.md §5.8; the scheme module's gemm_alpha)."""
+    gemm_alpha = SCHEMES[scheme].reference_module().gemm_alpha  # the scheme module owns §5.8
     return gemm_alpha(oa.amax, ob.amax).reshape(()).to(torch.float32)
 
 
 def _global_factor(oa: Operand, ob: Operand, scheme: str) -> torch.Tensor | None:
     """The factor applied after the K sum, as fp64 (exact): sinv_a * sinv_b or alpha."""
-    if scheme in _PER_TENSOR:
+    if oa.global_scale is not None:
         # NUMERICS: §6 per-tensor Y = sinv_a * sinv_b * sum dec*dec (product of two fp32 is exact in fp64).
         return oa.global_scale.to(torch.float64).reshape(()) * ob.global_scale.to(torch.float64).reshape(())
-    if scheme == "nvfp4":
-        return _alpha(oa, ob).to(torch.float64)
+    if oa.amax is not None:
+        return _alpha(oa, ob, scheme).to(torch.float64)
     return None
 
 
@@ -356,7 +292,7 @@ def _epilogue(
     y: torch.Tensor, scheme: str, out_dtype: torch.dtype, bias: torch.Tensor | None, c: torch.Tensor | None
 ) -> torch.Tensor:
     """Bias, accumulate and the output rounding, per scheme (see the module docstring)."""
-    if scheme == "fp8_block":
+    if SCHEMES[scheme].round_before_accumulate:
         if bias is not None:
             # NUMERICS: §6 blockwise step 3 - bias added in fp32, then RN_out (TE reference: y += bias).
             y = y.to(torch.float32) + bias[None, :]
@@ -372,24 +308,6 @@ def _epilogue(
         # Bias in fp32 before the final rounding (cuBLASLt BIAS epilogue after alpha*AB + beta*C).
         y = y.to(torch.float32) + bias[None, :]
     return round_out(y, out_dtype)
-
-
-def _check_extra(
-    bias: torch.Tensor | None, c: torch.Tensor | None, m: int, n: int, device: torch.device, out_dtype
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    if out_dtype not in OUT_DTYPES:
-        raise SpecViolation(f"out_dtype={out_dtype} is invalid: expected one of {OUT_DTYPES}")
-    if bias is not None:
-        if not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (n,) or bias.dtype not in OUT_DTYPES:
-            got = (tuple(bias.shape), bias.dtype) if isinstance(bias, torch.Tensor) else type(bias).__name__
-            raise SpecViolation(f"bias must be a float32/bfloat16/float16 tensor of shape [N] = [{n}], got {got}")
-        bias = bias.to(device=device, dtype=torch.float32)  # exact widening
-    if c is not None:
-        if not isinstance(c, torch.Tensor) or tuple(c.shape) != (m, n) or c.dtype not in OUT_DTYPES:
-            got = (tuple(c.shape), c.dtype) if isinstance(c, torch.Tensor) else type(c).__name__
-            raise SpecViolation(f"c must be a float32/bfloat16/float16 tensor of shape [M, N] = [{m}, {n}], got {got}")
-        c = c.to(device=device)
-    return bias, c
 
 
 def _resolve_method(method: str, scheme: str) -> str:
@@ -418,12 +336,14 @@ def gemm(
 
     See the module docstring for layouts, methods and the epilogue order.
     """
-    oa, ob, scheme = operands(a, b, layout)
+    spec.check_gemm(a, b, layout=layout, out_dtype=out_dtype, bias=bias, c=c)
+    oa, ob, scheme = _operands(a, b, layout)
     meth = _resolve_method(method, scheme)
     dev = oa.values.device
     if ob.values.device != dev:
         raise SpecViolation(f"a is on {dev} and b on {ob.values.device}: both operands must be on one device")
-    bias, c = _check_extra(bias, c, oa.rows, ob.rows, dev, out_dtype)
+    bias = None if bias is None else bias.to(device=dev, dtype=torch.float32)  # exact widening
+    c = None if c is None else c.to(device=dev)
     if meth == "exact":
         y = _exact(oa, ob, scheme)
     elif meth == "block_sum":
@@ -508,7 +428,7 @@ def exact_representable_ok(
     """
     oa, ob, scheme = operands(a, b, layout)
     ua, ub = _dequantized(oa), _dequantized(ob)
-    if scheme in _PER_TENSOR:
+    if oa.global_scale is not None:
         ua = ua * oa.global_scale.to(torch.float64)
         ub = ub * ob.global_scale.to(torch.float64)
     if not (bool(torch.isfinite(ua).all()) and bool(torch.isfinite(ub).all())):
@@ -523,8 +443,8 @@ def exact_representable_ok(
     if s > bound:
         return False, f"max_n sum_k |t_k| = {s!r} exceeds 2^{sum_bits} q = 2^{q_exp + sum_bits}"
     g_exp = 0
-    if scheme == "nvfp4":
-        alpha = float(_alpha(oa, ob))
+    if oa.amax is not None:
+        alpha = float(_alpha(oa, ob, scheme))
         mant, g_exp = math.frexp(alpha)
         if alpha <= 0 or mant != 0.5:
             return False, f"alpha = {alpha!r} is not a power of two (NUMERICS.md §6: use A_g = 2688 or 21504)"
@@ -533,13 +453,13 @@ def exact_representable_ok(
         return False, f"q = 2^{q_exp} (alpha 2^{g_exp}) is below the fp32 grid 2^{_FP32_MIN_SUBNORMAL_EXP}"
     if max(bound, math.ldexp(bound, g_exp)) > FLT_MAX:
         return False, f"2^{sum_bits} q = 2^{q_exp + sum_bits} (alpha 2^{g_exp}) exceeds the fp32 range"
-    if scheme in _PER_TENSOR:
+    if oa.global_scale is not None:
         sa, sb = oa.global_scale.to(torch.float64), ob.global_scale.to(torch.float64)
         prod = sa * sb
         if bool((prod.to(torch.float32).to(torch.float64) != prod).any()):
             return False, "sinv_a * sinv_b is not exact in fp32"
         scales = torch.cat([sa, sb])
-    elif scheme == "fp8_block":
+    elif SCHEMES[scheme].scale_format == "fp32":  # fp32 block sinv (not a pow2 byte format)
         scales = torch.cat([oa.scale.reshape(-1), ob.scale.reshape(-1)]).to(torch.float64)
     else:
         scales = None

@@ -24,6 +24,11 @@ TORCH_DTYPES = {name: dt for dt, name in DTYPE_NAMES.items()}
 OUT_DTYPES = tuple(DTYPE_NAMES)  # GEMM and dequantize outputs
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The spelling of a torch dtype in cases, reports and messages ("bfloat16", "float64", ...)."""
+    return DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch.")
+
+
 # ---- rules on names and shapes (the case generator's view) -----------------------------------
 
 
@@ -31,13 +36,14 @@ def quantize_rule(config: QuantConfig, shape: tuple[int, ...], dtype: str, *, wh
     """The quantize rules that depend only on (config, shape, dtype name); SpecViolation if broken."""
     sch = config.scheme_row
     if dtype not in sch.input_dtypes:
-        raise SpecViolation(f"{config.scheme}: input dtype {dtype} is not allowed; expected one of {sch.input_dtypes}")
+        raise SpecViolation(f"{config.scheme}: input dtype {dtype} is not allowed; expected one of {sch.input_dtypes}",
+                            rule="dtype")
     if config.rht and dtype != "bfloat16":
-        raise SpecViolation(f"{config.id}: RHT needs a bfloat16 input (NUMERICS.md §5.6), got {dtype}")
+        raise SpecViolation(f"{config.id}: RHT needs a bfloat16 input (NUMERICS.md §5.6), got {dtype}", rule="rht")
     if len(shape) == 0:
-        raise SpecViolation(f"{config.scheme}: a 0-d tensor cannot be quantized; expected [..., K]")
+        raise SpecViolation(f"{config.scheme}: a 0-d tensor cannot be quantized; expected [..., K]", rule="shape")
     if math.prod(shape) == 0:
-        raise SpecViolation(f"{config.scheme}: empty tensor of shape {tuple(shape)} cannot be quantized")
+        raise SpecViolation(f"{config.scheme}: empty tensor of shape {tuple(shape)} cannot be quantized", rule="shape")
     if not sch.partial_tiles:
         blk = config.block
         m, k = math.prod(shape[:-1]), shape[-1]
@@ -46,7 +52,8 @@ def quantize_rule(config: QuantConfig, shape: tuple[int, ...], dtype: str, *, wh
                 # NUMERICS: §3 / §5.5 - no partial blocks for mxfp8 and nvfp4.
                 raise SpecViolation(
                     f"{config.id}: {what} {dim_name}={n} (shape {tuple(shape)}) is not a multiple of {blk}; "
-                    f"{config.scheme} does not support partial blocks (NUMERICS.md §3/§5.5)"
+                    f"{config.scheme} does not support partial blocks (NUMERICS.md §3/§5.5)",
+                    rule="shape",
                 )
 
 
@@ -55,21 +62,24 @@ def gemm_rule(a: QuantConfig, b: QuantConfig, layout: str) -> None:
     lay = gemm_layout(layout)
     if a.scheme != b.scheme:
         raise SpecViolation(
-            f"a.config.scheme={a.scheme!r} and b.config.scheme={b.scheme!r} differ: a GEMM takes one scheme"
+            f"a.config.scheme={a.scheme!r} and b.config.scheme={b.scheme!r} differ: a GEMM takes one scheme",
+            rule="gemm",
         )
     if a.block != b.block:
-        raise SpecViolation(f"K block mismatch: a.config.tile={a.tile}, b.config.tile={b.tile}")
+        raise SpecViolation(f"K block mismatch: a.config.tile={a.tile}, b.config.tile={b.tile}", rule="gemm")
     if a.is_2d and b.is_2d and not a.scheme_row.gemm_2d_x_2d:
         # NUMERICS: §4 / §6 - a 2-D x 2-D blockwise GEMM is not allowed (cuBLASLt rejects it).
         raise SpecViolation(
             f"a.config.tile={a.tile} and b.config.tile={b.tile}: a 2-D x 2-D {a.scheme} GEMM is not allowed "
-            "(NUMERICS.md §6)"
+            "(NUMERICS.md §6)",
+            rule="gemm",
         )
     rht_a, rht_b = a.rht and lay.a == "colwise", b.rht and lay.b == "colwise"  # NUMERICS: §5.6 colwise only
     if rht_a != rht_b:
         raise SpecViolation(
             f"a.config.rht={a.rht} ({lay.a}) and b.config.rht={b.rht} ({lay.b}): only one consumed "
-            "copy is in the Hadamard domain, so the product is meaningless (RHT is for the wgrad NT GEMM, both colwise)"
+            "copy is in the Hadamard domain, so the product is meaningless (RHT is for the wgrad NT GEMM, both colwise)",
+            rule="gemm",
         )
 
 
@@ -96,12 +106,7 @@ def check_quantize(
         raise SpecViolation(f"x must be a torch.Tensor, got {type(x).__name__}")
     if not (rowwise or colwise):
         raise SpecViolation("quantize needs rowwise=True or colwise=True; both were False")
-    name = DTYPE_NAMES.get(x.dtype)
-    if name is None:
-        raise SpecViolation(
-            f"{config.scheme}: input dtype {x.dtype} is not allowed; expected one of {config.scheme_row.input_dtypes}"
-        )
-    quantize_rule(config, tuple(x.shape), name)
+    quantize_rule(config, tuple(x.shape), dtype_name(x.dtype))
     seed = SRSeed.coerce(rng)
     if config.stochastic and seed is None:
         raise SpecViolation(f"{config.id}: stochastic rounding needs rng=(seed, stream) (NUMERICS.md §5.7)")

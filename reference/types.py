@@ -14,7 +14,15 @@ from .formats import QuantConfig
 
 
 class SpecViolation(ValueError):
-    """Input that breaks the spec (shape not a multiple of the tile, wrong dtype, RHT on non-bf16)."""
+    """Input that breaks the spec (shape not a multiple of the tile, wrong dtype, RHT on non-bf16).
+
+    `rule` names the rule's family ("dtype", "rht", "shape", "gemm", "field", ...; reference.spec):
+    the case generator counts exclusions by it.
+    """
+
+    def __init__(self, message: str = "", *, rule: str = "spec") -> None:
+        super().__init__(message)
+        self.rule = rule
 
 
 class Unsupported(Exception):

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 import reference
-from harness.cases import DISTRIBUTIONS, LAYOUT_CONSUMES, Case
+from harness.cases import DISTRIBUTIONS, Case
 from harness.inputs import SPECIAL_PATTERNS, generate
 from reference.formats import QuantConfig
+from reference.layouts import GEMM_LAYOUTS
 
 from .oracles import scaled_by_encode_factor
 
@@ -284,7 +285,7 @@ def _check_exact(pair, layout, k):
     case = Case("gemm", a_cfg, (m, n, k), "bfloat16", "exact_representable", 4, layout=layout, b_config=b_cfg,
                 out_dtype="float16", accumulate=True, bias=True)
     d = generate(case)
-    ca, cb = LAYOUT_CONSUMES[layout]
+    ca, cb = GEMM_LAYOUTS[layout].consumes
     qa = reference.quantize(d["a"], a_cfg, rowwise=ca == "rowwise", colwise=ca == "colwise", rng=d.get("rng"))
     qb = reference.quantize(d["b"], b_cfg, rowwise=cb == "rowwise", colwise=cb == "colwise", rng=(4, 2))
     da = reference.dequantize(qa, ca, torch.float32).to(torch.float64)

@@ -26,7 +26,7 @@ from reference.nvfp4 import gemm_alpha
 from reference.per_tensor import AmaxHistory
 
 NATIVE = Path(native_nvfp4.__file__).resolve().parent
-INTERFACE = ("CU_FILE", "CUBLASLT", "BLOCKWISE_EPILOGUE", "quantize_2d", "dequantize", "lt_scale", "lt_alpha",
+INTERFACE = ("CU_FILE", "CUBLASLT", "quantize_2d", "dequantize", "lt_scale", "lt_alpha",
              "scheme_defines", "nvcc_check_config")
 
 

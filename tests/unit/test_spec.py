@@ -171,3 +171,45 @@ def test_quantconfig_range_edges_are_accepted():
     assert QuantConfig("fp8_delayed", amax_history_len=65536).amax_history_len == 65536
     assert QuantConfig("fp8_block", tile=[128, 128]).tile == (128, 128)
     assert QuantConfig("fp8_current", eps=1).eps == 1
+
+
+# ---- reference and native: the same bad input, the same exception and message ------------------
+
+
+def _outcome(fn, *args, **kw):
+    try:
+        fn(*args, **kw)
+    except Exception as e:  # noqa: BLE001 - the point is to compare what each side raises
+        return type(e), str(e)
+    return None
+
+
+def _bad_calls():
+    mx, nv = _q("mxfp8"), _q("nvfp4")
+    return {
+        "quantize-partial-block": ("quantize", (torch.zeros(40, 64), QuantConfig("mxfp8")), {}),
+        "quantize-rht-fp32": ("quantize", (torch.zeros(16, 16), QuantConfig("nvfp4", rht=True)), {"colwise": True}),
+        "quantize-sr-no-seed": ("quantize", (torch.zeros(16, 16), QuantConfig("nvfp4", stochastic=True)), {}),
+        "quantize-float64": ("quantize", (torch.zeros(32, 32, dtype=torch.float64), QuantConfig("mxfp8")), {}),
+        "dequantize-truncated": ("dequantize", (_tampered(mx, rowwise_data=mx.rowwise_data[:3]), "rowwise"), {}),
+        "dequantize-no-amax": ("dequantize", (_tampered(nv, colwise_amax=None), "colwise"), {}),
+        "dequantize-orientation": ("dequantize", (mx, "diagonal"), {}),
+        "gemm-two-schemes": ("gemm", (mx, nv), {}),
+        "gemm-missing-copy": ("gemm", (mx, _tampered(mx, colwise_data=None)), {"layout": "NN"}),
+        "gemm-layout": ("gemm", (mx, mx), {"layout": "XY"}),
+        "gemm-bias": ("gemm", (mx, mx), {"bias": torch.zeros(5)}),
+        "gemm-not-quantized": ("gemm", (mx.rowwise_data, mx), {}),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_calls()))
+def test_native_raises_what_the_reference_raises(case):
+    import native
+    import reference
+
+    native_fns = {"quantize": native.quantize, "dequantize": native.dequantize, "gemm": native.gemm}
+    op, args, kw = _bad_calls()[case]
+    ref = _outcome(getattr(reference, op), *args, **kw)
+    nat = _outcome(native_fns[op], *args, **kw)
+    assert ref is not None and issubclass(ref[0], ValueError)
+    assert nat == ref
