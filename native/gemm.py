@@ -43,7 +43,7 @@ import torch
 
 from reference import spec
 from reference.formats import FORMATS, SCHEMES, QuantConfig
-from reference.layouts import GEMM_LAYOUTS
+from reference.layouts import GEMM_LAYOUTS, copy_geometry
 from reference.types import QuantizedTensor, SpecViolation, Unsupported
 
 from .launch import launch
@@ -104,7 +104,7 @@ class OperandView:
 
     @property
     def k_contiguous(self) -> bool:
-        return self.q.config.scheme == "nvfp4" or self.k_stride == 1
+        return self.k_stride == 1  # FP4 copies are packed along K: always K-contiguous
 
     @property
     def is_2d(self) -> bool:
@@ -128,32 +128,21 @@ def operand_view(q: QuantizedTensor, orientation: str, name: str) -> OperandView
     data = data.contiguous()
     scale = scale.contiguous()
     amax = getattr(q, f"{orientation}_amax")
-    r, c = q.m, q.k  # logical [R, C]
-    scheme, rowwise = q.config.scheme, orientation == "rowwise"
-    outer, k = (r, c) if rowwise else (c, r)
+    # NUMERICS: §1, §3, §4, §5.9 - the copy's geometry (reference.layouts.CopyGeometry): the
+    # contraction runs along data columns, or along data rows where the blocks do (MXFP8 colwise).
+    g = copy_geometry(q.config, orientation, q.m, q.k)
+    outer, k = (g.cols, g.rows) if g.along_rows else (g.rows, g.cols)
     ld_s = scale.shape[-1] if scale.dim() == 2 else 0
-    if scheme in PER_TENSOR:
-        # NUMERICS: §1 rowwise [R, C]; colwise = data_T [C, R]; one sinv [1] shared.
-        i_st, k_st = (c, 1) if rowwise else (r, 1)
-        s = (1, 0, 0)
-    elif scheme == "fp8_block":
-        # NUMERICS: §4 rowwise [R, C]; colwise data [C, R] transposed. 1-D sinv entry [kb, i]
-        # (rowwise [ceil(C/128), roundup(R,4)], colwise [ceil(R/128), roundup(C,4)]);
-        # 2-D sinv entry [ib, kb] ([ceil(R/128), roundup(ceil(C/128),4)] and its transpose).
-        i_st, k_st = (c, 1) if rowwise else (r, 1)
-        s = (q.config.block, ld_s, 1) if q.config.is_2d else (1, 1, ld_s)
-    elif scheme == "mxfp8":
-        # NUMERICS: §3 data [R, C] for BOTH copies (colwise NOT transposed); S_r entry [r, kb],
-        # S_c entry [rb, c].
-        i_st, k_st = (c, 1) if rowwise else (1, c)
-        s = (1, ld_s, 1) if rowwise else (1, 1, ld_s)
-    elif scheme == "nvfp4":
-        # NUMERICS: §5.9 rowwise [R, C/2] packed along C; colwise = NVFP4(x^T) [C, R/2] packed along R;
-        # scales entry [i, kb] in both copies.
-        i_st, k_st = (k // 2, 1)
-        s = (1, ld_s, 1)
-    else:  # pragma: no cover - QuantConfig validates
-        raise ValueError(f"unknown scheme {scheme!r}")
+    if g.along_rows:
+        i_st, k_st = 1, g.cols  # data [K, outer] row-major: (i, k) at k * cols + i
+    else:
+        i_st, k_st = g.cols // g.codes_per_byte, 1  # bytes per data row; FP4 packs two codes per byte
+    if g.per_tensor:
+        s = (1, 0, 0)  # one sinv [1] shared
+    elif g.block_major or g.along_rows:
+        s = (1, 1, ld_s)  # scale entry [kb, i]: fp8_block 1-D sinv, MXFP8 S_c
+    else:
+        s = (g.scale_block[0], ld_s, 1)  # scale entry [i // rows per entry, kb]
     return OperandView(q, orientation, outer, k, data, i_st, k_st, scale, *s, amax)
 
 
@@ -387,7 +376,7 @@ def _portable(av: OperandView, bv: OperandView, out_dtype, bias, c) -> torch.Ten
 def _lt_operand(v: OperandView, lt_mod):
     """An LtOperand for one view: the scale tensor in the layout cuBLASLt expects for its mode."""
     scheme = v.config.scheme
-    if scheme in PER_TENSOR:
+    if v.config.scheme_row.per_tensor:
         scale, mode = v.scale.to(torch.float32).reshape(1), lt_mod.SCALAR_32F
     elif scheme == "fp8_block":
         # NUMERICS: §4 - the stored sinv layouts are the ones cuBLASLt reads (TE passes them
@@ -401,7 +390,7 @@ def _lt_operand(v: OperandView, lt_mod):
         scale = swizzle_scales(v.q, v.orientation).contiguous()
         mode = lt_mod.VEC32_UE8M0 if scheme == "mxfp8" else lt_mod.VEC16_UE4M3
     if v.k_contiguous:
-        ld = v.i_stride * (2 if scheme == "nvfp4" else 1)  # leading dimension in elements
+        ld = v.i_stride * copy_geometry(v.config, v.orientation, v.q.m, v.q.k).codes_per_byte  # in elements
     else:
         ld = v.k_stride
     return lt_mod.LtOperand(v.data, v.element, v.outer, v.k_contiguous, ld, scale, mode)
