@@ -19,7 +19,7 @@ import torch
 import reference
 from reference.formats import QuantConfig
 from reference.layouts import gemm_layout
-from reference.spec import TORCH_DTYPES, dtype_name
+from reference.spec import TORCH_DTYPES, dtype_name, gemm_rule
 from reference.types import QuantizedTensor, Unsupported
 
 ENTRY_POINT_GROUP = "numerics_harness.backends"
@@ -257,7 +257,7 @@ class TorchBackend:
         fp8_max = torch.full((1,), torch.finfo(f8).max, dtype=torch.float32, device=x.device)
         x32 = x.reshape(-1, x.shape[-1]).to(torch.float32)  # (M, K)
         amax = self._amax(x32)
-        if "delayed" not in config.scheme_row.options:  # current scaling (NUMERICS.md §1)
+        if not config.scheme_row.amax_history:  # current scaling (NUMERICS.md §1)
             s = self._scale(amax, fp8_max, config)
         elif state is not None:
             s = state.scale.to(device=x.device, dtype=torch.float32).reshape(1)
@@ -333,8 +333,7 @@ class TorchBackend:
             y = torch._scaled_mm(a8, b8.t(), scale_a=sa.reshape(()), scale_b=sb.reshape(()), out_dtype=mm_dtype,
                                  use_fast_accum=False)
         else:
-            if a.config.is_2d and b.config.is_2d:
-                raise Unsupported("torch: a 2-D x 2-D blockwise GEMM is not allowed (NUMERICS.md §4, §6)")
+            gemm_rule(a.config, b.config, layout)  # the spec's GEMM rules (2-D x 2-D, ...), its message
             scale_a, rec_a = self._block_scale(a, sa, m)
             scale_b, rec_b = self._block_scale(b, sb, n)
             y = torch.nn.functional.scaled_mm(a8, b8.t(), scale_a, rec_a, scale_b, rec_b, output_dtype=mm_dtype,

@@ -304,7 +304,7 @@ def _multiplier(q: QuantizedTensor, cp: _Copy, src: torch.Tensor, r: torch.Tenso
     row = cfg.scheme_row
     if row.per_tensor:
         sinv = scale.reshape(-1)[0].to(torch.float32)
-        if "delayed" not in row.options:  # current scaling: the scale follows from the stored amax
+        if not row.amax_history:  # current scaling: the scale follows from the stored amax
             from reference.scaling import compute_scale  # noqa: PLC0415
 
             a = getattr(q, f"{cp.o}_amax").to("cpu").reshape(())

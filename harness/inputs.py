@@ -97,7 +97,7 @@ def _sign(shape, g: torch.Generator) -> torch.Tensor:
 
 def _delayed(cfg: QuantConfig) -> bool:
     """The scheme scales from an amax history (NUMERICS.md §2): the fresh state's scale is 1."""
-    return "delayed" in cfg.scheme_row.options
+    return cfg.scheme_row.amax_history
 
 
 def _two_level(cfg: QuantConfig) -> bool:

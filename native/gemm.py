@@ -331,8 +331,8 @@ def _portable(av: OperandView, bv: OperandView, out_dtype, bias, c) -> torch.Ten
 
         module = load_module(CU_FILE, kernel_defines(av.config, bv.config, out_dtype))
     # The kernel reads the global amaxes only in builds with an alpha (NUMERICS §5.8: nvfp4).
-    amax_a = None if av.amax is None else av.amax.to(torch.float32).contiguous()
-    amax_b = None if bv.amax is None else bv.amax.to(torch.float32).contiguous()
+    amax_a = None if av.amax is None else av.amax.to(device=device, dtype=torch.float32).contiguous()
+    amax_b = None if bv.amax is None else bv.amax.to(device=device, dtype=torch.float32).contiguous()
     grid = (math.ceil(n / TILE_N), math.ceil(m / TILE_M), 1)
     args = (
         av.data, np.int64(av.i_stride), np.int64(av.k_stride), av.scale,

@@ -123,6 +123,11 @@ class Scheme:
         return self.tiles == (None,)
 
     @property
+    def amax_history(self) -> bool:
+        """Scales come from an amax history (NUMERICS.md §2 delayed scaling), not the tensor's own amax."""
+        return "delayed" in self.options
+
+    @property
     def scale_scalar_format(self) -> "ScalarFormat | None":
         """The format of stored scale bytes (None: fp32 sinv)."""
         return FORMATS.get(self.scale_format)
@@ -339,6 +344,6 @@ class QuantConfig:
             parts.append(self.e8m0_rule)
         if self.eps:
             parts.append(f"eps{self.eps!r}")  # shortest repr that round-trips (e.g. 2^-20 = 9.5367431640625e-07)
-        if "delayed" in self.scheme_row.options:
+        if self.scheme_row.amax_history:
             parts.append(f"h{self.amax_history_len}-{self.amax_compute_algo}-m{self.margin}")
         return "-".join(parts)

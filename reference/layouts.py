@@ -1,9 +1,11 @@
-"""Scale-tensor shapes for every scheme, and the cuBLASLt swizzled scale layout (exact inverses).
+"""The geometry of every stored copy, the GEMM layout table, and the cuBLASLt swizzled scale layout.
 
 Source: NUMERICS.md §1 (per-tensor sinv [1]), §3 Layouts (MXFP8 compact and swizzled scales),
-§4 (blockwise transposed sinv storage, pow2 sinv -> E8M0), §5.9 (NVFP4), §8 (swizzle and layout
-vectors); TE common/cast/mxfp8/swizzle.cuh. This module is the single place the harness and the
-native backend ask for scale shapes.
+§4 (blockwise transposed sinv storage, pow2 sinv -> E8M0), §5.9 (NVFP4), §6 (GEMM layouts), §8
+(swizzle and layout vectors); TE common/cast/mxfp8/swizzle.cuh. `CopyGeometry` is the one place the
+scheme rows' geometry fields become data shapes, scale shapes, scale indices and scale regions;
+`GEMM_LAYOUTS` is the one table of the copies each GEMM layout consumes. The reference, the harness
+and the native backend ask here.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def _roundup(a: int, b: int) -> int:
 
 def _check_orientation(orientation: str) -> None:
     if orientation not in ("rowwise", "colwise"):
-        raise ValueError(f"orientation={orientation!r} is invalid: expected 'rowwise' or 'colwise'")
+        raise SpecViolation(f"orientation={orientation!r} is invalid: expected 'rowwise' or 'colwise'")
 
 
 def _check_dims(m: int, k: int) -> None:

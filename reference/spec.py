@@ -133,7 +133,7 @@ def _tensor_field(q: QuantizedTensor, fld: str, name: str, shape: tuple[int, ...
 
 def check_quantized(q: QuantizedTensor, orientation: str, *, name: str = "q", why: str | None = None) -> None:
     """Validate a QuantizedTensor handed back in: the `orientation` copy's fields are present, with the
-    shapes and dtypes of its `CopyGeometry`, on one device. SpecViolation naming the field otherwise."""
+    shapes and dtypes of its `CopyGeometry`, data and scales on one device. SpecViolation naming the field otherwise."""
     if not isinstance(q, QuantizedTensor):
         raise SpecViolation(f"{name} must be a QuantizedTensor, got {type(q).__name__}")
     check_orientation(orientation)
@@ -151,15 +151,14 @@ def check_quantized(q: QuantizedTensor, orientation: str, *, name: str = "q", wh
     why = why or f"this QuantizedTensor has no {orientation} copy (quantize with {orientation}=True)"
     data = _tensor_field(q, f"{orientation}_data", name, g.data_shape, torch.uint8, why)
     scale = _tensor_field(q, f"{orientation}_scale", name, g.scale_padded_shape, g.scale_dtype, why)
-    tensors = [data, scale]
     amax_field = f"{orientation}_amax"
     if g.amax_shape is not None and (g.scheme.global_amax or getattr(q, amax_field) is not None):
         # NUMERICS: §5.2 the NVFP4 global amax is consumed (S_dec, alpha); a per-tensor amax is informational.
-        tensors.append(_tensor_field(q, amax_field, name, g.amax_shape, torch.float32, why))
-    devices = {t.device for t in tensors}
-    if len(devices) != 1:
+        _tensor_field(q, amax_field, name, g.amax_shape, torch.float32, why)
+    if data.device != scale.device:
         raise SpecViolation(
-            f"{name}'s {orientation} fields are on {sorted(str(d) for d in devices)}: they must share one device"
+            f"{name}.{orientation}_data is on {data.device} and {name}.{orientation}_scale on {scale.device}: "
+            "a copy's data and scales must share one device"
         )
 
 

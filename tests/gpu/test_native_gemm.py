@@ -185,7 +185,7 @@ def _blank(config, shape, orientations):
 
 def test_spec_violations_name_the_problem():
     blk1, blk2 = QuantConfig("fp8_block"), QuantConfig("fp8_block", tile=(128, 128))
-    with pytest.raises(SpecViolation, match="2-D x 2-D"):
+    with pytest.raises(SpecViolation, match="2-D x 2-D fp8_block GEMM is not allowed"):
         native_gemm(_blank(blk2, (128, 256), ["rowwise"]), _blank(blk2, (128, 256), ["rowwise"]))
     with pytest.raises(SpecViolation, match="colwise"):
         native_gemm(_blank(blk1, (128, 256), ["rowwise"]), _blank(blk1, (256, 128), ["rowwise"]), layout="NN")

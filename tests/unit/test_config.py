@@ -74,3 +74,33 @@ def test_format_rows_match_their_bit_definitions():
     assert FORMATS["e2m1"].max_finite == 1.5 * 2**2 and FORMATS["ue8m0"].max_finite == 2.0**127
     assert FORMATS["e4m3"].min_subnormal == 2**-9 and FORMATS["e5m2"].min_subnormal == 2**-16
     assert FORMATS["e2m1"].min_subnormal == 0.5 and FORMATS["e4m3"].min_normal == 2**-6
+
+
+def test_scheme_rows_carry_behaviour():
+    """The row names its reference module, GEMM methods (auto first) and accumulate flag (NUMERICS.md §6)."""
+    from reference import blockwise, mxfp8, nvfp4, per_tensor
+
+    mods = {"fp8_current": per_tensor, "fp8_delayed": per_tensor, "mxfp8": mxfp8, "fp8_block": blockwise,
+            "nvfp4": nvfp4}
+    for name, row in SCHEMES.items():
+        mod = row.reference_module()
+        assert mod is mods[name]
+        assert callable(mod.quantize_2d) and callable(mod.dequantize)
+    auto = {n: r.gemm_methods[0] for n, r in SCHEMES.items()}
+    assert auto == {"fp8_current": "exact", "fp8_delayed": "exact", "fp8_block": "blockwise_order",
+                    "mxfp8": "block_sum", "nvfp4": "block_sum"}
+    # NUMERICS §6: only fp8_block (RN_out(C + RN_out(Y))) and nvfp4 (RN_out(C + Y)) define accumulation.
+    assert {n for n, r in SCHEMES.items() if r.exact_accumulate} == {"fp8_block", "nvfp4"}
+    assert {n for n, r in SCHEMES.items() if r.per_tensor} == {"fp8_current", "fp8_delayed"}
+    assert {n for n, r in SCHEMES.items() if r.round_before_accumulate} == {"fp8_block"}
+    assert {n for n, r in SCHEMES.items() if not r.gemm_2d_x_2d} == {"fp8_block"}
+
+
+def test_options_follow_the_row():
+    """A field a scheme does not take keeps its default; the message names the schemes that take it."""
+    with pytest.raises(ValueError, match=r"QuantConfig.eps=0.5 .*\(fp8_current, fp8_block\)"):
+        QuantConfig("mxfp8", eps=0.5)
+    with pytest.raises(ValueError, match=r"QuantConfig.e8m0_rule='floor' .*mxfp8 only"):
+        QuantConfig("nvfp4", e8m0_rule="floor")
+    assert QuantConfig("fp8_delayed", margin=3).id.endswith("-h1024-max-m3")
+    assert "-h" not in QuantConfig("fp8_current").id

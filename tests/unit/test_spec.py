@@ -213,3 +213,51 @@ def test_native_raises_what_the_reference_raises(case):
     nat = _outcome(native_fns[op], *args, **kw)
     assert ref is not None and issubclass(ref[0], ValueError)
     assert nat == ref
+
+
+# ---- native's operand addressing agrees with the golden operand decode (CPU, no kernels) -------
+
+VIEW_CONFIGS = [
+    QuantConfig("fp8_current"),
+    QuantConfig("mxfp8"),
+    QuantConfig("mxfp8", tile=(32, 32)),
+    QuantConfig("fp8_block"),
+    QuantConfig("fp8_block", tile=(128, 128)),
+    QuantConfig("nvfp4"),
+    QuantConfig("nvfp4", tile=(16, 16)),
+]
+
+
+@pytest.mark.parametrize("cfg", VIEW_CONFIGS, ids=[c.id for c in VIEW_CONFIGS])
+@pytest.mark.parametrize("o", ["rowwise", "colwise"])
+def test_native_operand_view_addresses_what_the_reference_decodes(cfg, o):
+    """Element (i, k) and its block scale, gathered through native.gemm.operand_view's strides, are the
+    golden reference.gemm.operand's values[i, k] and scale[i, k // block] (an independent decode)."""
+    from native.gemm import operand_view
+    from reference import casts
+    from reference.gemm import _SCALE_DECODE, operand
+
+    m, k = (160, 200) if cfg.scheme_row.partial_tiles else (64, 96)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(11)) * 3
+    q = quantize(x, cfg, rowwise=True, colwise=True)
+    v = operand_view(q, o, "a")
+    want = operand(q, o)
+    outer, depth = want.values.shape
+    assert (v.outer, v.k) == (outer, depth)
+    i = torch.arange(outer).reshape(-1, 1).expand(outer, depth)
+    kk = torch.arange(depth).reshape(1, -1).expand(outer, depth)
+    flat = v.data.reshape(-1)
+    if 8 // cfg.element_format.bits == 2:  # packed along K, even k in the low nibble
+        byte = flat[i * v.i_stride + kk // 2].to(torch.int64)
+        codes = torch.where(kk % 2 == 0, byte & 0xF, byte >> 4).to(torch.uint8)
+    else:
+        codes = flat[i * v.i_stride + kk * v.k_stride]
+    assert torch.equal(casts.decode(codes, cfg.element_format).to(torch.float64), want.values)
+    if want.scale is None:
+        assert (v.s_idiv, v.s_istride, v.s_kstride) == (1, 0, 0)
+        return
+    nb = want.scale.shape[1]
+    ii = torch.arange(outer).reshape(-1, 1).expand(outer, nb)
+    kb = torch.arange(nb).reshape(1, -1).expand(outer, nb)
+    s = v.scale.reshape(-1)[(ii // v.s_idiv) * v.s_istride + kb * v.s_kstride]
+    assert torch.equal(_SCALE_DECODE[cfg.scheme_row.scale_format](s), want.scale)
