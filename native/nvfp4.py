@@ -184,6 +184,8 @@ def quantize_2d(
     if not x2d.is_cuda:
         raise SpecViolation(f"{config.id}: native.nvfp4 needs a CUDA tensor, got device {x2d.device}")
     seed = SRSeed.coerce(rng) if config.stochastic else None
+    if config.stochastic and seed is None:  # (reference.spec checks this for native.quantize; direct callers too)
+        raise SpecViolation(f"{config.id}: stochastic rounding needs rng=(seed, stream) (NUMERICS.md §5.7)")
     x2d = x2d.contiguous()
     if x2d.data_ptr() % 16:  # the kernels use 16-byte vector loads along rows
         x2d = x2d.clone()
