@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
+from . import conventions
+
 # --------------------------------------------------------------------------------------------
 # Scalar formats
 # --------------------------------------------------------------------------------------------
@@ -155,6 +157,7 @@ class QuantConfig:
     amax_compute_algo: str = "max"
     margin: int = 0
     variant: str | None = None
+    convention: str = conventions.DEFAULT  # reference/conventions.py; "te" keeps every id unchanged
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
@@ -214,6 +217,7 @@ class QuantConfig:
             raise _bad("amax_compute_algo", self.amax_compute_algo, f"expected one of {AMAX_ALGOS}")
         if not isinstance(self.margin, int):
             raise _bad("margin", self.margin, "must be an int (NUMERICS.md §2: S_max = fp8_max * 2^-margin)")
+        conventions.check(self)
 
     # ---- derived facts -----------------------------------------------------------------------
     @property
@@ -254,4 +258,6 @@ class QuantConfig:
             parts.append(f"eps{self.eps!r}")  # shortest repr that round-trips (e.g. 2^-20 = 9.5367431640625e-07)
         if self.scheme == "fp8_delayed":
             parts.append(f"h{self.amax_history_len}-{self.amax_compute_algo}-m{self.margin}")
+        if self.convention != conventions.DEFAULT:
+            parts.append(f"conv_{self.convention}")
         return "-".join(parts)
