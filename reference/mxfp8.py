@@ -55,17 +55,6 @@ _FP32_MAN_MASK = (1 << _FP32_MAN_BITS) - 1
 _FP32_MIN_NORMAL = 2.0**-126
 
 
-def cast_keep_nan_sign(v: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
-    """sat_fp8(v) with a NaN lane written as nan_code | its sign bit (0x7F / 0xFF): torch's own float8 cast.
-
-    NUMERICS: §10.3 - torchao and torch cast clamp(v) with `.to(torch.float8_*)`, which keeps a NaN's
-    sign (NUMERICS.md §7.1); every non-NaN lane equals §0.5's saturating cast.
-    """
-    code = casts.saturating_cast(v, fmt)
-    sign = torch.signbit(v).to(torch.uint8) << (fmt.bits - 1)
-    return torch.where(torch.isnan(v), sign | fmt.nan_code, code)
-
-
 def _amax_nan(blocks: torch.Tensor) -> torch.Tensor:
     """max |x| over the last axis with NaN propagating (torch.amax), fp32."""
     return blocks.abs().amax(dim=-1)
@@ -96,7 +85,7 @@ def _torchao_rceil_blocks(blocks: torch.Tensor, fmt: ScalarFormat) -> tuple[torc
     p = casts.e8m0_multiplier(e)
     p = torch.where(e == 0, torch.ones_like(p), p)
     p = torch.where(e == UE8M0.nan_code, descale, p)
-    return e, cast_keep_nan_sign(blocks * p[..., None], fmt)
+    return e, casts.saturating_cast_signed_nan(blocks * p[..., None], fmt)
 
 
 def _torchao_pow2_blocks(blocks: torch.Tensor, fmt: ScalarFormat, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,7 +109,7 @@ def _torchao_pow2_blocks(blocks: torch.Tensor, fmt: ScalarFormat, mode: str) -> 
     # at least 2^-126: a zero or tiny block (e = 0) is divided by 2^-126 while its stored byte says 2^-127.
     scale = torch.clamp(fp32.from_bits(e.to(torch.int32) << _FP32_MAN_BITS), min=_FP32_MIN_NORMAL)
     # NUMERICS: §10.3 - q = cast(clamp(x / scale)): a true division (exact but for underflow).
-    return e, cast_keep_nan_sign(torch.div(blocks, scale[..., None]), fmt)
+    return e, casts.saturating_cast_signed_nan(torch.div(blocks, scale[..., None]), fmt)
 
 
 def convention_blocks(blocks: torch.Tensor, config: QuantConfig) -> tuple[torch.Tensor, torch.Tensor]:
