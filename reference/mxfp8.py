@@ -56,8 +56,8 @@ _FP32_MIN_NORMAL = 2.0**-126
 
 
 def _amax_nan(blocks: torch.Tensor) -> torch.Tensor:
-    """max |x| over the last axis with NaN propagating (torch.amax), fp32."""
-    return blocks.abs().amax(dim=-1)
+    """max |x| over the last axis in the input's dtype with NaN propagating (torch.amax), then fp32 (exact)."""
+    return torch.amax(torch.abs(blocks), dim=-1).to(torch.float32)
 
 
 def _ocp_blocks(blocks: torch.Tensor, fmt: ScalarFormat) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,10 +71,10 @@ def _ocp_blocks(blocks: torch.Tensor, fmt: ScalarFormat) -> tuple[torch.Tensor, 
     return e, casts.saturating_cast(blocks * casts.e8m0_multiplier(e)[..., None], fmt)
 
 
-def _torchao_rceil_blocks(blocks: torch.Tensor, fmt: ScalarFormat) -> tuple[torch.Tensor, torch.Tensor]:
-    """torchao to_mx RCEIL, eager fallback (mx_tensor.py _to_mx_rceil), torchao 0.18.0."""
+def _torchao_rceil_blocks(blocks: torch.Tensor, a: torch.Tensor, fmt: ScalarFormat) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchao to_mx RCEIL, eager fallback (mx_tensor.py _to_mx_rceil), torchao 0.18.0; `a` the block amaxes."""
     # NUMERICS: §10.4 - descale = RN(amax / fp8_max): NaN-propagating amax, a true division.
-    descale = fp32.div(_amax_nan(blocks), fmt.max_finite)
+    descale = fp32.div(a, fmt.max_finite)
     # NUMERICS: §10.4 - e = clamp(ceil(log2f(descale)), -127, 127) + 127 with torch's fp32 log2 (not the
     # exact bit rule: log2f rounds values just above 2^k down to k); NaN -> 255, +inf -> 254.
     e = (torch.clamp(torch.ceil(torch.log2(descale)), -UE8M0.bias, UE8M0.bias) + UE8M0.bias).to(torch.uint8)
@@ -88,9 +88,10 @@ def _torchao_rceil_blocks(blocks: torch.Tensor, fmt: ScalarFormat) -> tuple[torc
     return e, casts.saturating_cast_signed_nan(blocks * p[..., None], fmt)
 
 
-def _torchao_pow2_blocks(blocks: torch.Tensor, fmt: ScalarFormat, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """torchao to_mx FLOOR / CEIL / EVEN (mx_tensor.py to_mx), torchao 0.18.0."""
-    a = _amax_nan(blocks)  # NUMERICS: §10.3 - torch.amax: NaN propagates
+def _torchao_pow2_blocks(
+    blocks: torch.Tensor, a: torch.Tensor, fmt: ScalarFormat, mode: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchao to_mx FLOOR / CEIL / EVEN (mx_tensor.py to_mx), torchao 0.18.0; `a` the block amaxes (NaN kept)."""
     nan = torch.isnan(a)
     b = fp32.bits(a)
     if mode == "even":
@@ -113,34 +114,42 @@ def _torchao_pow2_blocks(blocks: torch.Tensor, fmt: ScalarFormat, mode: str) -> 
 
 
 def convention_blocks(blocks: torch.Tensor, config: QuantConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e uint8 [...], q uint8 [..., 32]) of fp32 blocks [..., 32] under the config's non-`te` convention."""
+    """(e uint8 [...], q uint8 [..., 32]) of blocks [..., 32] (the input dtype) under the config's non-`te` convention."""
     fmt = config.element_format
     conv = config.convention
+    if conv != "ocp_mx":
+        # NUMERICS: §10.3/§10.4 - torchao reduces amax in the input dtype, then widens (exact) to fp32.
+        a = _amax_nan(blocks)
+        blocks = blocks.to(torch.float32)
     if conv == "ocp_mx":
-        return _ocp_blocks(blocks, fmt)
+        return _ocp_blocks(blocks.to(torch.float32), fmt)
     if conv == "torchao_rceil":
-        return _torchao_rceil_blocks(blocks, fmt)
-    return _torchao_pow2_blocks(blocks, fmt, conv.removeprefix("torchao_"))
+        return _torchao_rceil_blocks(blocks, a, fmt)
+    return _torchao_pow2_blocks(blocks, a, fmt, conv.removeprefix("torchao_"))
 
 
 def _quantize_convention(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool) -> dict:
-    """1x32 MXFP8 under a catalogue convention: same layouts as §3, per-block rule from `convention_blocks`."""
+    """1x32 MXFP8 under a catalogue convention: same layouts as §3, per-block rule from `convention_blocks`.
+
+    The colwise copy quantizes the contiguous X^T [K, M] by rows and is transposed back (data [M, K],
+    S_c [M/32, K]), the order in which torchao runs its cast on X^T: a NaN amax's bits, which the
+    NaN codes inherit, depend on the reduction's memory order.
+    """
     b = config.block
     m, k = x2d.shape
-    u8 = dict(dtype=torch.uint8, device=x2d.device)
     out: dict = {}
-    xf = x2d.to(torch.float32)  # exact widening
-    if rowwise:
-        e, q = convention_blocks(xf.view(m, k // b, b), config)
-        s_r = torch.zeros(layouts.scale_padded_shape(config, "rowwise", m, k), **u8)
-        s_r[:m, : k // b] = e
-        out.update(rowwise_data=q.view(m, k), rowwise_scale=s_r, rowwise_amax=None)
-    if colwise:
-        # Blocks of 32 rows: (M/32, K, 32) views column blocks; the data copy stays [M, K] (§3).
-        e, q = convention_blocks(xf.view(m // b, b, k).transpose(1, 2), config)
-        s_c = torch.zeros(layouts.scale_padded_shape(config, "colwise", m, k), **u8)
-        s_c[: m // b, :k] = e
-        out.update(colwise_data=q.transpose(1, 2).reshape(m, k).contiguous(), colwise_scale=s_c, colwise_amax=None)
+    for orientation, src in (("rowwise", x2d), ("colwise", x2d.t().contiguous())):
+        if not (rowwise if orientation == "rowwise" else colwise):
+            continue
+        rows, cols = src.shape
+        e, q = convention_blocks(src.view(rows, cols // b, b), config)  # (rows, cols/32), (rows, cols/32, 32)
+        scale = torch.zeros(layouts.scale_padded_shape(config, orientation, m, k), dtype=torch.uint8, device=x2d.device)
+        if orientation == "rowwise":
+            scale[:m, : k // b] = e
+            out.update(rowwise_data=q.view(m, k), rowwise_scale=scale, rowwise_amax=None)
+        else:
+            scale[: m // b, :k] = e.t()
+            out.update(colwise_data=q.view(k, m).t().contiguous(), colwise_scale=scale, colwise_amax=None)
     return out
 
 
