@@ -117,12 +117,11 @@ def convention_blocks(blocks: torch.Tensor, config: QuantConfig) -> tuple[torch.
     """(e uint8 [...], q uint8 [..., 32]) of blocks [..., 32] (the input dtype) under the config's non-`te` convention."""
     fmt = config.element_format
     conv = config.convention
-    if conv != "ocp_mx":
-        # NUMERICS: §10.3/§10.4 - torchao reduces amax in the input dtype, then widens (exact) to fp32.
-        a = _amax_nan(blocks)
-        blocks = blocks.to(torch.float32)
     if conv == "ocp_mx":
         return _ocp_blocks(blocks.to(torch.float32), fmt)
+    # NUMERICS: §10.3/§10.4 - torchao reduces amax in the input dtype, then widens (exact) to fp32.
+    a = _amax_nan(blocks)
+    blocks = blocks.to(torch.float32)
     if conv == "torchao_rceil":
         return _torchao_rceil_blocks(blocks, a, fmt)
     return _torchao_pow2_blocks(blocks, a, fmt, conv.removeprefix("torchao_"))
