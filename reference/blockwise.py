@@ -12,6 +12,8 @@ q = sat_fp8(RN(x*s)). Layouts (padding zero):
 - 2-D: rowwise sinv [ceil(M/128), roundup(ceil(K/128),4)], entry [mb, kb]; colwise data [K, M] is exactly
   the transpose of the rowwise data, colwise sinv [ceil(K/128), roundup(ceil(M/128),4)] the transpose of
   the rowwise sinv.
+Conventions `vllm_group` and `vllm_group_ue8m0` (1x128; docs/numerics-conventions.md §10.7) replace the
+scale rule and the element step in `_scale` and `_encode`; layouts are unchanged.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import casts, layouts, scaling
+from . import casts, fp32, layouts, scaling
 from .formats import INPUT_DTYPE_MAX, QuantConfig
 from .quantization import DTYPE_NAMES
 from .types import QuantizedTensor
@@ -43,10 +45,41 @@ def _row_chunks(m: int, k: int, rows_multiple: int):
         yield m0, min(m, m0 + rows)
 
 
+def pow2_up(v: torch.Tensor) -> torch.Tensor:
+    """2^ceil(log2 v) for finite v > 0, exactly (from the bits, subnormals included); 0, inf, NaN unchanged."""
+    mant, e = torch.frexp(v)  # v = mant * 2^e, mant in [0.5, 1)
+    up = torch.ldexp(torch.ones_like(v, dtype=torch.float64), e - (mant == 0.5).to(e.dtype)).to(torch.float32)
+    return torch.where(torch.isfinite(v) & (v > 0), up, v)
+
+
+def _vllm_scale(a: torch.Tensor, config: QuantConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, sinv) of vLLM's per-token-group rule; s is unused by `_encode` (it divides by sinv)."""
+    fp8_max = config.element_format.max_finite
+    # NUMERICS: §10.7 - A = max(amax, eps) (vLLM fp8_utils._per_token_group_quant_fp8: tl.maximum(absmax, eps);
+    # amax NaN-ignoring like Triton's tl.max); sinv = RN(A / fp8_max), a true division.
+    a = a.to(torch.float32)
+    eps = fp32.scalar(config.eps, a)
+    sinv = fp32.div(torch.where(a < eps, eps, a), fp8_max)
+    if config.convention == "vllm_group_ue8m0":
+        # NUMERICS: §10.7 - use_ue8m0: sinv = exp2(ceil(log2(sinv))), taken exactly (rounded up to a power of two).
+        sinv = pow2_up(sinv)
+    return fp32.div(1.0, sinv), sinv
+
+
 def _scale(a: torch.Tensor, config: QuantConfig, v_inf: float) -> tuple[torch.Tensor, torch.Tensor]:
+    if config.convention != "te":
+        return _vllm_scale(a, config)
     # NUMERICS: §4 s = compute_scale(A, fp8_max, pow2, eps, v_inf = max finite of the input dtype).
     fp8_max = config.element_format.max_finite
     return scaling.compute_scale(a, fp8_max, pow2=config.pow2_scales, eps=config.eps, v_inf=v_inf)
+
+
+def _encode(blocks: torch.Tensor, s: torch.Tensor, sinv: torch.Tensor, config: QuantConfig) -> torch.Tensor:
+    """Codes of scaled blocks: sat_fp8(RN(x*s)) (NUMERICS: §4), or sat_fp8(RN(x / sinv)) under vLLM's rule."""
+    if config.convention != "te":
+        # NUMERICS: §10.7 - y_q = clamp(y / y_s): a true division by the stored decode scale.
+        return casts.saturating_cast(fp32.div(blocks, sinv), config.element_format)
+    return casts.saturating_cast(blocks * s, config.element_format)
 
 
 def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, rng=None, state=None) -> dict:
@@ -92,14 +125,14 @@ def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwis
         if rowwise:
             rows = xc.view(rp, kb, b)
             s, sinv = _scale(scaling.amax(rows, dim=2), config, v_inf)  # (rp, kb)
-            q = casts.saturating_cast(rows * s[:, :, None], fmt).view(rp, kp)[:r, :k]
+            q = _encode(rows, s[:, :, None], sinv[:, :, None], config).view(rp, kp)[:r, :k]
             data[m0:m1] = q
             # NUMERICS: §4 1-D rowwise sinv is stored transposed: entry [kb, m].
             sinv_r[:kb, m0:m1] = sinv[:r].T
         if colwise:
             cols = xc.view(rp // b, b, kp)
             s, sinv = _scale(scaling.amax(cols, dim=1), config, v_inf)  # (rp/b, kp)
-            q = casts.saturating_cast(cols * s[:, None, :], fmt).view(rp, kp)[:r, :k]
+            q = _encode(cols, s[:, None, :], sinv[:, None, :], config).view(rp, kp)[:r, :k]
             # NUMERICS: §4 1-D colwise data is [K, M]: row k = 1x128 blocks of column k of x.
             data_t[:, m0:m1] = q.T.contiguous()  # blocked transpose, then row-contiguous stores
             sinv_c[m0 // b : m0 // b + rp // b, :k] = sinv[:, :k]

@@ -96,6 +96,17 @@ def saturating_cast(v: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
     return _arith_cast(v, fmt)
 
 
+def saturating_cast_signed_nan(v: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
+    """saturating_cast, but a NaN lane becomes nan_code | its sign bit (0x7F / 0xFF): torch's own float8 cast.
+
+    NUMERICS: §7.1 / §10 - the conventions of other frameworks cast clamp(v) with `.to(torch.float8_*)`,
+    which keeps a NaN's sign; every non-NaN lane equals §0.5's cast. Not for E2M1 (no NaN code).
+    """
+    code = saturating_cast(v, fmt)
+    sign = torch.signbit(v).to(torch.uint8) << (fmt.bits - 1)
+    return torch.where(torch.isnan(v), sign | fmt.nan_code, code)
+
+
 def decode(codes: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
     """`fmt` codes (uint8, low `fmt.bits` bits) to their exact fp32 values (NUMERICS.md §0.4).
 

@@ -11,6 +11,8 @@ import importlib
 import math
 from dataclasses import dataclass, field, fields
 
+from . import conventions
+
 # --------------------------------------------------------------------------------------------
 # Scalar formats
 # --------------------------------------------------------------------------------------------
@@ -241,6 +243,7 @@ class QuantConfig:
     amax_compute_algo: str = "max"
     margin: int = 0
     variant: str | None = None
+    convention: str = conventions.DEFAULT  # reference/conventions.py; "te" keeps every id unchanged
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
@@ -306,6 +309,7 @@ class QuantConfig:
         if not lo <= self.margin <= hi:
             raise _bad("margin", self.margin, f"must be in [{lo}, {hi}]: fp8_max * 2^-margin must stay a normal fp32 "
                        "(margin 10**6 gives S_max = 0, scale 0 and an all-NaN output; NUMERICS.md §2)")
+        conventions.check(self)
 
     # ---- derived facts -----------------------------------------------------------------------
     @property
@@ -346,4 +350,6 @@ class QuantConfig:
             parts.append(f"eps{self.eps!r}")  # shortest repr that round-trips (e.g. 2^-20 = 9.5367431640625e-07)
         if self.scheme_row.amax_history:
             parts.append(f"h{self.amax_history_len}-{self.amax_compute_algo}-m{self.margin}")
+        if self.convention != conventions.DEFAULT:
+            parts.append(f"conv_{self.convention}")
         return "-".join(parts)

@@ -10,6 +10,8 @@ Per block (A = amax(block)): e = e8m0_up(RN(A * fl(1/fp8_max))) (rule `ceil`, de
   colwise S_c [roundup(M/32,4), roundup(K,128)], entry [mb, k].
 - 2-D (32x32): one exponent per tile, written into every S_r / S_c entry of the tile; both data
   copies are then identical.
+Other conventions (`config.convention`, docs/numerics-conventions.md §10.2-§10.4: OCP MX, torchao's
+to_mx scale modes) replace the per-block rule in `convention_blocks`; layouts are unchanged.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from . import casts, fp32, layouts, scaling
-from .formats import QuantConfig
+from .formats import UE8M0, QuantConfig, ScalarFormat
 from .types import QuantizedTensor, SpecViolation
 
 # Elements per row chunk: bounds the fp32 temporaries (a few chunk-sized tensors at a time).
@@ -43,6 +45,113 @@ def exponent(a: torch.Tensor, config: QuantConfig) -> torch.Tensor:
     return casts.e8m0_floor(a, fmt)
 
 
+# --------------------------------------------------------------------------------------------
+# Other conventions (docs/numerics-conventions.md §10.2-§10.4)
+# --------------------------------------------------------------------------------------------
+
+_FP32_EXP_MASK = 0xFF
+_FP32_MAN_BITS = 23
+_FP32_MAN_MASK = (1 << _FP32_MAN_BITS) - 1
+_FP32_MIN_NORMAL = 2.0**-126
+
+
+def _amax_nan(blocks: torch.Tensor) -> torch.Tensor:
+    """max |x| over the last axis in the input's dtype with NaN propagating (torch.amax), then fp32 (exact)."""
+    return torch.amax(torch.abs(blocks), dim=-1).to(torch.float32)
+
+
+def _ocp_blocks(blocks: torch.Tensor, fmt: ScalarFormat) -> tuple[torch.Tensor, torch.Tensor]:
+    """OCP MX v1.0 §6.3 (microxcaling mx_ops._quantize_mx): floor exponent; a NaN/Inf block is a NaN block."""
+    # NUMERICS: §10.2 - e = e8m0_floor(amax) over the finite elements (§0.5), as the floor rule.
+    e = casts.e8m0_floor(scaling.amax(blocks, dim=-1), fmt)
+    # NUMERICS: §10.2 - microxcaling's shared exponent is log2 of a NaN-propagating max: NaN, and +inf
+    # (above the E8M0 range), give a NaN scale (0xFF); x / NaN makes every element NaN (0x7F).
+    special = (~torch.isfinite(blocks)).any(dim=-1)
+    e = torch.where(special, torch.full_like(e, UE8M0.nan_code), e)
+    return e, casts.saturating_cast(blocks * casts.e8m0_multiplier(e)[..., None], fmt)
+
+
+def _torchao_rceil_blocks(blocks: torch.Tensor, a: torch.Tensor, fmt: ScalarFormat) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchao to_mx RCEIL, eager fallback (mx_tensor.py _to_mx_rceil), torchao 0.18.0; `a` the block amaxes."""
+    # NUMERICS: §10.4 - descale = RN(amax / fp8_max): NaN-propagating amax, a true division.
+    descale = fp32.div(a, fmt.max_finite)
+    # NUMERICS: §10.4 - e = clamp(ceil(log2f(descale)), -127, 127) + 127 with torch's fp32 log2 (not the
+    # exact bit rule: log2f rounds values just above 2^k down to k); NaN -> 255, +inf -> 254.
+    e = (torch.clamp(torch.ceil(torch.log2(descale)), -UE8M0.bias, UE8M0.bias) + UE8M0.bias).to(torch.uint8)
+    e = torch.where(torch.isinf(descale), torch.full_like(e, UE8M0.max_code), e)
+    e = torch.where(torch.isnan(descale), torch.full_like(e, UE8M0.nan_code), e)
+    # NUMERICS: §10.4 - multiplier 2^(127 - e), but 1.0 for e = 0 (TE ptx.cuh exp2f_rcp), the NaN
+    # descale itself for e = 255; exact powers of two otherwise.
+    p = casts.e8m0_multiplier(e)
+    p = torch.where(e == 0, torch.ones_like(p), p)
+    p = torch.where(e == UE8M0.nan_code, descale, p)
+    return e, casts.saturating_cast_signed_nan(blocks * p[..., None], fmt)
+
+
+def _torchao_pow2_blocks(
+    blocks: torch.Tensor, a: torch.Tensor, fmt: ScalarFormat, mode: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """torchao to_mx FLOOR / CEIL / EVEN (mx_tensor.py to_mx), torchao 0.18.0; `a` the block amaxes (NaN kept)."""
+    nan = torch.isnan(a)
+    b = fp32.bits(a)
+    if mode == "even":
+        # NUMERICS: §10.3 EVEN - add half an element ulp to amax's bits and keep sign and exponent only
+        # (int32 arithmetic, so a carry moves amax up one binade); a NaN amax stays NaN.
+        b = (b + (1 << (_FP32_MAN_BITS - fmt.man_bits - 1))) & fp32.bits(fp32.from_bits(0xFF800000))
+        b = torch.where(nan, fp32.bits(torch.full_like(a, float("nan"))), b)
+    # NUMERICS: §10.3 - unbiased exponent read from the bits (a subnormal or zero amax reads -127);
+    # CEIL adds 1 whenever any mantissa bit is set; e = clamp(p - emax_elem, -127, 128) + 127.
+    p = ((b >> _FP32_MAN_BITS) & _FP32_EXP_MASK) - UE8M0.bias
+    if mode == "ceil":
+        p = p + ((b & _FP32_MAN_MASK) > 0).to(p.dtype)
+    e = (torch.clamp(p - fmt.emax, -UE8M0.bias, UE8M0.bias + 1) + UE8M0.bias).to(torch.uint8)
+    e = torch.where(nan, torch.full_like(e, UE8M0.nan_code), e)
+    # NUMERICS: §10.3 - the divisor is the fp32 with exponent field e (e = 255 gives +inf), clamped to
+    # at least 2^-126: a zero or tiny block (e = 0) is divided by 2^-126 while its stored byte says 2^-127.
+    scale = torch.clamp(fp32.from_bits(e.to(torch.int32) << _FP32_MAN_BITS), min=_FP32_MIN_NORMAL)
+    # NUMERICS: §10.3 - q = cast(clamp(x / scale)): a true division (exact but for underflow).
+    return e, casts.saturating_cast_signed_nan(torch.div(blocks, scale[..., None]), fmt)
+
+
+def convention_blocks(blocks: torch.Tensor, config: QuantConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e uint8 [...], q uint8 [..., 32]) of blocks [..., 32] (the input dtype) under the config's non-`te` convention."""
+    fmt = config.element_format
+    conv = config.convention
+    if conv == "ocp_mx":
+        return _ocp_blocks(blocks.to(torch.float32), fmt)
+    # NUMERICS: §10.3/§10.4 - torchao reduces amax in the input dtype, then widens (exact) to fp32.
+    a = _amax_nan(blocks)
+    blocks = blocks.to(torch.float32)
+    if conv == "torchao_rceil":
+        return _torchao_rceil_blocks(blocks, a, fmt)
+    return _torchao_pow2_blocks(blocks, a, fmt, conv.removeprefix("torchao_"))
+
+
+def _quantize_convention(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool) -> dict:
+    """1x32 MXFP8 under a catalogue convention: same layouts as §3, per-block rule from `convention_blocks`.
+
+    The colwise copy quantizes the contiguous X^T [K, M] by rows and is transposed back (data [M, K],
+    S_c [M/32, K]), the order in which torchao runs its cast on X^T: a NaN amax's bits, which the
+    NaN codes inherit, depend on the reduction's memory order.
+    """
+    b = config.block
+    m, k = x2d.shape
+    out: dict = {}
+    for orientation, src in (("rowwise", x2d), ("colwise", x2d.t().contiguous())):
+        if not (rowwise if orientation == "rowwise" else colwise):
+            continue
+        rows, cols = src.shape
+        e, q = convention_blocks(src.view(rows, cols // b, b), config)  # (rows, cols/32), (rows, cols/32, 32)
+        scale = torch.zeros(layouts.scale_padded_shape(config, orientation, m, k), dtype=torch.uint8, device=x2d.device)
+        if orientation == "rowwise":
+            scale[:m, : k // b] = e
+            out.update(rowwise_data=q.view(m, k), rowwise_scale=scale, rowwise_amax=None)
+        else:
+            scale[: m // b, :k] = e.t()
+            out.update(colwise_data=q.view(k, m).t().contiguous(), colwise_scale=scale, colwise_amax=None)
+    return out
+
+
 def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, rng=None, state=None) -> dict:
     """MXFP8 quantization of a contiguous [M, K] tensor, M and K multiples of 32 (NUMERICS.md §3).
 
@@ -57,6 +166,8 @@ def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwis
             raise SpecViolation(
                 f"{config.id}: {dim_name}={n} is not a multiple of {b}; mxfp8 has no partial blocks (NUMERICS.md §3)"
             )
+    if config.convention != "te":
+        return _quantize_convention(x2d, config, rowwise=rowwise, colwise=colwise)
     dev = x2d.device
     u8 = dict(dtype=torch.uint8, device=dev)
     data = torch.empty((m, k), **u8) if rowwise else None  # (M, K)

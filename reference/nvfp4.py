@@ -9,6 +9,8 @@ Work is done in row chunks of X (whole 16-row groups), so fp32/fp64 temporaries 
 of MiB whatever the tensor size: one pass for the block amaxes (hence A_g), one pass per copy for
 the codes. The columnwise copy is computed from a source S [M, K] (X, or RHT(X^T) transposed back)
 whose 16-row groups are its blocks: copy element [k, 16b + j] is S[16b + j, k].
+Convention `torchao_nvfp4` (docs/numerics-conventions.md §10.5) replaces the scale chain and the
+element cast in `_quantize_torchao`; layouts are unchanged.
 """
 
 from __future__ import annotations
@@ -321,6 +323,66 @@ def _rht_pass(x2d: torch.Tensor, blk: int) -> tuple[torch.Tensor, torch.Tensor, 
     return h, a_b, a_b.amax().reshape(1)
 
 
+# --------------------------------------------------------------------------------------------
+# Convention torchao_nvfp4 (docs/numerics-conventions.md §10.5)
+# --------------------------------------------------------------------------------------------
+
+_FP32_MAN_BITS = 23
+
+
+def e2m1_torchao(y: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes of fp32 y (|y| <= 6 or NaN) as torchao's bit-level cast (custom_fp_utils._f32_to_floatx_unpacked).
+
+    NUMERICS: §10.5 - every non-NaN lane equals e2m1_rn (RNE, sign copied; §0.5). The cast has no NaN
+    case: a NaN takes its normal-number branch, which re-biases the magnitude bits, adds
+    2^(22 - man) - 1 plus the kept mantissa's low bit and keeps bits [22 + 8 : 22] (a uint8); for
+    NaN payloads that gives 2, 3 or 4, then the sign (0x8) is OR-ed in.
+    """
+    code = e2m1_rn(y)
+    b = fp32.bits(y)
+    mag = b & _FP32_MAG_MASK
+    shift = _FP32_MAN_BITS - E2M1.man_bits  # 22
+    r = mag + ((E2M1.bias - 127) << _FP32_MAN_BITS) + ((1 << (shift - 1)) - 1) + ((mag >> shift) & 1)
+    nan_code = ((r >> shift) & 0xFF).to(torch.uint8) | (torch.signbit(y).to(torch.uint8) << (E2M1.bits - 1))
+    return torch.where(torch.isnan(y), nan_code, code)
+
+
+def _torchao_copy(src: torch.Tensor, a_g: torch.Tensor, blk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed data [R, C/2], s_blk [R, C/16]) of src [R, C], blocks along C (torchao nvfp4_quantize, two-level)."""
+    rows, cols = src.shape
+    xf = src.to(torch.float32).reshape(rows, cols // blk, blk)  # (R, C/16, 16)
+    # NUMERICS: §10.5 - per_tensor_scale pts = RN(A_g / 2688) (per_tensor_amax_to_scale, a true division).
+    pts = fp32.div(a_g.reshape(()), GLOBAL_RANGE)
+    # NUMERICS: §10.5 - A_b = torch.amax(|x|) (NaN propagates); RN(RN(A_b / 6) / pts): two true divisions.
+    scaled = fp32.div(fp32.div(xf.abs().amax(dim=-1), E2M1.max_finite), pts)
+    # NUMERICS: §10.5 - s_blk = e4m3(clamp(., 2^-6, 448)): never 0 or subnormal; a NaN keeps its sign
+    # (0x7F / 0xFF, torch's cast; 0/0 from an all-zero tensor is a negative NaN on x86).
+    s_blk = casts.saturating_cast_signed_nan(torch.clamp(scaled, min=E4M3.min_normal, max=E4M3.max_finite), E4M3)
+    s32 = s_blk.view(torch.float8_e4m3fn).to(torch.float32)  # torch's decode (its NaN bits feed the codes)
+    # NUMERICS: §10.5 - factor RN(RN(1 / pts) / s_blk) (reciprocal, then a true division), y = RN(x * factor).
+    factor = fp32.div(fp32.div(1.0, pts), s32)
+    y = torch.clamp(xf * factor[..., None], -E2M1.max_finite, E2M1.max_finite)
+    return casts.pack_nibbles(e2m1_torchao(y).reshape(rows, cols)), s_blk
+
+
+def _quantize_torchao(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool) -> dict:
+    """NVFP4 1x16 under `torchao_nvfp4`: A_g = torch.max(|X|) (NaN propagates), shared by both copies."""
+    blk = config.block
+    m_rows, k = x2d.shape
+    # NUMERICS: §10.5 - the per-tensor amax torchao's NVFP4 workflows pass: torch.max(torch.abs(x)).
+    a_g = x2d.abs().max().to(torch.float32).reshape(1)
+    out: dict = {}
+    for orientation, src in (("rowwise", x2d), ("colwise", x2d.t())):
+        if not (rowwise if orientation == "rowwise" else colwise):
+            continue
+        rows, cols = src.shape
+        data, s_blk = _torchao_copy(src.contiguous(), a_g, blk)
+        scale = _scale_buffer(rows, cols, blk, x2d.device)
+        scale[:rows, : cols // blk] = s_blk
+        out.update({f"{orientation}_data": data, f"{orientation}_scale": scale, f"{orientation}_amax": a_g.clone()})
+    return out
+
+
 def quantize_2d(
     x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, rng: SRSeed | None = None, state=None
 ) -> dict:
@@ -335,6 +397,8 @@ def quantize_2d(
     seed = SRSeed.coerce(rng) if config.stochastic else None
     if config.stochastic and seed is None:
         raise SpecViolation(f"{config.id}: stochastic rounding needs rng=(seed, stream) (NUMERICS.md §5.7)")
+    if config.convention != "te":
+        return _quantize_torchao(x2d, config, rowwise=rowwise, colwise=colwise)
     out: dict = {}
     amax_x = _amax_pass(x2d, config, rows=rowwise, cols=colwise and not config.rht)
     if rowwise:

@@ -6,6 +6,8 @@ TE common/recipe/current_scaling.cu, common/recipe/delayed_scaling.cu, common/ca
 Layout (§1): rowwise data uint8 [M, K]; colwise data uint8 [K, M], the byte-exact transpose of the
 rowwise codes, with the same sinv; scale = sinv fp32 [1]; amax = amax(x) fp32 [1] for each copy.
 Large inputs are processed in row chunks, so the extra memory stays a small multiple of one chunk.
+Convention `torchao_float8` (docs/numerics-conventions.md §10.6) replaces the amax, the scale and the
+NaN byte of fp8_current (`_torchao_scales`, `_cast`); the layout is unchanged.
 """
 
 from __future__ import annotations
@@ -104,9 +106,37 @@ class AmaxHistory:
         return f"AmaxHistory({self.config.id}, scale={self.scale.tolist()}, history[:4]={self.history[:4].tolist()})"
 
 
+# NUMERICS: §10.6 - torchao/float8/float8_utils.py EPS: amax is clamped to >= 1e-12 (a float64 constant).
+TORCHAO_FLOAT8_EPS = 1e-12
+
+
+def _torchao_scales(x2d: torch.Tensor, config: QuantConfig):
+    """(a, s, sinv) of fp8_current under `torchao_float8` (tensor_to_amax + amax_to_scale, tensorwise)."""
+    # NUMERICS: §10.6 - amax = torch.max(torch.abs(x)) in x's dtype over the whole tensor: NaN propagates
+    # (with the sign and payload torch's reduction gives it, which then flow into s and the NaN bytes).
+    a_hp = torch.max(torch.abs(x2d))
+    a = a_hp.to(torch.float32).reshape(1)
+    # NUMERICS: §10.6 - s = fp8_max / clamp(amax, 1e-12) in float64, written Python-number / tensor, which
+    # eager PyTorch evaluates as RN64(fp8_max * RN64(1 / amax)); then one rounding to fp32. No special
+    # cases: amax = +inf gives s = 0, amax = NaN gives s = NaN.
+    r = torch.reciprocal(torch.clamp(a_hp.to(torch.float64).reshape(1), min=TORCHAO_FLOAT8_EPS))
+    s = (r * config.element_format.max_finite).to(torch.float32)
+    # NUMERICS: §10.6 - torchao stores s and decodes by x / s; in our layout sinv = RN(1 / s) (§1).
+    return a, s, fp32.div(1.0, s)
+
+
+def _cast(y: torch.Tensor, config: QuantConfig) -> torch.Tensor:
+    """sat_fp8 of the scaled values; `torchao_float8` keeps a NaN's sign (torch's cast, NUMERICS: §10.6)."""
+    if config.convention == "torchao_float8":
+        return casts.saturating_cast_signed_nan(y, config.element_format)
+    return casts.saturating_cast(y, config.element_format)
+
+
 def _scales(x2d: torch.Tensor, config: QuantConfig, state: AmaxHistory | None):
     """(a, s, sinv) as fp32 [1] tensors on x's device: the tensor amax, the encode and decode scale."""
     fmt = config.element_format
+    if config.convention == "torchao_float8":
+        return _torchao_scales(x2d, config)
     a = tensor_amax(x2d)
     if config.scheme == "fp8_current":
         if state is not None:
@@ -136,7 +166,6 @@ def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwis
     fp8_delayed reads `state.scale` and updates `state.history[0]`; with state=None a fresh
     AmaxHistory is used (scale 1.0) and discarded. `rng` is unused (no stochastic rounding here).
     """
-    fmt = config.element_format
     m, k = x2d.shape
     a, s, sinv = _scales(x2d, config, state)
     dev = x2d.device
@@ -144,7 +173,7 @@ def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwis
     data_t = torch.empty((k, m), dtype=torch.uint8, device=dev) if colwise else None  # (K, M)
     for m0, m1 in _row_chunks(m, k):
         # NUMERICS: §1 q = sat_fp8(RN(x*s)): exact widening to fp32, one fp32 multiply, no FMA.
-        q = casts.saturating_cast(x2d[m0:m1].to(torch.float32) * s, fmt)  # (m1-m0, K)
+        q = _cast(x2d[m0:m1].to(torch.float32) * s, config)  # (m1-m0, K)
         if data is not None:
             data[m0:m1] = q
         if data_t is not None:

@@ -1,0 +1,216 @@
+"""torchao's MX, NVFP4 and float8 casts as harness backends (torchao 0.18; optional extra `[torchao]`).
+
+    python -m harness run --tier smoke --backend harness.adapters.torchao:mx --device cpu --out reports/torchao_mx
+
+Objects: `mx` (to_mx, RCEIL: torchao's scale mode nearest TE's), `mx_floor`, `mx_ceil`, `mx_even`,
+`mx_rceil`; `nvfp4` (NVFP4Tensor.to_nvfp4, two-level scaling); `float8` (hp_tensor_to_float8_dynamic,
+tensorwise). Under a case whose config names a torchao convention (`torchao_floor`, ...,
+`torchao_nvfp4`, `torchao_float8`) the adapter uses that mode, so the golden under the same convention
+must match it bit for bit (docs/numerics-conventions.md §10.3-§10.6).
+
+Layout conversions (torchao -> ours, NUMERICS.md §1, §3, §5.9):
+- MX: data [M, K] fp8 and E8M0 scales [M, K/32] -> bytes, scales zero-padded to S_r; the colwise copy is
+  to_mx of X^T ([K, M], scales [K, M/32]) transposed back to data [M, K] and S_c [M/32, K].
+- NVFP4: packed data [M, K/2] (even element in the low nibble, as ours) and E4M3 scales [M, K/16] ->
+  scales zero-padded; torchao's per_tensor_scale is A_g / 2688, so the copy's amax is the A_g the
+  adapter passed (torch.max(|X|), as torchao's NVFP4 workflows compute it); the colwise copy is
+  to_nvfp4 of X^T with the same per-tensor scale.
+- float8: torchao stores the encode scale s and decodes by x / s; our layout stores sinv = RN(1 / s)
+  (torch.reciprocal); amax = torchao's tensor_to_amax(X); the colwise copy is the transposed bytes.
+`q.extra["torchao"]` holds torchao's own scale tensors (E8M0 / E4M3 bytes as torchao laid them out,
+the float8 `_scale`, the NVFP4 `per_tensor_scale`) for showing beside the contract's chain.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+
+import torch
+
+from reference import QuantConfig, QuantizedTensor, Unsupported
+from reference.layouts import scale_padded_shape
+
+PACKAGE = "torchao"
+_FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+_MX_MODES = ("floor", "ceil", "even", "rceil")
+
+
+def version() -> str | None:
+    """The installed torchao version, or None."""
+    if importlib.util.find_spec(PACKAGE) is None:
+        return None
+    return importlib.metadata.version(PACKAGE)
+
+
+def _need_torchao(name: str) -> tuple[bool, str]:
+    if version() is None:
+        return False, f"{name}: torchao is not installed (pip install 'numerics-harness[torchao]')"
+    return True, ""
+
+
+def _two_d(x: torch.Tensor, name: str) -> torch.Tensor:
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        raise Unsupported(f"{name}: torchao's cast takes float32 or bfloat16 input, not {x.dtype}")
+    return x.reshape(-1, x.shape[-1]).contiguous()
+
+
+def _empty(config: QuantConfig, x: torch.Tensor) -> QuantizedTensor:
+    return QuantizedTensor(config=config, shape=tuple(x.shape), hp_dtype=str(x.dtype).removeprefix("torch."))
+
+
+def _padded(config: QuantConfig, orientation: str, m: int, k: int, valid: torch.Tensor) -> torch.Tensor:
+    """Scales `valid` [r, c] (uint8) written into the zero-filled padded compact shape of that copy."""
+    out = torch.zeros(scale_padded_shape(config, orientation, m, k), dtype=torch.uint8, device=valid.device)
+    out[: valid.shape[0], : valid.shape[1]] = valid
+    return out
+
+
+class _Adapter:
+    """Shared parts: `name`, the quantize-only `supports` frame, the torchao package version."""
+
+    name = "torchao"
+    conventions: tuple[str, ...] = ("te",)
+
+    @property
+    def package(self) -> str:
+        return PACKAGE
+
+    @property
+    def package_version(self) -> str | None:
+        return version()
+
+    def supports(self, op: str, config: QuantConfig, device) -> tuple[bool, str]:
+        ok, why = _need_torchao(self.name)
+        if not ok:
+            return ok, why
+        if op != "quantize":
+            return False, f"{self.name}: only quantize is adapted (torchao's {op} is not)"
+        if config.convention not in self.conventions:
+            return False, f"{self.name}: follows conventions {self.conventions}, not {config.convention}"
+        return self._supports(config)
+
+    def _supports(self, config: QuantConfig) -> tuple[bool, str]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _check(self, config: QuantConfig, device) -> None:
+        ok, why = self.supports("quantize", config, device)
+        if not ok:
+            raise Unsupported(why)
+
+
+class TorchaoMX(_Adapter):
+    """torchao MXTensor.to_mx (prototype/mx_formats/mx_tensor.py to_mx) for mxfp8 1x32, one scale mode."""
+
+    conventions = ("te",) + tuple(f"torchao_{m}" for m in _MX_MODES)
+
+    def __init__(self, mode: str = "rceil", name: str | None = None) -> None:
+        if mode not in _MX_MODES:
+            raise ValueError(f"mode={mode!r} is invalid: expected one of {_MX_MODES}")
+        self.mode = mode
+        self.name = name or f"torchao_mx_{mode}"
+
+    def _supports(self, config):
+        if config.scheme != "mxfp8" or config.tile != (1, 32):
+            return False, f"{self.name}: torchao's MX cast is 1x32 mxfp8 only, not {config.id}"
+        return True, ""
+
+    def mode_for(self, config: QuantConfig) -> str:
+        """The scale mode used for `config`: its torchao convention's, else the adapter's own."""
+        return config.convention.removeprefix("torchao_") if config.convention != "te" else self.mode
+
+    def quantize(self, x, config, *, rowwise=True, colwise=False, rng=None, state=None) -> QuantizedTensor:
+        self._check(config, x.device)
+        from torchao.prototype.mx_formats.config import ScaleCalculationMode
+        from torchao.prototype.mx_formats.mx_tensor import MXTensor
+
+        x2d = _two_d(x, self.name)
+        m, k = x2d.shape
+        mode = ScaleCalculationMode(self.mode_for(config))
+        q = _empty(config, x)
+        q.extra["torchao"] = {"scale_mode": mode.value}
+        if rowwise:
+            t = MXTensor.to_mx(x2d, _FP8[config.element], 32, mode)
+            s = t.scale.view(torch.uint8)  # (M, K/32)
+            q.rowwise_data = t.qdata.view(torch.uint8).reshape(m, k)
+            q.rowwise_scale = _padded(config, "rowwise", m, k, s)
+            q.extra["torchao"]["rowwise_scale"] = s
+        if colwise:
+            t = MXTensor.to_mx(x2d.t().contiguous(), _FP8[config.element], 32, mode)  # blocks along M
+            s = t.scale.view(torch.uint8)  # (K, M/32)
+            q.colwise_data = t.qdata.view(torch.uint8).reshape(k, m).t().contiguous()  # back to [M, K]
+            q.colwise_scale = _padded(config, "colwise", m, k, s.t())  # S_c [M/32, K]
+            q.extra["torchao"]["colwise_scale"] = s
+        return q
+
+
+class TorchaoNVFP4(_Adapter):
+    """torchao NVFP4Tensor.to_nvfp4 (prototype/mx_formats/nvfp4_tensor.py) with a per-tensor scale, nvfp4 1x16."""
+
+    name = "torchao_nvfp4"
+    conventions = ("te", "torchao_nvfp4")
+
+    def _supports(self, config):
+        if config.scheme != "nvfp4" or config.tile != (1, 16) or config.rht or config.stochastic:
+            return False, f"{self.name}: torchao's NVFP4 cast is 1x16, round-to-nearest, no RHT; not {config.id}"
+        return True, ""
+
+    def quantize(self, x, config, *, rowwise=True, colwise=False, rng=None, state=None) -> QuantizedTensor:
+        self._check(config, x.device)
+        from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, per_tensor_amax_to_scale
+
+        x2d = _two_d(x, self.name)
+        m, k = x2d.shape
+        a_g = torch.max(torch.abs(x2d))  # as torchao's NVFP4 workflows compute the tensor amax
+        pts = per_tensor_amax_to_scale(a_g)
+        q = _empty(config, x)
+        q.extra["torchao"] = {"per_tensor_scale": pts}
+        for orientation, src in (("rowwise", x2d), ("colwise", x2d.t().contiguous())):
+            if not (rowwise if orientation == "rowwise" else colwise):
+                continue
+            t = NVFP4Tensor.to_nvfp4(src, block_size=16, per_tensor_scale=pts)
+            s = t.scale.view(torch.uint8)  # (rows, cols/16)
+            setattr(q, f"{orientation}_data", t.qdata.view(torch.uint8))
+            setattr(q, f"{orientation}_scale", _padded(config, orientation, m, k, s))
+            setattr(q, f"{orientation}_amax", a_g.to(torch.float32).reshape(1))
+        return q
+
+
+class TorchaoFloat8(_Adapter):
+    """torchao float8 tensorwise dynamic scaling (float8/float8_scaling_utils.py hp_tensor_to_float8_dynamic)."""
+
+    name = "torchao_float8"
+    conventions = ("te", "torchao_float8")
+
+    def _supports(self, config):
+        if config.scheme != "fp8_current" or config.pow2_scales or config.eps:
+            return False, f"{self.name}: torchao's float8 cast is plain tensorwise fp8_current (no pow2, eps 0); not {config.id}"
+        return True, ""
+
+    def quantize(self, x, config, *, rowwise=True, colwise=False, rng=None, state=None) -> QuantizedTensor:
+        self._check(config, x.device)
+        from torchao.float8.float8_scaling_utils import hp_tensor_to_float8_dynamic
+        from torchao.float8.float8_training_tensor import LinearMMConfig
+        from torchao.float8.float8_utils import tensor_to_amax
+
+        x2d = x.reshape(-1, x.shape[-1]).contiguous()
+        t = hp_tensor_to_float8_dynamic(x2d, _FP8[config.element], LinearMMConfig())
+        codes = t._data.view(torch.uint8)
+        sinv = torch.reciprocal(t._scale.to(torch.float32).reshape(1))  # torchao stores s; ours stores RN(1/s)
+        amax = tensor_to_amax(x2d).to(torch.float32).reshape(1)
+        q = _empty(config, x)
+        q.extra["torchao"] = {"scale": t._scale}
+        if rowwise:
+            q.rowwise_data, q.rowwise_scale, q.rowwise_amax = codes, sinv, amax
+        if colwise:
+            q.colwise_data, q.colwise_scale, q.colwise_amax = codes.t().contiguous(), sinv.clone(), amax.clone()
+        return q
+
+
+mx = TorchaoMX("rceil", name="torchao_mx")
+mx_floor = TorchaoMX("floor")
+mx_ceil = TorchaoMX("ceil")
+mx_even = TorchaoMX("even")
+mx_rceil = TorchaoMX("rceil")
+nvfp4 = TorchaoNVFP4()
+float8 = TorchaoFloat8()

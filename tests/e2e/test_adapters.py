@@ -1,0 +1,153 @@
+"""The shipped torchao adapters (harness/adapters/torchao.py): in-process against the golden under their
+convention, and one real `python -m harness run` on a tiny case file with its pass/fail/skip counts.
+
+Skips cleanly without torchao (the `[torchao]` extra); CI installs it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from harness.backends import get_backend
+from reference import QuantConfig, Unsupported, quantize
+from reference.conventions import with_convention
+
+pytest.importorskip("torchao")
+
+from harness.adapters import torchao as adapters  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+NAN, INF = float("nan"), float("inf")
+
+
+def sample(dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 128, generator=g)
+    x[3, 5], x[7, 1], x[9, :] = NAN, INF, 1e-39
+    return x.to(dtype)
+
+
+def same(a, b) -> bool:
+    for f in a.TENSOR_FIELDS:
+        u, v = getattr(a, f), getattr(b, f)
+        if (u is None) != (v is None):
+            return False
+        if u is not None and not torch.equal(u.contiguous().view(torch.uint8), v.contiguous().view(torch.uint8)):
+            return False
+    return True
+
+
+@pytest.mark.parametrize(
+    "spec, config, convention",
+    [
+        ("mx", QuantConfig("mxfp8"), "torchao_rceil"),
+        ("mx_floor", QuantConfig("mxfp8", element="e5m2"), "torchao_floor"),
+        ("mx_ceil", QuantConfig("mxfp8"), "torchao_ceil"),
+        ("mx_even", QuantConfig("mxfp8"), "torchao_even"),
+        ("nvfp4", QuantConfig("nvfp4"), "torchao_nvfp4"),
+        ("float8", QuantConfig("fp8_current", element="e5m2"), "torchao_float8"),
+    ],
+)
+def test_adapter_equals_golden_under_its_convention(spec, config, convention):
+    backend = get_backend(f"harness.adapters.torchao:{spec}")
+    for dtype in (torch.float32, torch.bfloat16):
+        x = sample(dtype)
+        cand = backend.quantize(x, config, rowwise=True, colwise=True)
+        assert same(cand, quantize(x, with_convention(config, convention), rowwise=True, colwise=True)), dtype
+        # ...and not under te: the sample holds NaN, Inf and tiny blocks, where every torchao cast differs.
+        assert not same(cand, quantize(x, config, rowwise=True, colwise=True)), dtype
+        # A config naming the convention runs the same cast.
+        assert same(cand, backend.quantize(x, with_convention(config, convention), rowwise=True, colwise=True))
+
+
+def test_mx_mode_follows_the_case_convention():
+    assert adapters.mx.mode_for(QuantConfig("mxfp8")) == "rceil"
+    assert adapters.mx.mode_for(QuantConfig("mxfp8", convention="torchao_even")) == "even"
+    assert adapters.mx_floor.mode_for(QuantConfig("mxfp8")) == "floor"
+
+
+def test_supports_and_unsupported():
+    mx, nv, f8 = adapters.mx, adapters.nvfp4, adapters.float8
+    assert mx.supports("quantize", QuantConfig("mxfp8"), "cpu") == (True, "")
+    ok, why = mx.supports("quantize", QuantConfig("mxfp8", tile=(32, 32)), "cpu")
+    assert not ok and "1x32 mxfp8 only" in why
+    ok, why = mx.supports("dequantize", QuantConfig("mxfp8"), "cpu")
+    assert not ok and "only quantize" in why
+    ok, why = mx.supports("quantize", QuantConfig("mxfp8", e8m0_rule="floor", convention="ocp_mx"), "cpu")
+    assert not ok and "not ocp_mx" in why
+    ok, why = nv.supports("quantize", QuantConfig("nvfp4", rht=True), "cpu")
+    assert not ok and "no RHT" in why
+    ok, why = f8.supports("quantize", QuantConfig("fp8_current", pow2_scales=True), "cpu")
+    assert not ok and "no pow2" in why
+    with pytest.raises(Unsupported, match="float32 or bfloat16 input, not torch.float16"):
+        mx.quantize(torch.zeros(32, 32, dtype=torch.float16), QuantConfig("mxfp8"))
+    with pytest.raises(Unsupported, match="1x16, round-to-nearest"):
+        nv.quantize(torch.zeros(16, 16), QuantConfig("nvfp4", tile=(16, 16)))
+    assert f8.package == "torchao" and f8.package_version == adapters.version() is not None
+
+
+def test_missing_torchao_is_a_clear_skip(monkeypatch):
+    monkeypatch.setattr(adapters, "version", lambda: None)
+    ok, why = adapters.nvfp4.supports("quantize", QuantConfig("nvfp4"), "cpu")
+    assert not ok and "pip install 'numerics-harness[torchao]'" in why
+
+
+def test_extra_keeps_torchao_scales():
+    q = adapters.float8.quantize(torch.tensor([[3.0, -1.0]]), QuantConfig("fp8_current"))
+    s = q.extra["torchao"]["scale"]
+    assert torch.equal(q.rowwise_scale, torch.reciprocal(s.reshape(1)))
+
+
+CASES = """
+tier = "adapters"
+
+[[grid]]
+scheme = "mxfp8"
+element = "e4m3"
+orientation = "rowwise"
+in_dtype = "float32"
+shape = [[256, 128]]
+distribution = ["normal", "special"]
+
+[[grid]]
+scheme = "mxfp8"
+in_dtype = "float16"
+shape = [[64, 96]]
+
+[[grid]]
+scheme = "nvfp4"
+shape = [[64, 128]]
+"""
+
+
+def test_mx_adapter_through_harness_run(tmp_path):
+    cases = tmp_path / "adapters.toml"
+    cases.write_text(CASES)
+    out = tmp_path / "report"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NUMERICS_HARNESS_PROGRESS": "0"}
+    p = subprocess.run(
+        [sys.executable, "-m", "harness", "run", "--cases", str(cases), "--backend", "harness.adapters.torchao:mx",
+         "--device", "cpu", "--out", str(out), "--no-progress"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert "pass 1, fail 1, skip 2, error 0" in p.stdout, p.stdout + p.stderr
+    df = pd.read_csv(out / "results.csv")
+    status = df.groupby("case_id").status.first().to_dict()
+    assert status == {
+        "quantize-mxfp8-e4m3-1x32-rowwise-f32-256x128-normal-s0": "pass",
+        "quantize-mxfp8-e4m3-1x32-rowwise-f32-256x128-special-s0": "fail",
+        "quantize-mxfp8-e4m3-1x32-rowwise-f16-64x96-normal-s0": "skip",
+        "quantize-nvfp4-e2m1-1x16-rowwise-bf16-64x128-normal-s0": "skip",
+    }
+    skips = df[df.status == "skip"].reason.tolist()
+    assert any("not torch.float16" in r for r in skips) and any("1x32 mxfp8 only" in r for r in skips)
+    # The special-value case fails on a NaN block: torchao writes scale 0xFF where te ignores the NaN.
+    fail = df[(df.status == "fail") & (df.tensor == "rowwise_scale")].first_mismatch.iloc[0]
+    assert '"candidate":"0xFF"' in fail
