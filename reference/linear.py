@@ -69,7 +69,9 @@ class ModuleSpec:
         if not isinstance(self.recipe, _Recipe):
             raise ValueError(f"recipe={self.recipe!r} is invalid: expected a reference.recipes recipe")
         if self.activation_dtype not in ACTIVATION_DTYPES:
-            raise ValueError(f"activation_dtype={self.activation_dtype} is invalid: expected one of {ACTIVATION_DTYPES}")
+            raise ValueError(
+                f"activation_dtype={self.activation_dtype} is invalid: expected one of {ACTIVATION_DTYPES}"
+            )
         if self.normalization not in norms.NORMALIZATIONS:
             raise ValueError(f"normalization={self.normalization!r} is invalid: expected one of {norms.NORMALIZATIONS}")
         if not (0 <= int(self.seed) < _SEED_LIMIT):
@@ -223,14 +225,14 @@ def _quantize(x: torch.Tensor, spec: ModuleSpec, role: str, step: int, state: Mo
     if cfg.stochastic:
         rng = sr_seed(spec.seed, step, role)
         seeds[role] = rng
-    # NUMERICS: §9.1 every role is quantized rowwise and colwise (TE set_usage(rowwise=True, columnwise=True)
-    # when the backward needs both); fp8_delayed reads the role's scale and records amax into its H[0].
+    # NUMERICS: numerics.md §9.1 every role is quantized rowwise and colwise (TE set_usage(rowwise=True,
+    # columnwise=True) when the backward needs both); fp8_delayed reads the role's scale, records amax in H[0].
     return quantize(x, cfg, rowwise=True, colwise=True, rng=rng, state=state.histories.get(role))
 
 
 def _gemm_bias(bias: torch.Tensor, act: torch.dtype) -> torch.Tensor:
     """The bias as the fprop GEMM gets it (TE linear.py: FP8 GEMMs take no fp32 bias, so bf16)."""
-    # NUMERICS: §9.3 TE casts the bias to the activation dtype, or to bf16 when that is fp32 and the
+    # NUMERICS: numerics.md §9.3 TE casts the bias to the activation dtype, or to bf16 when that is fp32 and the
     # GEMM is quantized ("cuBLAS does not support FP8 GEMM with FP32 bias"): one RN_bf16.
     return bias.to(torch.bfloat16 if act == torch.float32 else act)
 
@@ -268,13 +270,13 @@ def module_step(spec: ModuleSpec, params: ModuleParams, inp: StepInput, state: M
             x2d, params.ln_weight, params.ln_bias, normalization=spec.normalization, eps=spec.eps,
             zero_centered_gamma=spec.zero_centered_gamma, out_dtype=act,
         )
-        # NUMERICS: §9.2 TE normalization.cpp: a delayed-scaling quantizer is fused into the norm kernel
+        # NUMERICS: numerics.md §9.2 TE normalization.cpp: a delayed-scaling quantizer is fused into the norm kernel
         # (FULLY_FUSED: codes from the fp32 norm output, amax of it); every other recipe quantizes
         # the activation-dtype ln_out (UNFUSED / FUSED_NORM_AMAX: amax of the rounded value).
         x_src = ln.out_fp32 if isinstance(rec, DelayedScaling) else ln.out
     x_q = _quantize(x_src, spec, "input", step, state, seeds)
 
-    # NUMERICS: §9.4 weight cache - True: quantize and cache; False: reuse the cache (quantize on a
+    # NUMERICS: numerics.md §9.4 weight cache - True: quantize and cache; False: reuse the cache (quantize on a
     # miss, as TE quantize_weight does); None: quantize every step, no cache.
     mb = inp.is_first_microbatch
     requant = mb is None or mb or state.weight_cache is None
@@ -286,14 +288,14 @@ def module_step(spec: ModuleSpec, params: ModuleParams, inp: StepInput, state: M
     bias = None if params.bias is None else _gemm_bias(params.bias, act)
     # NUMERICS: §6 fprop TN: rowwise X and W; out in the activation dtype, bias in the epilogue.
     y = gemm(x_q, w_q, layout="TN", out_dtype=act, bias=bias)
-    # NUMERICS: §9.6 TE updates the forward slots (input, weight) when the autocast context exits.
+    # NUMERICS: numerics.md §9.6 TE updates the forward slots (input, weight) when the autocast context exits.
     _end_of_step(state, ("input", "weight"), scales, histories)
 
     # ---- backward ----
     dy_q = _quantize(dy2d, spec, "grad_output", step, state, seeds)
     dbias = None
     if params.bias is not None:
-        # NUMERICS: §9.3 dbias = column sums of the high-precision dY, one rounding to the activation
+        # NUMERICS: numerics.md §9.3 dbias = column sums of the high-precision dY, one rounding to the activation
         # dtype (TE bgrad_quantize / grad_output.sum(dim=0): fp32 accumulation in a launch order).
         dbias = round_out(norms.ordered_sum(dy2d, 0), act)
     # NUMERICS: §6 dgrad NN: dY rowwise, W colwise; out in the activation dtype.
@@ -306,7 +308,7 @@ def module_step(spec: ModuleSpec, params: ModuleParams, inp: StepInput, state: M
         )
         dx, dgamma, dbeta = nb.dx, nb.dgamma, nb.dbeta
     gemms = {g: GemmInfo(GEMM_LAYOUTS[g], act, rec.split_accumulator(g), False) for g in GEMMS}
-    # NUMERICS: §9.3 wgrad NT: dY colwise, X colwise. Fused: out = main_grad (fp32), accumulated unless
+    # NUMERICS: numerics.md §9.3 wgrad NT: dY colwise, X colwise. Fused: out = main_grad (fp32), accumulated unless
     # is_first_microbatch is True (TE linear.py accumulate_wgrad_into_param_main_grad).
     weight_grad = main_grad = None
     if spec.fuse_wgrad_accumulation:
@@ -319,11 +321,11 @@ def module_step(spec: ModuleSpec, params: ModuleParams, inp: StepInput, state: M
         if state.weight_grad is None:
             state.weight_grad = wgrad
         else:
-            # NUMERICS: §9.3 torch autograd accumulates .grad elementwise in the parameter dtype:
+            # NUMERICS: numerics.md §9.3 torch autograd accumulates .grad elementwise in the parameter dtype:
             # fp32 add of the widened values, then one rounding to that dtype.
             state.weight_grad = (state.weight_grad.to(torch.float32) + wgrad.to(torch.float32)).to(act)
         weight_grad = state.weight_grad
-    # NUMERICS: §9.6 the backward slot (grad_output) is updated at the end of the backward pass.
+    # NUMERICS: numerics.md §9.6 the backward slot (grad_output) is updated at the end of the backward pass.
     _end_of_step(state, ("grad_output",), scales, histories)
     return StepResult(
         step=step, is_first_microbatch=mb, weight_requantized=requant, x_q=x_q, w_q=w_q, dy_q=dy_q,

@@ -24,7 +24,7 @@ _F64 = torch.float64
 def ordered_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
     """Sum of `x` along `dim` in fp64 by a fixed pairwise tree: identical bits on every device.
 
-    NUMERICS: §9.2 - the length is zero-padded to a power of two 2^p, then p times element i is
+    NUMERICS: numerics.md §9.2 - the length is zero-padded to a power of two 2^p, then p times element i is
     added to element i + half (elementwise IEEE fp64 adds, no library reduction order involved).
     """
     v = x.to(_F64).movedim(dim, -1)
@@ -53,7 +53,7 @@ def _rsigma(v32: torch.Tensor) -> torch.Tensor:
 def _gamma(gamma: torch.Tensor, zero_centered_gamma: bool) -> torch.Tensor:
     """fp32 gamma; with zero_centered_gamma, RN32(gamma + 1) (TE: `g_ij += 1` in compute_t)."""
     g = gamma.to(_F32)
-    return g + 1.0 if zero_centered_gamma else g  # NUMERICS: §9.2 one fp32 add
+    return g + 1.0 if zero_centered_gamma else g  # NUMERICS: numerics.md §9.2 one fp32 add
 
 
 def _check(normalization: str, x2d: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor | None, need_beta: bool
@@ -89,7 +89,7 @@ class NormBackward:
 
 def _normalized(xf: torch.Tensor, mu: torch.Tensor | None, rs: torch.Tensor) -> torch.Tensor:
     """y = RN32(rs * RN32(x - mu)) (LayerNorm) or RN32(x * rs) (RMSNorm), recomputed alike in backward."""
-    # NUMERICS: §9.2 TE `y_ij = rs * (x_ij - mu)` / `rs * x_ij`: fp32 subtract, fp32 multiply.
+    # NUMERICS: numerics.md §9.2 TE `y_ij = rs * (x_ij - mu)` / `rs * x_ij`: fp32 subtract, fp32 multiply.
     d = xf if mu is None else xf - mu[:, None]
     return d * rs[:, None]
 
@@ -117,22 +117,22 @@ def norm_forward(
     x64 = xf.to(_F64)
     eps32 = fp32.scalar(eps, xf)
     if normalization == "LayerNorm":
-        # NUMERICS: §9.2 fp32 statistics: mean, then the centred second moment (TE: Welford, fp32).
+        # NUMERICS: numerics.md §9.2 fp32 statistics: mean, then the centred second moment (TE: Welford, fp32).
         mu = _mean32(x64, k)
         var = _mean32((x64 - mu.to(_F64)[:, None]) ** 2, k)
     else:
-        # NUMERICS: §9.2 RMSNorm: TE's rn*m2 + mu*mu is the mean of squares; here summed directly.
+        # NUMERICS: numerics.md §9.2 RMSNorm: TE's rn*m2 + mu*mu is the mean of squares; here summed directly.
         mu = None
         var = _mean32(x64 * x64, k)  # x^2 exact in fp64 (2 x 24 bits)
-    rs = _rsigma(var + eps32)  # NUMERICS: §9.2 RN32(var + eps), then RN32(1/sqrt(.))
+    rs = _rsigma(var + eps32)  # NUMERICS: numerics.md §9.2 RN32(var + eps), then RN32(1/sqrt(.))
     y = _normalized(xf, mu, rs)
     g = _gamma(gamma, zero_centered_gamma)[None, :]
     if normalization == "LayerNorm":
-        # NUMERICS: §9.2 TE `g_ij * y_ij + b_ij` is contracted by nvcc (default -fmad=true): one FMA32.
+        # NUMERICS: numerics.md §9.2 TE `g_ij * y_ij + b_ij` is contracted by nvcc (default -fmad=true): one FMA32.
         out32 = fp32.fma32(g.expand_as(y), y, beta.to(_F32)[None, :].expand_as(y))
     else:
-        out32 = g * y  # NUMERICS: §9.2 one fp32 multiply
-    # NUMERICS: §9.2 ln_out = output_t(temp_output): one rounding from fp32 to the output dtype.
+        out32 = g * y  # NUMERICS: numerics.md §9.2 one fp32 multiply
+    # NUMERICS: numerics.md §9.2 ln_out = output_t(temp_output): one rounding from fp32 to the output dtype.
     return NormForward(out=out32.to(out_dtype), out_fp32=out32, mu=mu, rsigma=rs)
 
 
@@ -158,18 +158,18 @@ def norm_backward(
     dzf = dz.to(_F32)  # NUMERICS: §0.1 exact widening
     y = _normalized(xf, fwd.mu, fwd.rsigma)
     g = _gamma(gamma, zero_centered_gamma)[None, :]
-    dyg = g * dzf  # NUMERICS: §9.2 TE `dy_tmp = (gamma + shift) * dz`: one fp32 multiply
+    dyg = g * dzf  # NUMERICS: numerics.md §9.2 TE `dy_tmp = (gamma + shift) * dz`: one fp32 multiply
     mdyy = _mean32(dyg.to(_F64) * y.to(_F64), k)[:, None]  # product exact in fp64
     if normalization == "LayerNorm":
         mdy = _mean32(dyg, k)[:, None]
-        # NUMERICS: §9.2 TE `rs * (dy - (mdyy * y + mdy))`: the inner a*b+c contracted to one FMA32.
+        # NUMERICS: numerics.md §9.2 TE `rs * (dy - (mdyy * y + mdy))`: the inner a*b+c contracted to one FMA32.
         inner = fp32.fma32(mdyy.expand_as(y), y, mdy.expand_as(y))
         dx32 = (dyg - inner) * fwd.rsigma[:, None]
     else:
-        # NUMERICS: §9.2 TE `rs * (dy - mdyy * y)`: dy - a*b contracted to FMA32(-a, b, dy).
+        # NUMERICS: numerics.md §9.2 TE `rs * (dy - mdyy * y)`: dy - a*b contracted to FMA32(-a, b, dy).
         dx32 = fp32.fma32(-mdyy.expand_as(y), y, dyg) * fwd.rsigma[:, None]
     dz64 = dzf.to(_F64)
-    # NUMERICS: §9.2 dgamma / dbeta: column sums of dz*y (exact products) and dz, one rounding each.
+    # NUMERICS: numerics.md §9.2 dgamma / dbeta: column sums of dz*y (exact products) and dz, one rounding each.
     dgamma = round_out(ordered_sum(dz64 * y.to(_F64), 0), gamma.dtype)
     dbeta = round_out(ordered_sum(dz64, 0), gamma.dtype) if normalization == "LayerNorm" else None
     return NormBackward(dx=dx32.to(x2d.dtype), dgamma=dgamma, dbeta=dbeta)
