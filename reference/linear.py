@@ -232,8 +232,8 @@ def _quantize(x: torch.Tensor, spec: ModuleSpec, role: str, step: int, state: Mo
 
 def _gemm_bias(bias: torch.Tensor, act: torch.dtype) -> torch.Tensor:
     """The bias as the fprop GEMM gets it (TE linear.py: FP8 GEMMs take no fp32 bias, so bf16)."""
-    # NUMERICS: numerics.md §9.3 TE casts the bias to the activation dtype, or to bf16 when that is fp32 and the
-    # GEMM is quantized ("cuBLAS does not support FP8 GEMM with FP32 bias"): one RN_bf16.
+    # NUMERICS: numerics.md §9.1 TE casts the bias to the activation dtype, or to bf16 when that is fp32 and
+    # the GEMM is quantized ("cuBLAS does not support FP8 GEMM with FP32 bias"): one RN_bf16.
     return bias.to(torch.bfloat16 if act == torch.float32 else act)
 
 
@@ -250,9 +250,9 @@ def _end_of_step(state: ModuleState, roles: tuple[str, ...], scales: dict, histo
 
 def module_step(spec: ModuleSpec, params: ModuleParams, inp: StepInput, state: ModuleState, step: int) -> StepResult:
     """One forward + backward of the module; updates `state` in place (docs/numerics.md §9)."""
+    _check_step(spec, params, inp, state)
     if inp.weight is not None:
         state.weight = inp.weight
-    _check_step(spec, params, inp, state)
     act = spec.activation_dtype
     rec = spec.recipe
     n, k = state.weight.shape
