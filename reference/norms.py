@@ -119,7 +119,8 @@ def norm_forward(
     if normalization == "LayerNorm":
         # NUMERICS: numerics.md §9.2 fp32 statistics: mean, then the centred second moment (TE: Welford, fp32).
         mu = _mean32(x64, k)
-        var = _mean32((x64 - mu.to(_F64)[:, None]) ** 2, k)
+        d = x64 - mu.to(_F64)[:, None]
+        var = _mean32(d * d, k)  # an explicit product, never pow (its kernels differ by device)
     else:
         # NUMERICS: numerics.md §9.2 RMSNorm: TE's rn*m2 + mu*mu is the mean of squares; here summed directly.
         mu = None
