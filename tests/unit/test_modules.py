@@ -369,6 +369,45 @@ def test_norms_against_fp64_autograd(norm, zero_centered):
         assert (f64(b.dbeta) - bb.grad).abs().max() < 16 * tol
 
 
+@pytest.mark.parametrize("norm", ["LayerNorm", "RMSNorm"])
+def test_small_layernorm_linear_every_stage_exact_equals_fp64_autograd(norm):
+    """Rows c + a * (+-1) with a a power of two (eps 0): y = +-1 and rsigma = 1/a exactly, ln_out = gamma * y
+    on the grid, every quantization lossless and every sum exact, so the whole chain is the exact real
+    result. Oracle: torch's fp64 autograd of the unquantized module (no shared code); its Welford mean
+    rounds in fp64, so it is matched to 1e-12 relative, 2^12 times finer than an fp32 ulp."""
+    k, n, m = 64, 32, 32
+    signs = torch.tensor([1.0, -1.0] * (k // 2))
+    a = torch.tensor([2.0 ** (i % 5 - 2) for i in range(m)])[:, None]  # 1/4 .. 4
+    c = torch.tensor(GRID * 3)[:m, None] if norm == "LayerNorm" else torch.zeros(m, 1)
+    x = c + a * signs * torch.where(torch.arange(m)[:, None] % 2 == 0, 1.0, -1.0)
+    gamma = grid_tensor((1, k), 4)[0]
+    params = ModuleParams(grid_tensor((n, k), 1), torch.tensor([0.25 * (i - 16) for i in range(n)]),
+                          gamma, torch.zeros(k))
+    dy = grid_tensor((m, n), 3)
+    spec = ModuleSpec("layernorm_linear", Float8CurrentScaling(), F32, normalization=norm, eps=0.0)
+    s = run_module(spec, params, [StepInput(x, dy)]).steps[0]
+    assert s.x_q.rowwise_scale.item() == 2.0**-7 and torch.equal(dequantize(s.x_q, "rowwise", F32), s.ln_out)
+    assert torch.equal(s.ln_rsigma, 1.0 / a[:, 0])
+    xx, gg, bb, ww, bi = (f64(t).requires_grad_() for t in (x, gamma, params.ln_bias, params.weight, params.bias))
+    if norm == "LayerNorm":
+        ln = torch.nn.functional.layer_norm(xx, (k,), gg, bb, 0.0)
+    else:
+        ln = torch.nn.functional.rms_norm(xx, (k,), gg, 0.0)
+    y = ln @ ww.t() + bi
+    y.backward(f64(dy))
+    row_sign = torch.where(torch.arange(m)[:, None] % 2 == 0, 1.0, -1.0)
+    assert torch.equal(s.ln_out, gamma * signs * row_sign)  # by hand: y = +-1 exactly
+
+    def close(ours, oracle):
+        return torch.allclose(f64(ours), oracle.detach(), rtol=1e-12, atol=1e-12)
+
+    assert close(s.ln_out, ln) and close(s.fprop, y) and close(s.dx, xx.grad)
+    assert close(s.wgrad, ww.grad) and close(s.dbias, bi.grad) and close(s.dgamma, gg.grad)
+    if norm == "LayerNorm":
+        assert close(s.dbeta, bb.grad)
+    assert (s.dx.abs() > 1).any()
+
+
 def test_layernorm_linear_chain():
     """ln_out feeds the input quantizer; dgrad feeds the norm backward (TE layernorm_linear.py)."""
     g = torch.Generator().manual_seed(4)
