@@ -8,7 +8,9 @@ file or bench script).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -43,8 +45,8 @@ def filter_ids(ids: Sequence[str], pattern: str | None) -> list[bool]:
         return [True] * len(ids)
     try:
         rx = re.compile(pattern)
-    except re.error:
-        return [pattern in i for i in ids]
+    except re.error as e:
+        raise UsageError(f"--filter {pattern!r} is not a valid regular expression: {e}") from None
     return [bool(rx.search(i)) or pattern in i for i in ids]
 
 
@@ -66,6 +68,10 @@ def select_cases(tier: str | None, cases_file: str | None, pattern: str | None, 
         all_cases = cases_mod.load_cases(source)
     except cases_mod.CaseFileError as e:
         raise UsageError(str(e)) from e
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{source}: not a UTF-8 TOML cases file (byte {e.start}: {e.reason})") from None
+    except OSError as e:
+        raise UsageError(f"{source}: cannot read the cases file: {e.strerror or e}") from None
     keep = filter_ids([c.id for c in all_cases], pattern)
     picked = [c for c, k in zip(all_cases, keep, strict=True) if k]
     sh = parse_shard(shard)
@@ -82,7 +88,12 @@ def resolve_backends(text: str, cases: Sequence, device: str) -> list:
     """Backend objects for --backend (comma list); `auto` = every backend supporting some case."""
     from . import backends as b  # noqa: PLC0415
 
-    names = b.parse_backend_list(text)
+    try:
+        names = b.parse_backend_list(text)
+    except b.UnknownBackend as e:
+        raise UsageError(str(e).strip("'\"")) from None
+    if not names:
+        raise UsageError(f"--backend {text!r} names no backend (e.g. reference, torch, native, package.module:object)")
     out = []
     for name in names:
         if name == "auto":
@@ -97,16 +108,26 @@ def resolve_backends(text: str, cases: Sequence, device: str) -> list:
                 else:
                     print(f"auto: backend {cand!r} supports none of the selected cases on {device}", file=sys.stderr)
         else:
-            try:
-                out.append(b.get_backend(name))
-            except b.UnknownBackend as e:
-                raise UsageError(str(e)) from e
+            out.append(load_backend(name))
     seen, uniq = set(), []
     for be in out:
         if be.name not in seen:
             seen.add(be.name)
             uniq.append(be)
     return uniq
+
+
+def load_backend(name: str):
+    """get_backend(name), with any failure (unknown name, a module raising at import) as a UsageError."""
+    from . import backends as b  # noqa: PLC0415
+
+    try:
+        return b.get_backend(name)
+    except b.UnknownBackend as e:
+        raise UsageError(str(e)) from None
+    except Exception as e:  # noqa: BLE001 - a user's module: one line, no traceback
+        first = str(e).splitlines()[0][:300] if str(e) else ""
+        raise UsageError(f"--backend {name!r} could not be loaded: {type(e).__name__}: {first}") from None
 
 
 def _supports(backend, case, device) -> bool:
@@ -153,59 +174,113 @@ def _prepare(backends, cases, device) -> None:
             print(f"harness: {line}", file=sys.stderr)
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so the sweep stops like it does on Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """While running, SIGTERM raises Terminated (the default would end the process without the
+    report's closing steps or stopping the workers)."""
+    def handler(signum, frame):
+        raise Terminated()
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (an embedding caller): leave SIGTERM alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _out_dir(args) -> Path:
+    out = Path(args.out or Path("reports") / (Path(args.cases).stem if args.cases else (args.tier or "smoke")))
+    if out.suffix == ".csv":
+        raise UsageError(f"--out {str(out)!r} names a CSV file; --out is the report directory (results.csv and "
+                         "run_meta.json are written inside it)")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {str(out)!r} is a file; --out is the report directory")
+    return out
+
+
 def cmd_run(args) -> int:
-    from . import report, runner  # noqa: PLC0415
+    from . import report  # noqa: PLC0415
+    from .artefacts import repro_command  # noqa: PLC0415
+    from .backends import backend_spec  # noqa: PLC0415
     from .meta import run_meta  # noqa: PLC0415
+    from .pool import DEFAULT_CASE_TIMEOUT, PoolSweep, WorkersDying  # noqa: PLC0415
     from .progress import Progress  # noqa: PLC0415
 
+    if args.case_timeout is None:
+        args.case_timeout = DEFAULT_CASE_TIMEOUT
+    if args.workers < 1:
+        raise UsageError(f"--workers {args.workers} is invalid: expected 1 or more worker processes")
+    if args.case_timeout < 0:
+        raise UsageError(f"--case-timeout {args.case_timeout:g} is invalid: expected seconds >= 0 (0 = no limit)")
+    if args.resume and args.force:
+        raise UsageError("--resume and --force exclude each other (--force replaces the report --resume continues)")
+    out = _out_dir(args)
     device = _device(args.device)
     cases = select_cases(args.tier, args.cases, args.filter, args.shard)
     if not cases:
-        print("no cases selected (check --tier/--cases/--filter/--shard)", file=sys.stderr)
+        print("error: no cases selected (check --tier/--cases/--filter/--shard)", file=sys.stderr)
         return 2
     backends = resolve_backends(args.backend, cases, device)
-    out = Path(args.out or Path("reports") / (Path(args.cases).stem if args.cases else (args.tier or "smoke")))
     options = {k: v for k, v in vars(args).items() if k != "func"}
     options.update(device=device, backends=[b.name for b in backends], n_cases=len(cases))
     meta = run_meta(options)
-    writer = report.ReportWriter(out, meta, resume=args.resume)
+    try:
+        writer = report.ReportWriter(out, meta, resume=args.resume, force=args.force)
+    except report.ReportError as e:
+        raise UsageError(str(e)) from None
+    for note in writer.notes:
+        print(f"harness: {note}", file=sys.stderr)
     todo = sum(1 for c in cases for b in backends if not writer.is_complete(c.id, b.name))
     skipped = len(cases) * len(backends) - todo
     print(f"harness: {len(cases)} cases x {len(backends)} backends ({', '.join(b.name for b in backends)}) "
           f"on {device} -> {out}" + (f" (resume: {skipped} already done)" if skipped else ""), file=sys.stderr)
-    if todo:
-        _prepare(backends, cases, device)
     progress = Progress(todo, force=args.progress, label="run")
+    stopped = None
     try:
-        if args.workers and args.workers > 1:
-            from .backends import backend_spec  # noqa: PLC0415
-
-            res = runner.sweep_parallel(cases, [backend_spec(b) for b in backends], args.workers,
-                                        device=args.device if args.device not in (None, "auto") else None,
-                                        writer=writer, out_dir=out, progress=progress, golden=args.golden_device)
-        else:
-            res = runner.sweep(cases, backends, device=device, writer=writer, out_dir=out, progress=progress,
-                               golden=args.golden_device)
+        with _sigterm_raises():
+            if todo:
+                _prepare(backends, cases, device)
+            PoolSweep(cases, [backend_spec(b) for b in backends], args.workers,
+                      device=args.device if args.device not in (None, "auto") else None, writer=writer, out_dir=out,
+                      progress=progress, golden=args.golden_device, case_timeout=args.case_timeout).run()
+    except KeyboardInterrupt:
+        stopped = ("interrupted", 130)
+    except Terminated:
+        stopped = ("terminated (SIGTERM)", 143)
+    except WorkersDying as e:
+        stopped = (f"stopped: {e}", 1)
     finally:
         progress.close()
         writer.close()
-    writer.write_meta(finished=True, counts=res.counts)
     df = report.read_results(out)
+    cs = report.case_status(df)
+    counts = {s: int((cs["status"] == s).sum()) for s in ("pass", "fail", "skip", "error")}
+    writer.write_meta(finished=stopped is None, counts=counts, **({"stopped": stopped[0]} if stopped else {}))
+    if stopped:
+        print(f"harness: {stopped[0]}; {len(cs)} (case, backend) pairs are in {out / report.RESULTS}; continue "
+              f"with the same command and --resume", file=sys.stderr)
+        return stopped[1]
     print(report.format_table(report.summary(df)))
     print(report.format_time_split(df))
-    c = res.counts
-    print(f"\n{res.n_rows} rows written to {out / report.RESULTS}; pass {c.get('pass', 0)}, fail {c.get('fail', 0)}, "
-          f"skip {c.get('skip', 0)}, error {c.get('error', 0)}")
-    if res.failures:
+    print(f"\n{len(df)} rows in {out / report.RESULTS} ({len(cs)} (case, backend) pairs); pass {counts['pass']}, "
+          f"fail {counts['fail']}, skip {counts['skip']}, error {counts['error']}")
+    bad = cs[cs["status"].isin(["fail", "error"])]
+    if len(bad):
         print(f"failing cases keep their inputs and a repro.sh under {out / report.FAILURES}/")
-        from .backends import backend_spec  # noqa: PLC0415
-
         specs = {b.name: backend_spec(b) for b in backends}
-        for cid, name in res.failures[:10]:
-            print(f"  {runner.repro_command(cid, specs.get(name, name))}")
-        if len(res.failures) > 10:
-            print(f"  ... and {len(res.failures) - 10} more")
-    return 0 if res.ok else 1
+        for r in bad.head(10).itertuples(index=False):
+            print(f"  {repro_command(r.case_id, specs.get(r.backend, r.backend))}")
+        if len(bad) > 10:
+            print(f"  ... and {len(bad) - 10} more")
+    return 1 if len(bad) else 0
 
 
 def cmd_list(args) -> int:
@@ -390,7 +465,7 @@ def _selection(p: argparse.ArgumentParser) -> None:
 
 
 def _golden(p: argparse.ArgumentParser) -> None:
-    from .runner import GOLDEN_DEVICES  # noqa: PLC0415
+    from .golden import GOLDEN_DEVICES  # noqa: PLC0415
 
     p.add_argument("--golden-device", choices=GOLDEN_DEVICES, default="same",
                    help="where the golden reference runs: on the backend's device (default; same bits, "
@@ -407,7 +482,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma list: reference, native, torch, entry-point names, package.module:object, or auto")
     p.add_argument("--out", default=None, help="report directory (default reports/<tier>)")
     p.add_argument("--resume", action="store_true", help="keep the CSV and skip (case, backend) pairs already in it")
-    p.add_argument("--workers", type=int, default=1, help="worker processes (each pinned to one GPU; CPU without GPUs)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="worker processes (each pinned to one GPU; CPU without GPUs); every case runs in a worker, "
+                        "so a crash or hang costs that case alone")
+    p.add_argument("--case-timeout", type=float, default=None, metavar="SECONDS",
+                   help="kill a (case, backend) running longer and record error/timeout (default "
+                        "harness.pool.DEFAULT_CASE_TIMEOUT; 0 = no limit)")
+    p.add_argument("--force", action="store_true", help="replace a previous report in --out (a fresh run refuses it)")
     _golden(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--progress", dest="progress", action="store_true", default=None, help="force the progress bar")
@@ -475,6 +556,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; rows of finished cases are in the report (use --resume to continue)", file=sys.stderr)
         return 130
+    except Terminated:
+        print("terminated; rows of finished cases are in the report (use --resume to continue)", file=sys.stderr)
+        return 143
 
 
 if __name__ == "__main__":  # pragma: no cover

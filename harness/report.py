@@ -156,14 +156,95 @@ def rows_to_csv_text(rows: Sequence[Mapping], header: bool) -> str:
     return buf.getvalue()
 
 
-def _truncate_partial_line(path: Path) -> None:
-    """Drop a trailing line without its newline (a write cut by a kill), so appends start clean."""
+class ReportError(ValueError):
+    """A report directory or file that cannot be used as asked (the message says why and what to do)."""
+
+
+class CorruptReport(ReportError):
+    """A results.csv that is not a whole harness report; the message names the line."""
+
+
+KINDS = ("conformance", "accuracy")
+LOCK = ".lock"
+
+
+def _headers() -> tuple[tuple[str, ...], ...]:
+    """The accepted headers: the current COLUMNS, and the first schema (without LATER_COLUMNS)."""
+    return COLUMNS, tuple(c for c in COLUMNS if c not in LATER_COLUMNS)
+
+
+def check_results(path: str | os.PathLike, *, allow_cut_end: bool = False) -> int:
+    """Raise CorruptReport naming the first bad line of a results.csv, else return its row count.
+
+    Bad: bytes that are not UTF-8 text, a header that is not a harness schema, a row with the wrong
+    number of cells, an unknown status or kind, an empty case_id or backend, and (unless
+    `allow_cut_end`) a last line without its newline (a write cut short).
+    """
+    p = results_path(path)
+    data = p.read_bytes()
+    if not data:
+        return 0
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise CorruptReport(f"{p} line {line}: not UTF-8 text (byte {e.start}); not a harness report") from None
+    if "\x00" in text:
+        line = text.count("\n", 0, text.index("\x00")) + 1
+        raise CorruptReport(f"{p} line {line}: binary data (NUL byte); not a harness report")
+    if text and not text.endswith("\n") and not allow_cut_end:
+        raise CorruptReport(f"{p} line {text.count(chr(10)) + 1}: the last line is cut short (no newline); "
+                            "`python -m harness run --resume` drops it and re-runs that (case, backend)")
+    reader = csv.reader(io.StringIO(text))
+    header = tuple(next(reader, ()))
+    if header not in _headers():
+        raise CorruptReport(f"{p} line 1: the header is not a harness report's (expected the columns of "
+                            "reports/README.md)")
+    width, idx = len(header), {c: i for i, c in enumerate(header)}
+    n = 0
+    for cells in reader:
+        line = reader.line_num
+        if len(cells) != width:
+            raise CorruptReport(f"{p} line {line}: {len(cells)} cells, expected {width}")
+        status, kind = cells[idx["status"]], cells[idx["kind"]]
+        if status not in STATUSES:
+            raise CorruptReport(f"{p} line {line}: status {status[:40]!r} is not one of {', '.join(STATUSES)}")
+        if kind not in KINDS:
+            raise CorruptReport(f"{p} line {line}: kind {kind[:40]!r} is not one of {', '.join(KINDS)}")
+        if not cells[idx["case_id"]] or not cells[idx["backend"]]:
+            raise CorruptReport(f"{p} line {line}: empty case_id or backend")
+        n += 1
+    return n
+
+
+def _drop_cut_pair(path: Path) -> str | None:
+    """Before resuming: if the last line was cut short, drop it and every row of the last whole
+    line's (case, backend) at the end, so that pair runs again whole; returns a note, or None."""
     data = path.read_bytes()
     if not data or data.endswith(b"\n"):
-        return
+        return None
     cut = data.rfind(b"\n") + 1
+    lines = data[:cut].decode("utf-8", errors="replace").splitlines(keepends=True)
+    torn = next(csv.reader([data[cut:].decode("utf-8", errors="replace")]), [])
+
+    def pair(cells: list[str]) -> tuple[str, str] | None:
+        return (cells[0], cells[3]) if len(cells) > 4 else None  # (case_id, backend), both cells whole
+
+    if len(lines) > 1:
+        last = pair(next(csv.reader([lines[-1]])))
+        # The torn line belongs to the last whole line's pair unless its own (whole) cells say otherwise.
+        if pair(torn) in (None, last):
+            while len(lines) > 1 and pair(next(csv.reader([lines[-1]]))) == last:
+                cut -= len(lines.pop().encode("utf-8"))
+            note = f"the last line of {path} was cut short: re-running {last[0]} [{last[1]}]"
+        else:
+            note = f"the last line of {path} was cut short: re-running {pair(torn)[0]} [{pair(torn)[1]}]"
+    else:
+        note = f"the header of {path} was cut short: starting it again"
+        cut = 0
     with open(path, "r+b") as f:
         f.truncate(cut)
+    return note
 
 
 def _upgrade_columns(path: Path) -> None:
@@ -179,37 +260,64 @@ def _upgrade_columns(path: Path) -> None:
     os.replace(tmp, path)
 
 
+def _previous_report(out_dir: Path) -> list[str]:
+    return [n for n in (RESULTS, META, FAILURES) if (out_dir / n).exists()]
+
+
 class ReportWriter:
     """Appends result rows to `<out_dir>/results.csv` as cases finish and writes `run_meta.json`.
 
-    Each `write(rows)` is one pandas-rendered block sent with a single `os.write` on an O_APPEND
-    descriptor, so a killed run keeps every finished case (and never half of one). With
-    `resume=True` an existing CSV is kept and `completed` holds its (case_id, backend) pairs.
+    Each `write(rows)` is one block sent with a single `os.write` on an O_APPEND descriptor, so a
+    killed run keeps every finished (case, backend) and never half of one. The directory is locked
+    (`fcntl.flock` on `<out_dir>/.lock`) for the writer's lifetime: a second run on it refuses. A
+    fresh run refuses a directory holding a previous report unless `force` (then that report is
+    replaced); with `resume=True` the CSV is checked (CorruptReport names a bad line), a cut last
+    line drops its (case, backend) to run again, and `completed` holds the pairs already there.
     """
 
-    def __init__(self, out_dir: str | os.PathLike, meta: Mapping | None = None, resume: bool = False):
+    def __init__(self, out_dir: str | os.PathLike, meta: Mapping | None = None, resume: bool = False,
+                 force: bool = False):
         self.out_dir = Path(out_dir)
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise ReportError(f"{self.out_dir} is a file; the report is a directory (results.csv, run_meta.json)")
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.out_dir / RESULTS
         self.meta_path = self.out_dir / META
         self.completed: set[tuple[str, str]] = set()
         self.n_written = 0
+        self.notes: list[str] = []
+        self._fd = None
+        self._lock = _lock_dir(self.out_dir)
+        try:
+            self._open(meta, resume, force)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, meta, resume: bool, force: bool) -> None:
         if resume and self.path.exists():
-            _truncate_partial_line(self.path)
+            note = _drop_cut_pair(self.path)
+            if note:
+                self.notes.append(note)
+            check_results(self.path)
             _upgrade_columns(self.path)
             self.completed = completed_pairs(self.path)
         else:
-            # A fresh run: drop the previous run's rows and failure artifacts from this directory.
+            previous = _previous_report(self.out_dir)
+            if previous and not force and not resume:
+                raise ReportError(f"{self.out_dir} holds a previous report ({', '.join(previous)}): pass --resume "
+                                  "to continue it or --force to replace it")
+            # A fresh run (or --force): drop the previous run's rows and failure artifacts.
             if self.path.exists():
                 self.path.unlink()
             shutil.rmtree(self.out_dir / FAILURES, ignore_errors=True)
         meta = dict(meta or {})
         if resume and self.meta_path.exists():
             try:
-                previous = json.loads(self.meta_path.read_text())
+                previous_meta = json.loads(self.meta_path.read_text())
             except ValueError:
-                previous = {}
-            meta["resumed"] = int(previous.get("resumed", 0)) + 1
+                previous_meta = {}
+            meta["resumed"] = int(previous_meta.get("resumed", 0)) + 1
             meta["resumed_with_cases"] = len(self.completed)
         self.meta = meta
         self.write_meta()
@@ -241,12 +349,33 @@ class ReportWriter:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        if self._lock is not None:
+            os.close(self._lock)  # releases the flock
+            self._lock = None
 
     def __enter__(self) -> "ReportWriter":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _lock_dir(out_dir: Path) -> int:
+    """An exclusive, non-blocking flock on `<out_dir>/.lock` (released when the descriptor closes,
+    also when the process is killed); ReportError if another run holds it."""
+    import fcntl  # noqa: PLC0415 - POSIX only
+
+    fd = os.open(out_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        raise ReportError(f"{out_dir} is in use by another run (pid {holder or '?'}); wait for it to end or "
+                          "choose another --out") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
 
 
 # ----------------------------------------------------------------------------------------------
@@ -265,6 +394,8 @@ def read_results(path: str | os.PathLike) -> pd.DataFrame:
     p = results_path(path)
     if not p.exists():
         raise FileNotFoundError(f"no report at {p} (expected a results.csv written by `python -m harness run`)")
+    if check_results(p) == 0 and p.stat().st_size == 0:
+        return pd.DataFrame({c: pd.Series(dtype=float if c in NUMERIC_COLUMNS else str) for c in COLUMNS})
     df = pd.read_csv(p, dtype={c: str for c in TEXT_COLUMNS}, keep_default_na=False, na_values={c: [""] for c in NUMERIC_COLUMNS})
     missing = [c for c in COLUMNS if c not in df.columns and c not in LATER_COLUMNS]
     if missing:
@@ -353,9 +484,9 @@ def format_table(df: pd.DataFrame) -> str:
 def diff(old: pd.DataFrame, new: pd.DataFrame, sqnr_drop_db: float = SQNR_DROP_DB) -> tuple[list[str], list[str]]:
     """(regressions, notes) between two reports.
 
-    Regressions: a (case, backend) whose status got worse (pass < skip < fail < error); a
-    (case, backend, tensor) whose n_mismatch went up; an accuracy row whose SQNR dropped by more
-    than `sqnr_drop_db`. Notes: cases present in only one report.
+    Regressions: a (case, backend) in OLD and missing from NEW; a (case, backend) whose status got
+    worse (pass < skip < fail < error); a (case, backend, tensor) whose n_mismatch went up; an
+    accuracy row whose SQNR dropped by more than `sqnr_drop_db`. Notes: cases only in NEW.
     """
     regressions: list[str] = []
     notes: list[str] = []
@@ -363,7 +494,7 @@ def diff(old: pd.DataFrame, new: pd.DataFrame, sqnr_drop_db: float = SQNR_DROP_D
     m = co.merge(cn, on=["case_id", "backend"], how="outer", suffixes=("_old", "_new"), indicator="where")
     for r in m.itertuples(index=False):
         if r.where == "left_only":
-            notes.append(f"only in OLD: {r.case_id} [{r.backend}] ({r.status_old})")
+            regressions.append(f"missing from NEW: {r.case_id} [{r.backend}] (was {r.status_old})")
         elif r.where == "right_only":
             notes.append(f"only in NEW: {r.case_id} [{r.backend}] ({r.status_new})")
         elif status_rank(r.status_new) > status_rank(r.status_old):

@@ -202,7 +202,9 @@ def test_filter_is_a_regex_or_a_substring_and_shards_are_0_based():
 
     ids = ["quantize-fp8_current-a", "quantize-mxfp8-b", "gemm-TN-fp8_current(c"]
     assert cli.filter_ids(ids, "^quantize-.*current") == [True, False, False]
-    assert cli.filter_ids(ids, "current(c") == [False, False, True]  # not a valid regex: substring
+    assert cli.filter_ids(ids, r"current\(c") == [False, False, True]
+    with pytest.raises(cli.UsageError, match="not a valid regular expression"):
+        cli.filter_ids(ids, "current(c")
     assert cli.filter_ids(ids, None) == [True, True, True]
     assert cli.parse_shard("1/4") == (1, 4)
     for bad in ("4/4", "x/2", "1/0"):

@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-from harness import runner
+from harness import golden, runner
 from harness.cases import Case, load_cases
 from harness.inputs import generate
 from reference import QuantConfig
@@ -93,13 +93,13 @@ def test_rows_with_a_cuda_golden_equal_rows_with_a_cpu_golden(case, backend):
 
 @pytest.mark.gpu
 def test_cases_of_one_input_key_share_one_device_copy_but_get_their_own_tensors(monkeypatch):
-    monkeypatch.setattr(runner, "_LAST_INPUTS", [])
+    monkeypatch.setattr(golden, "INPUTS", golden.InputCache())
     a, b = (Case("quantize", QuantConfig("mxfp8", element=e), (64, 96), in_dtype="bfloat16", distribution="normal",
                  seed=0, orientation="both") for e in ("e4m3", "e5m2"))
     ga = runner.prepare(a, device="cuda")
-    kept = runner._LAST_INPUTS[2][ga.device]["x"]
+    kept = golden.INPUTS.moved[ga.device]["x"]
     ga.on_device["x"].fill_(7.0)  # a backend scribbling on its device input must not reach the next case
     gb = runner.prepare(b, device="cuda")
-    assert runner._LAST_INPUTS[2][gb.device]["x"] is kept  # moved once for the group
+    assert golden.INPUTS.moved[gb.device]["x"] is kept  # moved once for the group
     assert gb.on_device["x"].data_ptr() not in (kept.data_ptr(), ga.on_device["x"].data_ptr())
     assert torch.equal(gb.on_device["x"].cpu(), gb.inputs["x"]) and torch.equal(gb.inputs["x"], generate(b)["x"])

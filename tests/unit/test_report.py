@@ -93,8 +93,10 @@ def test_writer_appends_rows_pandas_reads_them_back_with_json_cells(tmp_path):
     assert pd.isna(df.loc[1, "n_mismatch"])
     meta = json.loads((tmp_path / report.META).read_text())
     assert meta["commit"] == "abc"
-    # A fresh (non-resume) writer starts a new file.
-    report.ReportWriter(tmp_path, {}).close()
+    # A fresh (non-resume) writer refuses the previous report; with force it starts a new file.
+    with pytest.raises(report.ReportError, match="holds a previous report"):
+        report.ReportWriter(tmp_path, {})
+    report.ReportWriter(tmp_path, {}, force=True).close()
     assert not (tmp_path / report.RESULTS).exists() or (tmp_path / report.RESULTS).stat().st_size == 0
 
 

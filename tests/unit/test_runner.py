@@ -14,9 +14,10 @@ import pytest
 import torch
 
 import reference
-from harness import report, runner
+from harness import ops, pool, report, runner
 from harness.backends import get_backend
 from harness.cases import Case
+from harness.golden import InputCache
 from reference import QuantConfig
 
 ADAPTER = "examples.my_kernel_adapter:backend"
@@ -48,7 +49,7 @@ def test_example_adapter_passes_fp8_current_cases_through_the_runner(case):
     conf = by_kind(rows, "conformance")
     assert conf and all(r["status"] == "pass" for r in conf), [(r["tensor"], r["reason"]) for r in conf]
     tensors = {r["tensor"] for r in conf}
-    rw, cw = runner._copies(case.orientation)
+    rw, cw = ops.copies(case.orientation)
     assert ("rowwise_data" in tensors) == rw and ("colwise_data" in tensors) == cw
     acc = by_kind(rows, "accuracy")
     assert {r["tensor"] for r in acc} == {f"accuracy_{o}" for o, on in (("rowwise", rw), ("colwise", cw)) if on}
@@ -136,7 +137,7 @@ class _HeapEnvProbe:
     def supports(self, op, config, device):
         import os
 
-        return False, " ".join(f"{k}={os.environ.get(k)}" for k in sorted(runner.WORKER_HEAP_ENV))
+        return False, " ".join(f"{k}={os.environ.get(k)}" for k in sorted(pool.WORKER_HEAP_ENV))
 
     def quantize(self, x, config, **kw):  # never called: every case is skipped
         raise AssertionError("unreachable")
@@ -148,7 +149,7 @@ def test_sweep_workers_start_with_the_heap_policy_and_the_users_values_win(monke
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "12345")
     monkeypatch.delenv("MALLOC_MMAP_MAX_", raising=False)
     with report.ReportWriter(tmp_path, {}) as w:
-        runner.sweep_parallel([qcase(shape=(16, 32))], ["tests.unit.test_runner:_HeapEnvProbe"], 1, device="cpu",
+        pool.sweep_parallel([qcase(shape=(16, 32))], ["tests.unit.test_runner:_HeapEnvProbe"], 1, device="cpu",
                               writer=w)
     (reason,) = report.read_results(tmp_path)["reason"]
     assert reason == "MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=12345"
@@ -245,7 +246,7 @@ def test_rows_time_the_inputs_and_golden_once_per_case_and_each_backend_apart(mo
 
 def test_exact_gemm_mode_follows_numerics_section_6_for_accumulate():
     from harness.cases import Case
-    from harness.runner import _is_exact_gemm
+    from harness.ops import is_exact_gemm as _is_exact_gemm
 
     base = "gemm-NT-{s}-bf16-128x64x256-out_bf16{acc}-{dist}-s0"
     for scheme in ("fp8_current-e4m3", "fp8_block-e4m3-1x128", "mxfp8-e4m3-1x32", "nvfp4-e2m1-1x16"):
@@ -276,39 +277,39 @@ def test_consecutive_cases_with_one_input_key_share_a_generation_but_not_tensors
     calls = []
     real = inputs.generate
     monkeypatch.setattr(inputs, "generate", lambda case, device="cpu": calls.append(case.id) or real(case, device))
-    monkeypatch.setattr(runner, "_LAST_INPUTS", [])
+    cache = InputCache()
     a, b = qcase(element="e4m3"), qcase(scheme="mxfp8", shape=(64, 96))  # normal: config-free, same key
     c = qcase(dist="ties")  # structured: its own key
     assert inputs.input_key(a) == inputs.input_key(b) != inputs.input_key(c)
     cpu = torch.device("cpu")
-    xa, on_a = runner._generate(a, cpu)
+    xa, on_a = cache.inputs(a, cpu)
     assert on_a["x"] is xa["x"]  # on the CPU the golden's inputs are the case's own copies
     xa["x"].fill_(7.0)  # a backend scribbling on its input must not reach the next case
-    xb = runner._generate(b, cpu)[0]["x"]
-    runner._generate(c, cpu)
+    xb = cache.inputs(b, cpu)[0]["x"]
+    cache.inputs(c, cpu)
     assert calls == [a.id, c.id]
     assert torch.equal(xb, real(b)["x"]) and not torch.equal(xb, xa["x"])
 
 
 def test_off_the_cpu_a_group_moves_its_inputs_once_and_each_case_gets_fresh_device_copies(monkeypatch):
-    monkeypatch.setattr(runner, "_LAST_INPUTS", [])
+    cache = InputCache()
     moves = []
     real_to = torch.Tensor.to
     monkeypatch.setattr(torch.Tensor, "to", lambda t, *a, **k: moves.append(a) or real_to(t, *a, **k))
     meta = torch.device("meta")  # stands in for a GPU: tensors without storage
     a, b = qcase(element="e4m3"), qcase(element="e5m2")  # one input key
-    cpu_a, on_a = runner._generate(a, meta)
-    cpu_b, on_b = runner._generate(b, meta)
+    cpu_a, on_a = cache.inputs(a, meta)
+    cpu_b, on_b = cache.inputs(b, meta)
     assert [m for m in moves if m and m[0] == meta] == [(meta,)]  # one host-to-device copy for the group
     assert on_a["x"].device == meta and on_a["x"] is not on_b["x"]
-    assert cpu_a["x"] is cpu_b["x"] is runner._LAST_INPUTS[1]["x"]  # kept tensors, only read
-    g = runner.prepare(b, device=meta)
+    assert cpu_a["x"] is cpu_b["x"] is cache.cpu["x"]  # kept tensors, only read
+    g = runner.prepare(b, device=meta, cache=cache)
     assert g.on_device["x"].device == meta and g.inputs["x"] is cpu_a["x"]
 
 
 def test_sweeps_run_cases_of_one_input_key_back_to_back_largest_groups_first():
     a1, t1, a2 = qcase(element="e4m3"), qcase(dist="ties"), qcase(element="e5m2")
     u1, big = qcase(dist="uniform"), qcase(dist="special", shape=(256, 256))
-    groups = runner._grouped([(a1, ["r"]), (t1, ["r"]), (a2, ["r"]), (u1, ["r"]), (big, ["r"])])
+    groups = runner.grouped([(a1, ["r"]), (t1, ["r"]), (a2, ["r"]), (u1, ["r"]), (big, ["r"])])
     # big (65536 elements) > a1 + a2 (2 x 6144) > t1 = u1 (6144 each, in order of first appearance)
     assert [[c.id for c, _ in g] for g in groups] == [[big.id], [a1.id, a2.id], [t1.id], [u1.id]]

@@ -1,0 +1,338 @@
+"""One table from a case's op to its golden, candidate and compare functions.
+
+Source: DESIGN.md §5 (inputs -> golden -> candidate -> compare -> rows), NUMERICS.md §2 (delayed
+scaling step), §5.6 (RHT copies), §6 (GEMM layouts, exact modes). Per (case, backend):
+- `golden(case, g)` fills the Golden (once per case, on the golden's device);
+- `handed(case, g, device)` gives the backend's inputs: private copies, each with the original it
+  must still equal afterwards (harness.runner checks them: `mutated its input`);
+- `candidate(case, g, backend, device, given)` calls the backend and times the call;
+- `from_golden(case, g)` is the reference's own output when the candidate is the golden run itself;
+- `compare(case, g, output, base)` gives the conformance and accuracy rows.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+
+import reference
+
+from . import backends as backends_mod
+from .golden import Golden, fresh_copy, normalized, sync
+from .rows import Row, accuracy_row, result_row, status_row
+
+# The GEMM operand copies each layout consumes (interfaces: TN rowwise x rowwise, NN rowwise x
+# colwise, NT colwise x colwise), as (a_rowwise, a_colwise, b_rowwise, b_colwise).
+LAYOUT_COPIES = {
+    "TN": (True, False, True, False),
+    "NN": (True, False, False, True),
+    "NT": (False, True, False, True),
+}
+# Distributions whose GEMM inputs are exactly representable (NUMERICS.md §6): compared bit for bit.
+EXACT_GEMM_DISTRIBUTIONS = ("exact_representable",)
+# NUMERICS: §6 - accumulating into C has a defined order only for fp8_block (RN_out(C + RN_out(Y)))
+# and nvfp4 (RN_out(C + Y) in fp32); for the others it is "tolerance only" (cuBLASLt's FP8 epilogue,
+# for one, rounds Y to the output type before adding C).
+EXACT_ACCUMULATE_SCHEMES = ("fp8_block", "nvfp4")
+# The B operand of a stochastic GEMM draws SR bits from stream + 2 (A uses stream, stream + 1).
+B_STREAM_OFFSET = 2
+
+
+@dataclass
+class Output:
+    """What a candidate produced, and how long its call took (wall_ms)."""
+
+    values: dict = field(default_factory=dict)
+    wall_ms: float | None = None
+
+
+def copies(orientation: str | None) -> tuple[bool, bool]:
+    o = orientation or "rowwise"
+    if o not in ("rowwise", "colwise", "both"):
+        raise ValueError(f"orientation={o!r} is invalid: expected rowwise, colwise or both")
+    return o in ("rowwise", "both"), o in ("colwise", "both")
+
+
+def _new_state(config, device):
+    """A fresh fp8_delayed state (reference.per_tensor.AmaxHistory) on `device`."""
+    from reference.per_tensor import AmaxHistory  # noqa: PLC0415
+
+    return AmaxHistory(config, device=device)
+
+
+def quantize_with_state(quantize: Callable, x, config, device, rowwise, colwise, rng, update: Callable | None = None):
+    """quantize(x); for fp8_delayed first one warm-up quantization and the end-of-step update (NUMERICS.md §2).
+
+    The warm-up makes the measured quantization use a scale derived from the history (448/amax for
+    e4m3) rather than the initial 1.0. `update(state)` is the backend's own fused update if it has
+    one (`update_amax_history`), else the reference's `state.update()`. Returns (QuantizedTensor,
+    state or None).
+    """
+    if config.scheme != "fp8_delayed":
+        return quantize(x, config, rowwise=rowwise, colwise=colwise, rng=rng, state=None), None
+    state = _new_state(config, device)
+    quantize(x, config, rowwise=rowwise, colwise=colwise, rng=rng, state=state)
+    if update is not None:
+        update(state)
+    else:
+        state.update()
+    return quantize(x, config, rowwise=rowwise, colwise=colwise, rng=rng, state=state), state
+
+
+def b_rng(rng):
+    if rng is None:
+        return None
+    seed, stream = (rng.seed, rng.stream) if hasattr(rng, "seed") else (int(rng[0]), int(rng[1]))
+    return (seed, (stream + B_STREAM_OFFSET) % 2**32)
+
+
+def gemm_truth(case, inputs: Mapping) -> torch.Tensor:
+    """fp64 GEMM of the high-precision operands in the case's layout, plus bias and C (NUMERICS.md §6)."""
+    a, b = inputs["a"].to(torch.float64), inputs["b"].to(torch.float64)
+    layout = case.layout or "TN"
+    if layout == "TN":  # a [M, K], b [N, K]
+        y = a @ b.t()
+    elif layout == "NN":  # a [M, K], b [K, N]
+        y = a @ b
+    elif layout == "NT":  # a [K, M], b [K, N]
+        y = a.t() @ b
+    else:
+        raise ValueError(f"layout={layout!r} is invalid: expected TN, NN or NT")
+    if inputs.get("bias") is not None:
+        y = y + inputs["bias"].to(torch.float64)
+    if inputs.get("c") is not None:
+        y = y + inputs["c"].to(torch.float64)
+    return y
+
+
+def out_dtype(case, default: torch.dtype) -> torch.dtype:
+    return backends_mod.torch_dtype(getattr(case, "out_dtype", None), default)
+
+
+def is_exact_gemm(case) -> bool:
+    if case.distribution not in EXACT_GEMM_DISTRIBUTIONS:
+        return False
+    return not case.accumulate or case.config.scheme in EXACT_ACCUMULATE_SCHEMES
+
+
+def _accuracy_truth(case, x: torch.Tensor, orientation: str) -> torch.Tensor:
+    """The high-precision values a copy approximates, as [M, K] (RHT copies: RHT(X^T)^T, NUMERICS.md §5.6)."""
+    x2d = x.reshape(-1, x.shape[-1])
+    if orientation == "colwise" and case.config.rht:
+        from reference import hadamard  # noqa: PLC0415
+
+        return hadamard.rht_transposed(x2d).t().to(torch.float32)
+    return x2d.to(torch.float32)
+
+
+def _timed(device, fn: Callable[[], Any]) -> tuple[Any, float]:
+    sync(device)
+    t0 = time.perf_counter()
+    value = fn()
+    sync(device)
+    return value, (time.perf_counter() - t0) * 1e3
+
+
+# ----------------------------------------------------------------------------------------------
+# quantize
+# ----------------------------------------------------------------------------------------------
+
+
+def _quantize_golden(case, g: Golden) -> None:
+    rw, cw = copies(case.orientation)
+    g.quantized, g.state = quantize_with_state(reference.quantize, g.on_device["x"], case.config, g.device, rw, cw,
+                                               g.inputs.get("rng"))
+
+
+def _x_handed(case, g: Golden, device) -> dict:
+    dev = normalized(device)
+    src = g.on_device["x"] if dev == g.device else g.inputs["x"]
+    return {"x": (fresh_copy(src, dev), src)}
+
+
+def _quantize_candidate(case, g: Golden, backend, device, given: Mapping) -> Output:
+    rw, cw = copies(case.orientation)
+    update = getattr(backend, "update_amax_history", None)
+    (q, state), wall = _timed(device, lambda: quantize_with_state(
+        backend.quantize, given["x"], case.config, device, rw, cw, g.inputs.get("rng"),
+        update if callable(update) else None))
+    return Output({"q": q, "state": state}, wall)
+
+
+def _quantize_from_golden(case, g: Golden) -> Output:
+    return Output({"q": g.quantized, "state": g.state}, g.wall_ms)
+
+
+def _state_rows(base: Mapping, golden_state, cand_state) -> list[Row]:
+    """Exact comparison of the fp8_delayed state after the step (scale and history bits)."""
+    rows = []
+    for name in ("scale", "history"):
+        gv = getattr(golden_state, name).detach().to("cpu", torch.float32).reshape(-1)
+        cv = getattr(cand_state, name).detach().to("cpu", torch.float32).reshape(-1)
+        gb, cb = gv.view(torch.int32), cv.view(torch.int32)
+        if gb.shape != cb.shape:
+            rows.append(status_row(base, "fail", f"state_{name}: shape {tuple(cb.shape)} != golden {tuple(gb.shape)}",
+                                   tensor=f"state_{name}"))
+            continue
+        diff = (gb != cb).nonzero().reshape(-1)
+        first = None
+        if diff.numel():
+            i = int(diff[0])
+            first = {"index": i, "golden": float(gv[i]), "candidate": float(cv[i]),
+                     "golden_bits": f"0x{int(gb[i]) & 0xFFFFFFFF:08X}", "candidate_bits": f"0x{int(cb[i]) & 0xFFFFFFFF:08X}"}
+        status = "fail" if diff.numel() else "pass"
+        rows.append(Row(
+            **base, tensor=f"state_{name}", kind="conformance", status=status,
+            reason=f"state_{name}: {diff.numel()} of {gb.numel()} differ; first {json.dumps(first)}" if first else "",
+            n=int(gb.numel()), n_mismatch=int(diff.numel()),
+            mismatch_frac=diff.numel() / max(1, gb.numel()), first_mismatch=first,
+        ))
+    return rows
+
+
+def _quantize_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
+    from .compare import compare_quantized  # noqa: PLC0415
+
+    cand_g = out.values["q"].to(g.device)  # compared where the golden lives
+    rows = [result_row(base, tr) for tr in compare_quantized(g.quantized, cand_g, g.inputs["x"])]
+    state = out.values["state"]
+    if state is not None and g.state is not None:
+        rows += _state_rows(base, g.state, state)
+    for o in ("rowwise", "colwise"):
+        if cand_g.has(o):
+            xh = reference.dequantize(cand_g, o, torch.float32)
+            rows.append(accuracy_row(base, f"accuracy_{o}", xh, _accuracy_truth(case, g.on_device["x"], o)))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# dequantize
+# ----------------------------------------------------------------------------------------------
+
+
+def _dequantize_golden(case, g: Golden) -> None:
+    _quantize_golden(case, g)
+    dt = out_dtype(case, torch.float32)
+    for o in ("rowwise", "colwise"):
+        if g.quantized.has(o):
+            g.dequantized[o] = reference.dequantize(g.quantized, o, dt)
+
+
+def _dequantize_handed(case, g: Golden, device) -> dict:
+    return {"q": (fresh_copy(g.quantized, device), g.quantized)}
+
+
+def _dequantize_candidate(case, g: Golden, backend, device, given: Mapping) -> Output:
+    dt = out_dtype(case, torch.float32)
+    outs, wall = _timed(device, lambda: {o: backend.dequantize(given["q"], o, dt) for o in g.dequantized})
+    return Output(outs, wall)
+
+
+def _dequantize_from_golden(case, g: Golden) -> Output:
+    return Output(dict(g.dequantized), g.wall_ms)
+
+
+def _dequantize_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
+    from .compare import compare_output  # noqa: PLC0415
+
+    rows = []
+    for o, y in out.values.items():
+        truth = _accuracy_truth(case, g.on_device["x"], o)
+        # Dequantized outputs are compared bit for bit (a NaN matches any NaN, compare_output).
+        rows.append(result_row(base, compare_output(g.dequantized[o], y, f"dequant_{o}")))
+        rows.append(accuracy_row(base, f"accuracy_{o}", y.to(torch.float32), truth))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# gemm
+# ----------------------------------------------------------------------------------------------
+
+
+def _gemm_reference(case, g: Golden, dtype: torch.dtype) -> torch.Tensor:
+    """reference.gemm of the golden operands; recomputed on the CPU when its fp64 sums are not exact
+    on another device (then the summation order could change the bits, NUMERICS.md §0.2.8)."""
+    from reference.gemm import fp64_sums_exact  # noqa: PLC0415
+
+    layout = case.layout or "TN"
+    kw = dict(layout=layout, out_dtype=dtype, method="auto")
+    if g.device.type == "cpu" or fp64_sums_exact(g.qa, g.qb, layout)[0]:
+        return reference.gemm(g.qa, g.qb, bias=g.on_device.get("bias"), c=g.on_device.get("c"), **kw)
+    return reference.gemm(g.qa.to("cpu"), g.qb.to("cpu"), bias=g.inputs.get("bias"), c=g.inputs.get("c"), **kw)
+
+
+def _gemm_golden(case, g: Golden) -> None:
+    on, cfg, rng = g.on_device, case.config, g.inputs.get("rng")
+    a_rw, a_cw, b_rw, b_cw = LAYOUT_COPIES[case.layout or "TN"]
+    g.qa = reference.quantize(on["a"], cfg, rowwise=a_rw, colwise=a_cw, rng=rng)
+    g.qb = reference.quantize(on["b"], case.b_config or cfg, rowwise=b_rw, colwise=b_cw, rng=b_rng(rng))
+    g.out = _gemm_reference(case, g, out_dtype(case, torch.bfloat16))
+    g.truth = gemm_truth(case, on)
+
+
+def _gemm_handed(case, g: Golden, device) -> dict:
+    dev = normalized(device)
+    given = {"a": (fresh_copy(g.qa, dev), g.qa), "b": (fresh_copy(g.qb, dev), g.qb)}
+    for k in ("bias", "c"):
+        if g.on_device.get(k) is not None:
+            given[k] = (fresh_copy(g.on_device[k], dev), g.on_device[k])
+    return given
+
+
+def _gemm_candidate(case, g: Golden, backend, device, given: Mapping) -> Output:
+    y, wall = _timed(device, lambda: backend.gemm(
+        given["a"], given["b"], layout=case.layout or "TN", out_dtype=out_dtype(case, torch.bfloat16),
+        bias=given.get("bias"), c=given.get("c")))
+    return Output({"out": y}, wall)
+
+
+def _gemm_from_golden(case, g: Golden) -> Output:
+    return Output({"out": g.out}, g.wall_ms)
+
+
+def _gemm_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
+    from .compare import compare_gemm  # noqa: PLC0415
+
+    y, on = out.values["out"], g.on_device
+    tr = compare_gemm(g.out, y, g.truth, case, is_exact_gemm(case), a=g.qa, b=g.qb, bias=on.get("bias"),
+                      c=on.get("c"))
+    return [result_row(base, tr), accuracy_row(base, "accuracy_out", y, g.truth)]
+
+
+# ----------------------------------------------------------------------------------------------
+# The table
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Op:
+    """The functions of one op (see the module docstring)."""
+
+    golden: Callable[[Any, Golden], None]
+    handed: Callable[[Any, Golden, Any], dict]
+    candidate: Callable[[Any, Golden, Any, Any, Mapping], Output]
+    from_golden: Callable[[Any, Golden], Output]
+    compare: Callable[[Any, Golden, Output, Mapping], list]
+
+    def golden_device(self, g: Golden) -> torch.device:
+        """Where the golden output lives (a GEMM's may have been computed on the CPU)."""
+        return g.out.device if g.out is not None else g.device
+
+
+OPS: dict[str, Op] = {
+    "quantize": Op(_quantize_golden, _x_handed, _quantize_candidate, _quantize_from_golden, _quantize_compare),
+    "dequantize": Op(_dequantize_golden, _dequantize_handed, _dequantize_candidate,
+                     _dequantize_from_golden, _dequantize_compare),
+    "gemm": Op(_gemm_golden, _gemm_handed, _gemm_candidate, _gemm_from_golden, _gemm_compare),
+}
+
+
+def op_for(case) -> Op:
+    try:
+        return OPS[case.op]
+    except KeyError:
+        raise ValueError(f"case op {case.op!r} is invalid: expected {', '.join(OPS)}") from None

@@ -1,0 +1,353 @@
+"""A sweep over worker processes (pebble): every (case, backend) isolated, timed out, and recorded.
+
+Source: the issue's isolation requirements (DESIGN.md §5: rows come back to this process, which alone
+writes the report). What a worker does that could kill it stays in the worker:
+- A pair that crashes its worker (a signal, `os._exit`, a dead CUDA context) becomes one `error`
+  row, reason `crash: signal SIGSEGV (-11)` or `crash: exit code 3`; pebble starts a new worker and
+  the rest of that task is scheduled again. Pairs that never started are never marked.
+- A pair running longer than `case_timeout` seconds gets `error` / `timeout: ...`; its worker is
+  killed (pebble cancels the running task) and replaced.
+- Workers die with this process (PR_SET_PDEATHSIG on Linux), ignore SIGINT (pebble), and are
+  stopped on any exception here (KeyboardInterrupt, SIGTERM through harness.cli).
+
+Each task is one group of cases sharing an input generation (harness.runner.grouped), so a worker
+generates the inputs once per group. A worker announces each pair before running it and sends its
+rows after, as length-prefixed pickles appended to the task's own log file: unlike a queue with a
+feeder thread, what a worker wrote before it died is in the file, so the crash is pinned on the
+pair that was running. Worker i is pinned to GPU i mod (visible GPUs); replacements go on round-robin.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import ctypes
+import os
+import pickle
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import pebble
+import torch
+
+from . import backends as backends_mod
+from .golden import InputCache, check_golden
+from .rows import exc_text, pair_base, status_row
+from .runner import GoldenOnce, SweepResult, grouped, record, run_backend, todo
+
+# A generous default for --case-timeout (seconds per (case, backend), golden included): the largest
+# nightly cases take well under a minute on a 2-core host; 0 turns the limit off.
+DEFAULT_CASE_TIMEOUT = 900.0
+# A task whose worker dies before it starts any pair is scheduled again at most this many times.
+MAX_SILENT_DEATHS = 3
+_POLL_S = 0.2
+_HEADER = struct.Struct("<Q")
+_PR_SET_PDEATHSIG = 1
+
+# Heap policy of sweep workers (host speed, not numerics). glibc serves blocks of 32 MB and more with
+# mmap and unmaps them on free, so every large temporary arrives as fresh pages that the kernel faults
+# in and zeroes: on 2 cores, generating 20 large nightly input groups took 69 s, 42 s of it in the
+# kernel, and 29 s with this policy. Workers keep freed memory in their heap instead; the peak resident
+# size is the same (2.35 vs 2.44 GB there) but stays held. Values the user exported win.
+WORKER_HEAP_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+
+
+class WorkersDying(RuntimeError):
+    """Workers die before running any case (e.g. the backend kills its process when it loads)."""
+
+
+def visible_gpus() -> list[str]:
+    """The GPU ids workers are pinned to (CUDA_VISIBLE_DEVICES entries, else 0..count-1)."""
+    if not torch.cuda.is_available():
+        return []
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env:
+        return [g.strip() for g in env.split(",") if g.strip()]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+@contextlib.contextmanager
+def worker_heap_env():
+    """os.environ with WORKER_HEAP_ENV's unset entries added while workers may start (spawn)."""
+    added = {k: v for k, v in WORKER_HEAP_ENV.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
+def crash_text(exitcode: int | None) -> str:
+    """`crash: signal SIGSEGV (-11)` / `crash: exit code 3` for a worker's exit code."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"crash: signal {name} ({exitcode})"
+    return f"crash: exit code {exitcode}"
+
+
+# ----------------------------------------------------------------------------------------------
+# Worker side
+# ----------------------------------------------------------------------------------------------
+
+
+class _Worker:
+    """This worker process: its name, device, backends (loaded on first use) and input cache."""
+
+    def __init__(self, index: int, gpus: Sequence[str], specs: dict[str, str], device: str, golden: str):
+        self.name = f"w{index}"
+        self.device = device
+        self.golden = golden
+        self.specs = specs
+        self.backends: dict[str, Any] = {}
+        self.cache = InputCache()
+        if gpus:
+            os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]  # before CUDA starts
+
+    def backend(self, name: str):
+        if name not in self.backends:
+            self.backends[name] = backends_mod.get_backend(self.specs[name])
+        return self.backends[name]
+
+
+_WORKER: _Worker | None = None
+
+
+def _die_with_parent(parent: int) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux), then check it is still alive."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
+def _init_worker(parent: int, counter, gpus, specs, device, golden, threads) -> None:
+    global _WORKER
+    _die_with_parent(parent)
+    with counter.get_lock():
+        index = counter.value
+        counter.value += 1
+    _WORKER = _Worker(index, gpus, specs, device, golden)
+    torch.set_num_threads(max(1, threads))
+
+
+def _put(fd: int, record: tuple) -> None:
+    data = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+    os.write(fd, _HEADER.pack(len(data)) + data)
+
+
+def run_items(items: Sequence[tuple[Any, list[str]]], log: str) -> None:
+    """Worker: run each (case, backend names) of one task, logging `start` and `rows` records."""
+    w = _WORKER
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        for case, names in items:
+            once = GoldenOnce(case, w.device, w.golden, cache=w.cache)
+            for name in names:
+                _put(fd, ("start", case.id, name))
+                try:
+                    backend = w.backend(name)
+                except Exception as e:  # noqa: BLE001 - one error row per pair, the sweep goes on
+                    rows = [status_row(pair_base(case, name, w.device, w.name), "error",
+                                       f"worker could not load backend {w.specs[name]!r}: {exc_text(e)}")]
+                else:
+                    rows = run_backend(case, once, backend, w.device, worker=w.name)
+                _put(fd, ("rows", case.id, name, rows))
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------------------------------
+# Main side
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Task:
+    items: list
+    log: Path
+    deaths: int = 0  # how many times a worker died on this task before starting a pair
+    future: Any = None
+    offset: int = 0
+    done: set = field(default_factory=set)
+    current: tuple | None = None  # (case_id, backend) announced and not finished
+    since: float = 0.0
+    timed_out: bool = False
+
+    def remaining(self, skip: tuple | None = None) -> list:
+        out = []
+        for case, names in self.items:
+            left = [n for n in names if (case.id, n) not in self.done and (case.id, n) != skip]
+            if left:
+                out.append((case, left))
+        return out
+
+
+class PoolSweep:
+    """One sweep over `n_workers` pebble workers; `run()` returns a runner.SweepResult."""
+
+    def __init__(self, cases: Sequence, specs: Sequence[str], n_workers: int, *, device: str | None = None,
+                 writer=None, out_dir=None, progress=None, golden: str = "same",
+                 case_timeout: float = DEFAULT_CASE_TIMEOUT):
+        check_golden(golden)  # before any worker starts
+        if n_workers < 1:
+            raise ValueError(f"n_workers={n_workers} is invalid: expected at least 1")
+        self.cases, self.n_workers = cases, n_workers
+        self.writer, self.out_dir, self.progress = writer, out_dir, progress
+        self.golden, self.case_timeout = golden, float(case_timeout or 0)
+        explicit = device is not None and backends_mod.device_type(device) == "cuda" and ":" in str(device)
+        self.gpus = [] if explicit else (
+            visible_gpus() if (device is None or backends_mod.device_type(device) == "cuda") else [])
+        self.device = str(device) if explicit else ("cuda" if self.gpus else "cpu")
+        names = [backends_mod.get_backend(s).name for s in specs]
+        self.specs = dict(zip(names, specs, strict=True))
+        self.result = SweepResult()
+        self.by_id: dict[str, Any] = {}
+        self._tmp: Path | None = None
+        self._n = 0
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+
+    def _record(self, case_id: str, name: str, rows: list) -> None:
+        record(self.by_id[case_id], name, rows, self.specs.get(name, name), self.writer, self.out_dir,
+               self.progress, self.result)
+
+    def _error(self, case_id: str, name: str, reason: str) -> None:
+        base = pair_base(self.by_id[case_id], name, self.device, "?")
+        self._record(case_id, name, [status_row(base, "error", reason)])
+
+    def _new_task(self, pool, items: list, deaths: int = 0) -> _Task:
+        self._n += 1
+        t = _Task(items, self._tmp / f"task{self._n}.log", deaths)
+        t.future = pool.schedule(run_items, args=(items, str(t.log)))
+        return t
+
+    def _harvest(self, t: _Task) -> None:
+        """Record every complete record the task's worker has appended since the last look."""
+        try:
+            with open(t.log, "rb") as f:
+                f.seek(t.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        pos = 0
+        while len(data) - pos >= _HEADER.size:
+            (n,) = _HEADER.unpack_from(data, pos)
+            if len(data) - pos - _HEADER.size < n:
+                break  # a record still being written (or cut by a crash)
+            rec = pickle.loads(data[pos + _HEADER.size: pos + _HEADER.size + n])
+            pos += _HEADER.size + n
+            if rec[0] == "start":
+                t.current, t.since = (rec[1], rec[2]), time.monotonic()
+            elif (rec[1], rec[2]) not in t.done:
+                t.done.add((rec[1], rec[2]))
+                t.current = None
+                self._record(rec[1], rec[2], rec[3])
+        t.offset += pos
+
+    def _finish(self, pool, t: _Task) -> list[_Task]:
+        """Settle a finished, crashed or timed-out task; returns the task scheduled for its rest."""
+        if t.timed_out:
+            cid, name = t.current
+            self._error(cid, name, f"timeout: no result after {self.case_timeout:g} s (--case-timeout); "
+                                   "its worker was killed")
+            rest, deaths = t.remaining(skip=t.current), 0
+        else:
+            self._harvest(t)
+            try:
+                t.future.result()
+                rest, deaths = t.remaining(), 0
+                if rest:  # a task that returned without running every pair: not expected, so say so
+                    for case, names in rest:
+                        for n in names:
+                            self._error(case.id, n, "worker returned without running this pair")
+                    rest = []
+            except pebble.ProcessExpired as e:
+                if t.current is not None:
+                    self._error(*t.current, crash_text(e.exitcode))
+                    rest, deaths = t.remaining(skip=t.current), 0
+                else:
+                    rest, deaths = t.remaining(), t.deaths + 1
+                    if deaths >= MAX_SILENT_DEATHS:
+                        raise WorkersDying(f"workers died {deaths} times before running a case "
+                                           f"({crash_text(e.exitcode)}); no row was written for them") from e
+            except concurrent.futures.CancelledError:
+                rest, deaths = t.remaining(), t.deaths
+            except Exception as e:  # noqa: BLE001 - e.g. a case that cannot be sent to a worker
+                if t.current is not None:
+                    self._error(*t.current, f"worker failed: {exc_text(e)}")
+                    rest, deaths = t.remaining(skip=t.current), 0
+                else:
+                    for case, names in t.remaining():
+                        for n in names:
+                            self._error(case.id, n, f"worker could not run this pair: {exc_text(e)}")
+                    rest, deaths = [], 0
+        return [self._new_task(pool, rest, deaths)] if rest else []
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def run(self) -> SweepResult:
+        import multiprocessing as mp  # noqa: PLC0415
+
+        items = todo(self.cases, list(self.specs), self.writer)
+        self.by_id = {c.id: c for c, _ in items}
+        if not items:
+            return self.result
+        ctx = mp.get_context("spawn")
+        threads = max(1, (os.cpu_count() or 1) // self.n_workers)
+        counter = ctx.Value("i", 0)
+        self._tmp = Path(tempfile.mkdtemp(prefix="harness-pool-"))
+        pool = None
+        active: list[_Task] = []
+        try:
+            with worker_heap_env():
+                pool = pebble.ProcessPool(
+                    max_workers=self.n_workers, context=ctx, initializer=_init_worker,
+                    initargs=(os.getpid(), counter, self.gpus, self.specs, self.device, self.golden, threads))
+                active = [self._new_task(pool, g) for g in grouped(items)]
+                while active:
+                    concurrent.futures.wait([t.future for t in active], timeout=_POLL_S,
+                                            return_when=concurrent.futures.FIRST_COMPLETED)
+                    now = time.monotonic()
+                    for t in list(active):
+                        if not t.future.done():
+                            self._harvest(t)
+                            late = t.current is not None and now - t.since > self.case_timeout > 0
+                            if not late or not t.future.cancel():
+                                continue
+                            t.timed_out = True
+                        active.remove(t)
+                        active += self._finish(pool, t)
+                pool.close()
+                pool.join()
+        except BaseException:
+            if pool is not None:
+                pool.stop()  # terminates every worker
+            for t in active:  # keep what finished before the interrupt
+                with contextlib.suppress(Exception):
+                    self._harvest(t)
+            if pool is not None:
+                pool.join(timeout=10)
+            raise
+        finally:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+        return self.result
+
+
+def sweep_parallel(cases: Sequence, specs: Sequence[str], n_workers: int, *, device: str | None = None,
+                   writer=None, out_dir=None, progress=None, golden: str = "same",
+                   case_timeout: float = DEFAULT_CASE_TIMEOUT) -> SweepResult:
+    """Run the sweep over `n_workers` isolated processes (see the module docstring)."""
+    return PoolSweep(cases, specs, n_workers, device=device, writer=writer, out_dir=out_dir, progress=progress,
+                     golden=golden, case_timeout=case_timeout).run()
