@@ -548,9 +548,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif passthrough:
         print(f"unexpected arguments after --: {passthrough}", file=sys.stderr)
         return 2
+    from .report import ReportError  # noqa: PLC0415
+
     try:
         return int(args.func(args) or 0)
-    except UsageError as e:
+    except (UsageError, ReportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -5,11 +5,16 @@ controller writes the files) and the issue's plugin requirements.
 
     pytest cases/smoke.toml --backend native -n 4 --report-dir reports/pytest
 
-Options: `--backend` (name or spec, default reference), `--report-dir` (write results.csv and
-run_meta.json there; failing cases also save inputs and a repro.sh), `--harness-device`,
-`--harness-golden-device` (`same`: the golden runs on the candidate's device, or `cpu`).
-Unsupported -> skip with its reason; a mismatch -> failure whose message locates the first
-mismatch and ends with a repro command. Each xdist worker is pinned to GPU
+Options: `--backend` (name or spec, default reference; one that cannot be loaded is a usage error),
+`--report-dir` (write results.csv and run_meta.json there, replacing a previous report; failing cases
+also save inputs and a repro.sh), `--harness-device`, `--harness-golden-device` (`same`: the golden
+runs on the candidate's device, or `cpu`), `--case-timeout` (seconds per case through pytest-timeout,
+default harness.pool.DEFAULT_CASE_TIMEOUT; 0 = none; an explicit `--timeout` wins). Unsupported ->
+skip with its reason; a mismatch -> failure whose message locates the first mismatch and ends with a
+repro command. A timeout becomes an `error` row `timeout: ...`; a case that kills its xdist worker
+(signal, `os._exit`) an `error` row `crash: ...` written by the controller. pytest-timeout's default
+`signal` method interrupts Python code; for a kernel hung in C use `--timeout-method=thread` under
+xdist (the worker is killed and the case recorded as a crash). Each xdist worker is pinned to GPU
 `worker_index % device_count` when CUDA is present.
 """
 
@@ -22,6 +27,8 @@ import re
 import pytest
 
 ROWS_PROPERTY = "harness_rows"
+# Seconds per case (harness.pool.DEFAULT_CASE_TIMEOUT, not imported here to keep pebble out of collection).
+DEFAULT_CASE_TIMEOUT = 900.0
 
 
 def pytest_addoption(parser):
@@ -35,7 +42,10 @@ def pytest_addoption(parser):
                     help="device for the candidate backend (default: the pinned GPU, else cpu)")
     group.addoption("--harness-golden-device", action="store", default="same", choices=("same", "cpu"),
                     help="where the golden reference runs: the candidate's device (default) or the cpu "
-                         "(harness/runner.py GOLDEN_DEVICES)")
+                         "(harness/golden.py GOLDEN_DEVICES)")
+    group.addoption("--case-timeout", action="store", type=float, default=DEFAULT_CASE_TIMEOUT,
+                    help="seconds per case through pytest-timeout, recorded as error/timeout (default "
+                         f"{DEFAULT_CASE_TIMEOUT:g}; 0 = none; an explicit --timeout wins)")
 
 
 def _worker_id(config) -> str:
@@ -72,17 +82,36 @@ def _pin_gpu(worker_id: str) -> str:
 
 
 class _Recorder:
-    """Controller side: writes the rows each test report carries (xdist or not)."""
+    """Controller side: writes the rows each test report carries (xdist or not), and an error row for
+    a case whose xdist worker crashed (that report carries no rows: xdist makes it, `when` "???")."""
 
-    def __init__(self, writer):
+    def __init__(self, writer, backend_name: str):
         self.writer = writer
+        self.backend_name = backend_name
 
     def pytest_runtest_logreport(self, report):
+        if report.when == "???":
+            self._crashed(report)
+            return
         if report.when != "call":  # the teardown report carries the same user_properties again
             return
         for name, value in getattr(report, "user_properties", ()):
             if name == ROWS_PROPERTY:
                 self.writer.write(json.loads(value))
+
+    def _crashed(self, report) -> None:
+        from .cases import Case  # noqa: PLC0415
+        from .rows import pair_base, status_row  # noqa: PLC0415
+
+        case_id = report.nodeid.split("::", 1)[-1]
+        try:
+            case = Case.from_id(case_id)
+        except Exception:  # noqa: BLE001 - not a case item: nothing to record
+            return
+        worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", "?")
+        base = pair_base(case, self.backend_name, "", str(worker))
+        self.writer.write([status_row(base, "error", f"crash: xdist worker {worker} died while running this case "
+                                                     f"({report.longrepr})")])
 
     def pytest_unconfigure(self, config):
         self.writer.close()
@@ -96,6 +125,7 @@ def pytest_configure(config):
         device = _pin_gpu(worker)
     config._harness_device = device
     config._harness_backend = None
+    backend = _backend(config)  # an unknown or failing backend is one usage error, before any item runs
     report_dir = config.getoption("--report-dir")
     if report_dir and worker == "main":
         from .meta import run_meta  # noqa: PLC0415
@@ -104,7 +134,9 @@ def pytest_configure(config):
         opts = {"runner": "pytest", "backend": config.getoption("--backend"), "args": list(config.args),
                 "xdist_workers": getattr(config.option, "numprocesses", None),
                 "golden_device": config.getoption("--harness-golden-device")}
-        config.pluginmanager.register(_Recorder(ReportWriter(report_dir, run_meta(opts))), "harness-recorder")
+        # NOTE: unlike `python -m harness run`, pytest replaces a previous report in --report-dir (force).
+        writer = ReportWriter(report_dir, run_meta(opts), force=True)
+        config.pluginmanager.register(_Recorder(writer, backend.name), "harness-recorder")
 
 
 def pytest_collect_file(file_path, parent):
@@ -119,8 +151,15 @@ class CaseFile(pytest.File):
     def collect(self):
         from .cases import load_cases  # noqa: PLC0415
 
+        timeout = self.config.getoption("--case-timeout")
+        mark = None
+        if timeout and self.config.pluginmanager.hasplugin("timeout") and self.config.getoption("timeout") is None:
+            mark = pytest.mark.timeout(timeout)
         for case in load_cases(str(self.path)):
-            yield CaseItem.from_parent(self, name=case.id, case=case)
+            item = CaseItem.from_parent(self, name=case.id, case=case)
+            if mark is not None:
+                item.add_marker(mark)
+            yield item
 
 
 class CaseFailure(Exception):
@@ -131,7 +170,12 @@ def _backend(config):
     if config._harness_backend is None:
         from .backends import get_backend  # noqa: PLC0415
 
-        config._harness_backend = get_backend(config.getoption("--backend"))
+        spec = config.getoption("--backend")
+        try:
+            config._harness_backend = get_backend(spec)
+        except Exception as e:  # noqa: BLE001 - one line, not a traceback per item
+            text = str(e).splitlines()[0][:300] if str(e) else ""
+            raise pytest.UsageError(f"--backend {spec!r} could not be loaded: {type(e).__name__}: {text}") from None
     return config._harness_backend
 
 
@@ -145,7 +189,8 @@ def _device(config) -> str:
 
 def failure_message(case, backend_spec: str, rows, device: str | None = None) -> str:
     """Failure text: each failing/erroring row with its located first mismatch, then the repro command."""
-    from .runner import format_first_mismatch, repro_command  # noqa: PLC0415
+    from .artefacts import repro_command  # noqa: PLC0415
+    from .rows import format_first_mismatch  # noqa: PLC0415
 
     lines = [f"case {case.id} [{rows[0]['backend'] if rows else backend_spec}] failed"]
     for r in rows:
@@ -173,8 +218,13 @@ class CaseItem(pytest.Item):
 
         backend = _backend(self.config)
         device = _device(self.config)
-        rows = run_case(self.case, backend, device, worker=self.config._harness_worker,
-                        golden=self.config.getoption("--harness-golden-device"))
+        try:
+            rows = run_case(self.case, backend, device, worker=self.config._harness_worker,
+                            golden=self.config.getoption("--harness-golden-device"))
+        except pytest.fail.Exception as e:  # pytest-timeout's signal method ends a slow case with Failed
+            if "Timeout" in str(e):
+                self._record_error(backend, device, f"timeout: {' '.join(str(e).split())[:200]}")
+            raise
         # Recorded before any assertion (DESIGN.md §5): the controller writes them.
         self.user_properties.append((ROWS_PROPERTY, json.dumps(as_jsonable(rows))))
         verdict = case_verdict(rows)
@@ -186,6 +236,12 @@ class CaseItem(pytest.Item):
             raise CaseFailure(failure_message(self.case, spec, rows))
         if verdict == "skip":
             pytest.skip("; ".join(r["reason"] for r in rows if r["status"] == "skip"))
+
+    def _record_error(self, backend, device, reason: str) -> None:
+        from .rows import as_jsonable, pair_base, status_row  # noqa: PLC0415
+
+        row = status_row(pair_base(self.case, backend.name, str(device), self.config._harness_worker), "error", reason)
+        self.user_properties.append((ROWS_PROPERTY, json.dumps(as_jsonable([row]))))
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, CaseFailure):
