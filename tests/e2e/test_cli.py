@@ -263,3 +263,34 @@ def test_shards_partition_the_selection_and_keep_cases_sharing_an_input_together
             assert owner.setdefault(input_key(c), i) == i, c.id  # one input, one shard
     biggest = max(Counter(input_key(c) for c in whole).values())
     assert max(map(len, shards)) - min(map(len, shards)) <= biggest  # balanced within one group
+
+
+def test_bad_run_arguments_are_one_line_usage_errors(tmp_path, capsys, monkeypatch):
+    (tmp_path / "raising_backend.py").write_text("raise ImportError('no such library: libkernel.so')\n")
+    (tmp_path / "crashing_backend.py").write_text("raise RuntimeError('CUDA driver too old')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    binary = tmp_path / "cases" / "binary.toml"
+    binary.parent.mkdir()
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
+    out = str(tmp_path / "out")
+    sel = ["--tier", "smoke", "--filter", "fp8_current-e4m3"]
+    for args, words in [
+        (["--backend", "", "--out", out, *sel], "names no backend"),
+        (["--backend", " , ", "--out", out, *sel], "names no backend"),
+        (["--backend", "raising_backend:backend", "--out", out, *sel], "cannot import module 'raising_backend'"),
+        (["--backend", "crashing_backend:backend", "--out", out, *sel],
+         "could not be loaded: RuntimeError: CUDA driver too old"),
+        (["--out", str(a_file), *sel], "is a file"),
+        (["--out", str(tmp_path / "x.csv"), *sel], "names a CSV file"),
+        (["--cases", str(binary), "--out", out], "not a UTF-8 TOML cases file"),
+        (["--tier", "smoke", "--filter", "e4m3(", "--out", out], "not a valid regular expression"),
+        (["--workers", "0", "--out", out, *sel], "--workers 0 is invalid"),
+        (["--case-timeout", "-1", "--out", out, *sel], "--case-timeout -1 is invalid"),
+        (["--resume", "--force", "--out", out, *sel], "exclude each other"),
+    ]:
+        rc, _, err = main(capsys, "run", *args)
+        assert rc == 2 and err.startswith("error: ") and words in err, (args, err)
+        assert err.count("\n") == 1, err  # one line: no traceback
+    assert not (tmp_path / "x.csv").exists() and not (tmp_path / "out").exists()  # nothing ran

@@ -227,3 +227,29 @@ def test_a_second_run_on_the_same_out_refuses_and_no_row_is_lost(tmp_path):
     # The directory now holds a report: a fresh run refuses it without --force.
     rc, _, err = finish(harness_run(tmp_path, KILL_CASES, out, *backends))
     assert rc == 2 and "holds a previous report" in err and "--force" in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, rc", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_sigint_and_sigterm_stop_within_seconds_with_a_whole_csv_and_the_resume_hint(tmp_path, sig, rc):
+    out = tmp_path / "rep"
+    proc = harness_run(tmp_path, KILL_CASES, out, "--backend", "tests.misbehaving:nap", "--workers", "2",
+                       **{misbehaving.Nap.NAP_ENV: "0.5"})
+    csv = out / report.RESULTS
+    deadline = time.monotonic() + RUN_LIMIT
+    while not (csv.exists() and csv.read_text().count("\n") > 2) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before the signal: the test proves nothing"
+    # Ctrl-C reaches the whole foreground process group; SIGTERM (a scheduler's stop) only the main process.
+    t0 = time.monotonic()
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)
+    else:
+        os.kill(proc.pid, sig)
+    got, _, err = finish(proc)
+    assert time.monotonic() - t0 < 20, "did not stop within seconds"
+    assert got == rc, err
+    assert "--resume" in err.splitlines()[-1], err
+    df = report.read_results(out)  # consistent: whole rows only
+    assert 0 < len(df) < len(parse_cases(KILL_CASES, "k.toml"))
+    assert not df.duplicated(["case_id", "backend", "tensor"]).any()

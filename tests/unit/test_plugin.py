@@ -75,10 +75,21 @@ def test_a_mismatch_fails_with_the_located_first_mismatch_and_a_repro_command(py
     assert (pytester.path / "rep" / "failures").is_dir()
 
 
-def test_unknown_backend_is_reported_by_name(pytester, tiny):
+def test_unknown_backend_is_one_usage_error_named_once(pytester, tiny):
     result = pytester.runpytest("cases/tiny.toml", "--backend", "nope_backend", *QUIET)
-    assert result.ret != 0
-    assert "unknown backend 'nope_backend'" in result.stdout.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    text = result.stdout.str() + result.stderr.str()
+    assert text.count("unknown backend 'nope_backend'") == 1 and "Traceback" not in text
+
+
+def test_a_case_over_its_timeout_is_an_error_row_named_timeout(pytester, tiny, monkeypatch):
+    pytest.importorskip("pytest_timeout")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    result = pytester.runpytest_subprocess("cases/tiny.toml", "-k", "fp8_current and e4m3", "--backend", "tests.misbehaving:hang",
+                                           "--case-timeout", "2", "--report-dir", "rep", *QUIET, timeout=240)
+    result.assert_outcomes(failed=1)
+    (r,) = report.read_results(pytester.path / "rep").itertuples(index=False)
+    assert r.status == "error" and r.reason.startswith("timeout: Timeout") and r.backend == "hang"
 
 
 @pytest.mark.slow

@@ -295,3 +295,78 @@ def test_a_report_from_before_the_timing_columns_reads_and_resumes(tmp_path):
     assert df["case_id"].tolist() == ["case_a", "case_a", "case_b"]
     assert df["wall_ms"].tolist() == [1.5, 1.5, 2.0] and df.loc[2, "check_ms"] == 5.0 and pd.isna(df.loc[0, "check_ms"])
     assert report.time_split(df) == {"inputs": 0.003, "golden": 0.004, "backends": 0.005}
+
+
+# ---- corrupt reports, resume of a cut pair, locks, refusals -----------------------------------------
+
+
+def _good(tmp_path: Path) -> Path:
+    return write_report(tmp_path / "good", [row("c1"), acc("c1"), row("c2"), acc("c2")])
+
+
+@pytest.mark.parametrize("damage, line, words", [
+    (lambda t: t.replace("\nc2,", "\nthis is not a row\nc2,", 1), 4, "1 cells, expected"),
+    (lambda t: t + "c3,fp8_current,quantize\n", 6, "3 cells, expected"),
+    (lambda t: t[:-7], 5, "cut short"),
+    (lambda t: t.replace("case_id,", "case,", 1), 1, "header"),
+    (lambda t: t.replace(",pass,", ",passed,", 1), 2, "status 'passed'"),
+])
+def test_a_corrupt_results_csv_is_an_error_naming_its_line(tmp_path, capsys, damage, line, words):
+    p = _good(tmp_path) / report.RESULTS
+    p.write_text(damage(p.read_text()))
+    with pytest.raises(report.CorruptReport, match=rf"line {line}: .*{re.escape(words)}"):
+        report.read_results(p.parent)
+    assert cli.main(["report", str(p.parent), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and f"line {line}" in err and err.count("\n") == 1
+
+
+def test_a_binary_results_csv_is_an_error_naming_its_line(tmp_path):
+    p = _good(tmp_path) / report.RESULTS
+    data = p.read_bytes()
+    at = data.index(b"\n") + 10  # inside line 2
+    p.write_bytes(data[:at] + b"\xff\xfe\x00\x01" + data[at:])
+    with pytest.raises(report.CorruptReport, match=r"line 2: not UTF-8"):
+        report.read_results(p.parent)
+
+
+def test_resume_drops_a_cut_pair_whole_and_refuses_a_garbage_line(tmp_path):
+    d = _good(tmp_path)
+    p = d / report.RESULTS
+    text = p.read_text()
+    p.write_text(text[: text.rindex("\n", 0, len(text) - 1) + 9])  # c2's accuracy row cut after 8 characters
+    w = report.ReportWriter(d, {}, resume=True)
+    assert w.completed == {("c1", "reference")}  # c2 lost its accuracy row: it runs again, whole
+    assert w.notes and "re-running c2 [reference]" in w.notes[0]
+    w.close()
+    assert report.read_results(d)["case_id"].tolist() == ["c1", "c1"]
+    p.write_text(p.read_text() + "garbage\n" + text.splitlines(keepends=True)[3])
+    with pytest.raises(report.CorruptReport, match="line 4"):
+        report.ReportWriter(d, {}, resume=True)
+
+
+def test_a_report_directory_is_locked_and_a_fresh_run_refuses_a_previous_report(tmp_path):
+    d = _good(tmp_path)
+    with pytest.raises(report.ReportError, match=r"holds a previous report \(results.csv, run_meta.json\)"):
+        report.ReportWriter(d, {})
+    w = report.ReportWriter(d, {}, resume=True)
+    with pytest.raises(report.ReportError, match=rf"in use by another run \(pid {os.getpid()}\)"):
+        report.ReportWriter(d, {}, resume=True)
+    w.close()
+    report.ReportWriter(d, {}, resume=True).close()  # the lock went with the writer
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(report.ReportError, match="is a file"):
+        report.ReportWriter(f, {})
+
+
+def test_diff_counts_pairs_missing_from_new_as_regressions(tmp_path, capsys):
+    old = _good(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / report.RESULTS).write_text(",".join(report.COLUMNS) + "\n")  # a header only
+    regressions, _ = report.diff(report.read_results(old), report.read_results(empty))
+    assert sorted(regressions) == ["missing from NEW: c1 [reference] (was pass)",
+                                   "missing from NEW: c2 [reference] (was pass)"]
+    assert cli.main(["diff", str(old), str(empty)]) == 1
+    assert "2 regression(s)" in capsys.readouterr().out

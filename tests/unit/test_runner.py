@@ -313,3 +313,94 @@ def test_sweeps_run_cases_of_one_input_key_back_to_back_largest_groups_first():
     groups = runner.grouped([(a1, ["r"]), (t1, ["r"]), (a2, ["r"]), (u1, ["r"]), (big, ["r"])])
     # big (65536 elements) > a1 + a2 (2 x 6144) > t1 = u1 (6144 each, in order of first appearance)
     assert [[c.id for c, _ in g] for g in groups] == [[big.id], [a1.id, a2.id], [t1.id], [u1.id]]
+
+
+# ---- isolation of backends from each other and from the golden -------------------------------------
+
+
+def test_a_backend_writing_into_its_input_is_an_error_and_the_next_backend_is_not_affected():
+    from tests import misbehaving
+
+    case = qcase(shape=(16, 32), in_dtype="float32", orientation="rowwise")
+    rows = runner.run_case_backends(case, [misbehaving.mutate, get_backend("reference")], "cpu")
+    (bad,) = rows["mutate"]
+    assert bad["status"] == "error" and bad["reason"] == "mutate mutated its input (x)"
+    ref = rows["reference"]
+    assert all(r["status"] in ("pass", "info") for r in ref)
+    # The golden kept the unscaled input: the reference's accuracy is that of a clean run.
+    clean = runner.run_case(case, "reference", "cpu")
+    assert [r["sqnr_db"] for r in ref] == [r["sqnr_db"] for r in clean] and math.isfinite(ref[-1]["sqnr_db"])
+
+
+@pytest.mark.parametrize("op", ["dequantize", "gemm"])
+def test_quantized_operands_handed_to_a_backend_are_private_copies(op):
+    """dequantize and gemm get QuantizedTensor copies: a backend scribbling on one is caught, the golden kept."""
+
+    class Scribbler:
+        name = "scribbler"
+
+        def supports(self, op, config, device):
+            return True, ""
+
+        def dequantize(self, q, orientation, dtype):
+            out = reference.dequantize(q, orientation, dtype)
+            q.rowwise_data.zero_()
+            return out
+
+        def gemm(self, a, b, **kw):
+            out = reference.gemm(a, b, **kw)
+            b.rowwise_scale.zero_()
+            return out
+
+    if op == "dequantize":
+        case = Case("dequantize", QuantConfig("mxfp8"), (32, 64), in_dtype="float32", orientation="rowwise")
+        which = "q"
+    else:
+        case = Case.from_id("gemm-TN-mxfp8-e4m3-1x32-bf16-32x32x64-out_bf16-normal-s0")
+        which = "b"
+    rows = runner.run_case_backends(case, [Scribbler(), get_backend("reference")], "cpu")
+    assert [(r["status"], r["reason"]) for r in rows["scribbler"]] == [
+        ("error", f"scribbler mutated its input ({which})")]
+    assert all(r["status"] in ("pass", "info") for r in rows["reference"])
+
+
+@pytest.mark.parametrize("flip, words", [
+    (lambda: torch.set_flush_denormal(True), "flush_denormal: False -> True"),
+    (lambda: torch.set_default_dtype(torch.float64), "default_dtype: torch.float32 -> torch.float64"),
+    (lambda: torch.set_float32_matmul_precision("medium"), "float32_matmul_precision: highest -> medium"),
+    (lambda: torch.use_deterministic_algorithms(True), "deterministic_algorithms: (False, False) -> (True, False)"),
+])
+def test_a_backend_changing_numerics_state_is_an_error_and_the_state_is_restored(flip, words):
+    from harness import numerics_state
+
+    class Flipper:
+        name = "flipper"
+
+        def supports(self, op, config, device):
+            return True, ""
+
+        def quantize(self, x, config, **kw):
+            flip()
+            return reference.quantize(x, config, **kw)
+
+    before = numerics_state.snapshot()
+    case = qcase(shape=(16, 32), in_dtype="float32", orientation="rowwise")
+    rows = runner.run_case_backends(case, [Flipper(), get_backend("reference")], "cpu")
+    assert numerics_state.snapshot() == before
+    (bad,) = rows["flipper"]
+    assert bad["status"] == "error" and words in bad["reason"] and bad["reason"].endswith("restored")
+    assert all(r["status"] in ("pass", "info") for r in rows["reference"])
+    assert torch.tensor([2.0**-149]).mul(1.0).item() == 2.0**-149  # subnormals survive again
+
+
+def test_system_exit_in_a_backend_is_an_error_row_not_the_end_of_the_process():
+    from tests import misbehaving
+
+    rows = runner.run_case(qcase(shape=(16, 32)), misbehaving.system_exit, "cpu")
+    assert [(r["status"], r["reason"]) for r in rows] == [("error", "crash: exit code 4 (SystemExit raised)")]
+
+
+def test_crash_text_names_the_signal_or_the_exit_code():
+    assert pool.crash_text(-11) == "crash: signal SIGSEGV (-11)"
+    assert pool.crash_text(-9) == "crash: signal SIGKILL (-9)"
+    assert pool.crash_text(3) == "crash: exit code 3"
