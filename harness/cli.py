@@ -73,15 +73,33 @@ def select_cases(tier: str | None, cases_file: str | None, pattern: str | None, 
     except OSError as e:
         raise UsageError(f"{source}: cannot read the cases file: {e.strerror or e}") from None
     keep = filter_ids([c.id for c in all_cases], pattern)
-    picked = [c for c, k in zip(all_cases, keep, strict=True) if k]
+    picked = cases_mod.CaseList(c for c, k in zip(all_cases, keep, strict=True) if k)
+    picked.spec_excluded, picked.user_excluded = all_cases.spec_excluded, all_cases.user_excluded
+    picked.exclusion_reasons = all_cases.exclusion_reasons
+    picked.full_count = len(all_cases)
     sh = parse_shard(shard)
     if sh:
         i, n = sh
         shards: list[list] = [[] for _ in range(n)]
         for g in input_groups(picked):
             min(shards, key=len).extend(g)  # min() returns the first of equals: the lowest index
-        picked = shards[i]
+        picked[:] = shards[i]
     return picked
+
+
+def why_no_cases(picked, source: str, pattern: str | None, shard: str | None) -> str:
+    """Why a selection is empty: what the spec rules and `exclude` entries dropped, then the filters."""
+    total = getattr(picked, "full_count", 0)
+    if total:
+        return f"{source} has {total} cases; --filter {pattern!r} and --shard {shard!r} kept none"
+    reasons = getattr(picked, "exclusion_reasons", {}) or {}
+    parts = []
+    if getattr(picked, "spec_excluded", 0):
+        why = ", ".join(f"{k} {n}" for k, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+        parts.append(f"the spec rules excluded all {picked.spec_excluded} grid combinations ({why})")
+    if getattr(picked, "user_excluded", 0):
+        parts.append(f"{picked.user_excluded} matched an `exclude` entry")
+    return f"{source}: " + ("; ".join(parts) if parts else "its grids define no case")
 
 
 def resolve_backends(text: str, cases: Sequence, device: str) -> list:
@@ -226,7 +244,8 @@ def cmd_run(args) -> int:
     device = _device(args.device)
     cases = select_cases(args.tier, args.cases, args.filter, args.shard)
     if not cases:
-        print("error: no cases selected (check --tier/--cases/--filter/--shard)", file=sys.stderr)
+        why = why_no_cases(cases, args.cases or args.tier or "smoke", args.filter, args.shard)
+        print(f"error: no cases selected: {why}", file=sys.stderr)
         return 2
     backends = resolve_backends(args.backend, cases, device)
     options = {k: v for k, v in vars(args).items() if k != "func"}

@@ -103,3 +103,14 @@ class Nap:
 
 
 nap = Nap()
+
+
+def __getattr__(name: str):
+    """`tests.misbehaving:unloadable_in_workers`: loads in the main process, raises in a sweep worker."""
+    if name == "unloadable_in_workers":
+        import multiprocessing  # noqa: PLC0415
+
+        if multiprocessing.parent_process() is not None:
+            raise RuntimeError("no GPU driver in this worker")
+        return Misbehaving("unloadable_in_workers", lambda x: None)
+    raise AttributeError(name)

@@ -294,3 +294,13 @@ def test_bad_run_arguments_are_one_line_usage_errors(tmp_path, capsys, monkeypat
         assert rc == 2 and err.startswith("error: ") and words in err, (args, err)
         assert err.count("\n") == 1, err  # one line: no traceback
     assert not (tmp_path / "x.csv").exists() and not (tmp_path / "out").exists()  # nothing ran
+
+
+def test_a_run_selecting_no_case_says_what_the_spec_rules_excluded(tmp_path, capsys):
+    f = tmp_path / "cases" / "none.toml"
+    f.parent.mkdir()
+    f.write_text('[[grid]]\nscheme = "mxfp8"\ntile = [[1, 16], [1, 8]]\nshape = [32, 64]\n')  # MXFP8 tiles are 1x32/32x32
+    rc, _, err = main(capsys, "run", "--cases", str(f), "--out", str(tmp_path / "o"))
+    assert rc == 2 and "the spec rules excluded all 2 grid combinations (config.tile 2)" in err, err
+    rc, _, err = main(capsys, "run", "--tier", "smoke", "--filter", "no-such-case", "--out", str(tmp_path / "o"))
+    assert rc == 2 and "--filter 'no-such-case' and --shard None kept none" in err, err

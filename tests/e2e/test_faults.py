@@ -253,3 +253,17 @@ def test_sigint_and_sigterm_stop_within_seconds_with_a_whole_csv_and_the_resume_
     df = report.read_results(out)  # consistent: whole rows only
     assert 0 < len(df) < len(parse_cases(KILL_CASES, "k.toml"))
     assert not df.duplicated(["case_id", "backend", "tensor"]).any()
+
+
+@pytest.mark.slow
+def test_a_backend_that_cannot_load_in_the_workers_gives_error_rows_not_a_hang(tmp_path):
+    out = tmp_path / "rep"
+    rc, _, err = finish(harness_run(tmp_path, FAULT_CASES, out, "--backend",
+                                    "tests.misbehaving:unloadable_in_workers,reference", "--workers", "2"))
+    assert rc == 1, err
+    df = report.read_results(out)
+    bad = df[df["backend"] == "unloadable_in_workers"]
+    assert len(bad) == len(parse_cases(FAULT_CASES, "f.toml")) and (bad["status"] == "error").all()
+    assert bad["reason"].str.startswith("worker could not load backend 'tests.misbehaving:unloadable_in_workers': "
+                                        "RuntimeError: no GPU driver in this worker").all()
+    assert df[df["backend"] == "reference"]["status"].isin(["pass", "info"]).all()
