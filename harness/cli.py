@@ -1,8 +1,10 @@
 """`python -m harness run|list|repro|report|diff|merge|bench`: the command-line face of the harness.
 
-Source: DESIGN.md §5-§6 and the issue's CLI requirements. Exit codes: 0 success; 1 a case failed
-or errored (run, repro) or a regression was found (diff); 2 bad usage (unknown backend, missing
-file or bench script).
+Source: DESIGN.md §5-§6 and the issue's CLI requirements. Exit codes: 0 success; 1 the report holds a
+failing or erroring case (run, after --resume too; repro) or a regression was found (diff); 2 bad usage
+(unknown or unloadable backend, bad --out / --filter / --workers, an unreadable cases file, a report
+directory in use or holding a previous report, a corrupt results.csv), printed as one line; 130 / 143
+a run stopped by SIGINT / SIGTERM (finished pairs are in the report; --resume continues).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ skip with its reason; a mismatch -> failure whose message locates the first mism
 repro command. A timeout becomes an `error` row `timeout: ...`; a case that kills its xdist worker
 (signal, `os._exit`) an `error` row `crash: ...` written by the controller. pytest-timeout's default
 `signal` method interrupts Python code; for a kernel hung in C use `--timeout-method=thread` under
-xdist (the worker is killed and the case recorded as a crash). Each xdist worker is pinned to GPU
+xdist (the worker is killed and the case recorded as a crash). Without xdist a case that kills its process
+ends the pytest run with it: run untrusted kernels with `-n` (or through `python -m harness run`). Each xdist worker is pinned to GPU
 `worker_index % device_count` when CUDA is present.
 """
 
@@ -135,7 +136,12 @@ def pytest_configure(config):
                 "xdist_workers": getattr(config.option, "numprocesses", None),
                 "golden_device": config.getoption("--harness-golden-device")}
         # NOTE: unlike `python -m harness run`, pytest replaces a previous report in --report-dir (force).
-        writer = ReportWriter(report_dir, run_meta(opts), force=True)
+        from .report import ReportError  # noqa: PLC0415
+
+        try:
+            writer = ReportWriter(report_dir, run_meta(opts), force=True)
+        except ReportError as e:  # e.g. another run holds the directory
+            raise pytest.UsageError(f"--report-dir: {e}") from None
         config.pluginmanager.register(_Recorder(writer, backend.name), "harness-recorder")
 
 
