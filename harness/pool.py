@@ -7,6 +7,8 @@ writes the report). What a worker does that could kill it stays in the worker:
   the rest of that task is scheduled again. Pairs that never started are never marked.
 - A pair running longer than `case_timeout` seconds gets `error` / `timeout: ...`; its worker is
   killed (pebble cancels the running task) and replaced.
+- A pair after which the CUDA context is unusable (a sticky error) keeps its error row; the worker
+  then retires and a fresh one (a fresh context) takes the rest of the task.
 - Workers die with this process (PR_SET_PDEATHSIG on Linux), ignore SIGINT (pebble), and are
   stopped on any exception here (KeyboardInterrupt, SIGTERM through harness.cli).
 
@@ -50,6 +52,8 @@ MAX_SILENT_DEATHS = 3
 _POLL_S = 0.2
 _HEADER = struct.Struct("<Q")
 _PR_SET_PDEATHSIG = 1
+# Exit code of a worker that retires itself (its CUDA context died on the pair it just recorded).
+RETIRE_EXIT = 75
 
 # Heap policy of sweep workers (host speed, not numerics). glibc serves blocks of 32 MB and more with
 # mmap and unmaps them on free, so every large temporary arrives as fresh pages that the kernel faults
@@ -147,8 +151,23 @@ def _put(fd: int, record: tuple) -> None:
     os.write(fd, _HEADER.pack(len(data)) + data)
 
 
+def context_dead(device: str) -> str | None:
+    """Why this process's CUDA context can no longer be used (a sticky error such as an illegal address), or None."""
+    if backends_mod.device_type(device) != "cuda" or not torch.cuda.is_initialized():
+        return None
+    try:
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - any failure here means the context is gone
+        return exc_text(e)
+    return None
+
+
 def run_items(items: Sequence[tuple[Any, list[str]]], log: str) -> None:
-    """Worker: run each (case, backend names) of one task, logging `start` and `rows` records."""
+    """Worker: run each (case, backend names) of one task, logging `start` and `rows` records.
+
+    After a pair that left the CUDA context unusable, the worker logs `retire` and exits: its rows are
+    recorded, and pebble starts a fresh worker (a fresh context) for the rest of the task.
+    """
     w = _WORKER
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
@@ -164,8 +183,15 @@ def run_items(items: Sequence[tuple[Any, list[str]]], log: str) -> None:
                 else:
                     rows = run_backend(case, once, backend, w.device, worker=w.name)
                 _put(fd, ("rows", case.id, name, rows))
+                dead = context_dead(w.device)
+                if dead is not None:
+                    _put(fd, ("retire", dead))
+                    os.close(fd)
+                    fd = None
+                    os._exit(RETIRE_EXIT)
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -182,6 +208,7 @@ class _Task:
     offset: int = 0
     done: set = field(default_factory=set)
     current: tuple | None = None  # (case_id, backend) announced and not finished
+    retired: bool = False  # the worker exited on purpose after recording a pair (dead CUDA context)
     since: float = 0.0
     timed_out: bool = False
 
@@ -250,6 +277,8 @@ class PoolSweep:
             pos += _HEADER.size + n
             if rec[0] == "start":
                 t.current, t.since = (rec[1], rec[2]), time.monotonic()
+            elif rec[0] == "retire":
+                t.retired = True
             elif (rec[1], rec[2]) not in t.done:
                 t.done.add((rec[1], rec[2]))
                 t.current = None
@@ -274,7 +303,9 @@ class PoolSweep:
                             self._error(case.id, n, "worker returned without running this pair")
                     rest = []
             except pebble.ProcessExpired as e:
-                if t.current is not None:
+                if t.retired and t.current is None:
+                    rest, deaths = t.remaining(), 0
+                elif t.current is not None:
                     self._error(*t.current, crash_text(e.exitcode))
                     rest, deaths = t.remaining(skip=t.current), 0
                 else:

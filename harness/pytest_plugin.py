@@ -14,9 +14,9 @@ skip with its reason; a mismatch -> failure whose message locates the first mism
 repro command. A timeout becomes an `error` row `timeout: ...`; a case that kills its xdist worker
 (signal, `os._exit`) an `error` row `crash: ...` written by the controller. pytest-timeout's default
 `signal` method interrupts Python code; for a kernel hung in C use `--timeout-method=thread` under
-xdist (the worker is killed and the case recorded as a crash). Without xdist a case that kills its process
-ends the pytest run with it: run untrusted kernels with `-n` (or through `python -m harness run`). Each xdist worker is pinned to GPU
-`worker_index % device_count` when CUDA is present.
+xdist (the worker is killed and the case recorded as a crash). Without xdist a case that kills its
+process ends the pytest run with it: run untrusted kernels with `-n` (or `python -m harness run`).
+Each xdist worker is pinned to GPU `worker_index % device_count` when CUDA is present.
 """
 
 from __future__ import annotations

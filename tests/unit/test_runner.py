@@ -404,3 +404,27 @@ def test_crash_text_names_the_signal_or_the_exit_code():
     assert pool.crash_text(-11) == "crash: signal SIGSEGV (-11)"
     assert pool.crash_text(-9) == "crash: signal SIGKILL (-9)"
     assert pool.crash_text(3) == "crash: exit code 3"
+
+
+def test_a_worker_whose_cuda_context_died_records_the_pair_then_retires(tmp_path, monkeypatch):
+    """pool.run_items in this process: after the pair, a dead context makes the worker log `retire` and exit."""
+
+    class Retired(Exception):
+        pass
+
+    def fake_exit(code):
+        raise Retired(code)
+
+    monkeypatch.setattr(pool, "_WORKER", pool._Worker(0, [], {"reference": "reference"}, "cpu", "same"))
+    monkeypatch.setattr(pool, "context_dead", lambda device: "RuntimeError: CUDA error: an illegal memory access")
+    monkeypatch.setattr(pool.os, "_exit", fake_exit)
+    log = tmp_path / "task.log"
+    a, b = qcase(shape=(16, 32)), qcase(shape=(32, 32))
+    with pytest.raises(Retired, match=str(pool.RETIRE_EXIT)):
+        pool.run_items([(a, ["reference"]), (b, ["reference"])], str(log))
+    t = pool._Task([(a, ["reference"]), (b, ["reference"])], log)
+    sweep = pool.PoolSweep([a, b], ["reference"], 1, device="cpu")
+    sweep.by_id = {a.id: a, b.id: b}
+    sweep._harvest(t)
+    assert t.done == {(a.id, "reference")} and t.retired and t.current is None  # b never started
+    assert t.remaining() == [(b, ["reference"])] and sweep.result.counts["pass"] == 1
