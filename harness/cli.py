@@ -490,7 +490,7 @@ def _golden(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("--golden-device", choices=GOLDEN_DEVICES, default="same",
                    help="where the golden reference runs: on the backend's device (default; same bits, "
-                        "harness/runner.py) or always on the cpu")
+                        "harness/golden.py) or always on the cpu")
 
 
 def build_parser() -> argparse.ArgumentParser:
