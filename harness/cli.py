@@ -356,7 +356,10 @@ def cmd_repro(args) -> int:
     if args.inputs:
         if not Path(args.inputs).exists():
             raise UsageError(f"--inputs {args.inputs!r}: no such file")
-        inputs = torch.load(args.inputs, weights_only=False)
+        try:
+            inputs = torch.load(args.inputs, weights_only=False)
+        except Exception as e:  # noqa: BLE001 - not a torch.save file: one line, no traceback
+            raise UsageError(f"--inputs {args.inputs!r} is not an inputs.pt saved by a run: {type(e).__name__}") from None
     worst = "pass"
     for name in args.backend.split(","):
         try:

@@ -294,6 +294,8 @@ def test_bad_run_arguments_are_one_line_usage_errors(tmp_path, capsys, monkeypat
         assert rc == 2 and err.startswith("error: ") and words in err, (args, err)
         assert err.count("\n") == 1, err  # one line: no traceback
     assert not (tmp_path / "x.csv").exists() and not (tmp_path / "out").exists()  # nothing ran
+    rc, _, err = main(capsys, "repro", "quantize-fp8_current-e4m3-rowwise-f32-16x32-normal-s1", "--inputs", str(binary))
+    assert rc == 2 and "is not an inputs.pt saved by a run" in err and err.count("\n") == 1, err
 
 
 def test_a_run_selecting_no_case_says_what_the_spec_rules_excluded(tmp_path, capsys):
