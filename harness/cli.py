@@ -267,24 +267,28 @@ def cmd_run(args) -> int:
     stopped = None
     try:
         with _sigterm_raises():
-            if todo:
-                _prepare(backends, cases, device)
-            PoolSweep(cases, [backend_spec(b) for b in backends], args.workers,
-                      device=args.device if args.device not in (None, "auto") else None, writer=writer, out_dir=out,
-                      progress=progress, golden=args.golden_device, case_timeout=args.case_timeout).run()
-    except KeyboardInterrupt:
-        stopped = ("interrupted", 130)
-    except Terminated:
-        stopped = ("terminated (SIGTERM)", 143)
-    except WorkersDying as e:
-        stopped = (f"stopped: {e}", 1)
+            try:
+                if todo:
+                    _prepare(backends, cases, device)
+                PoolSweep(cases, [backend_spec(b) for b in backends], args.workers,
+                          device=args.device if args.device not in (None, "auto") else None, writer=writer,
+                          out_dir=out, progress=progress, golden=args.golden_device,
+                          case_timeout=args.case_timeout).run()
+            except KeyboardInterrupt:
+                stopped = ("interrupted", 130)
+            except Terminated:
+                stopped = ("terminated (SIGTERM)", 143)
+            except WorkersDying as e:
+                stopped = (f"stopped: {e}", 1)
+            progress.close()
+            # The counts of the whole report (a resumed one included), written while the lock is held.
+            df = report.read_results(out)
+            cs = report.case_status(df)
+            counts = {s: int((cs["status"] == s).sum()) for s in ("pass", "fail", "skip", "error")}
+            writer.write_meta(finished=stopped is None, counts=counts, **({"stopped": stopped[0]} if stopped else {}))
     finally:
         progress.close()
         writer.close()
-    df = report.read_results(out)
-    cs = report.case_status(df)
-    counts = {s: int((cs["status"] == s).sum()) for s in ("pass", "fail", "skip", "error")}
-    writer.write_meta(finished=stopped is None, counts=counts, **({"stopped": stopped[0]} if stopped else {}))
     if stopped:
         print(f"harness: {stopped[0]}; {len(cs)} (case, backend) pairs are in {out / report.RESULTS}; continue "
               f"with the same command and --resume", file=sys.stderr)

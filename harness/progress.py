@@ -46,6 +46,7 @@ class Progress:
         self.start = time.monotonic()
         self._last_draw = 0.0
         self._last_len = 0
+        self._closed = False
 
     def update(self, n: int = 1, status: str | None = None) -> None:
         """Advance by `n` finished items; `status` (pass/fail/skip/error) feeds the counters."""
@@ -76,7 +77,9 @@ class Progress:
         self.stream.flush()
 
     def close(self) -> None:
-        if self.on:
+        """End the bar's line (once; later calls do nothing)."""
+        if self.on and not self._closed:
+            self._closed = True
             self._draw(time.monotonic())
             self.stream.write("\n")
             self.stream.flush()
