@@ -148,6 +148,8 @@ def test_cli_sweep_records_every_fault_as_its_own_row_and_resume_keeps_the_verdi
 
 @pytest.mark.slow
 def test_pytest_xdist_records_every_fault_and_a_crashed_worker_case_reaches_the_csv(tmp_path):
+    pytest.importorskip("xdist")  # the `test` extra
+    pytest.importorskip("pytest_timeout")
     cases = tmp_path / "cases" / "faults.toml"
     cases.parent.mkdir()
     cases.write_text(FAULT_CASES)
