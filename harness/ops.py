@@ -20,24 +20,14 @@ from typing import Any, Callable, Mapping
 import torch
 
 import reference
+from reference.layouts import gemm_layout
 
 from . import backends as backends_mod
 from .golden import Golden, fresh_copy, normalized, sync
 from .rows import Row, accuracy_row, result_row, status_row
 
-# The GEMM operand copies each layout consumes (interfaces: TN rowwise x rowwise, NN rowwise x
-# colwise, NT colwise x colwise), as (a_rowwise, a_colwise, b_rowwise, b_colwise).
-LAYOUT_COPIES = {
-    "TN": (True, False, True, False),
-    "NN": (True, False, False, True),
-    "NT": (False, True, False, True),
-}
 # Distributions whose GEMM inputs are exactly representable (NUMERICS.md §6): compared bit for bit.
 EXACT_GEMM_DISTRIBUTIONS = ("exact_representable",)
-# NUMERICS: §6 - accumulating into C has a defined order only for fp8_block (RN_out(C + RN_out(Y)))
-# and nvfp4 (RN_out(C + Y) in fp32); for the others it is "tolerance only" (cuBLASLt's FP8 epilogue,
-# for one, rounds Y to the output type before adding C).
-EXACT_ACCUMULATE_SCHEMES = ("fp8_block", "nvfp4")
 # The B operand of a stochastic GEMM draws SR bits from stream + 2 (A uses stream, stream + 1).
 B_STREAM_OFFSET = 2
 
@@ -72,7 +62,7 @@ def quantize_with_state(quantize: Callable, x, config, device, rowwise, colwise,
     one (`update_amax_history`), else the reference's `state.update()`. Returns (QuantizedTensor,
     state or None).
     """
-    if config.scheme != "fp8_delayed":
+    if not config.scheme_row.amax_history:
         return quantize(x, config, rowwise=rowwise, colwise=colwise, rng=rng, state=None), None
     state = _new_state(config, device)
     quantize(x, config, rowwise=rowwise, colwise=colwise, rng=rng, state=state)
@@ -92,16 +82,11 @@ def b_rng(rng):
 
 def gemm_truth(case, inputs: Mapping) -> torch.Tensor:
     """fp64 GEMM of the high-precision operands in the case's layout, plus bias and C (NUMERICS.md §6)."""
+    lay = gemm_layout(case.layout or "TN")
     a, b = inputs["a"].to(torch.float64), inputs["b"].to(torch.float64)
-    layout = case.layout or "TN"
-    if layout == "TN":  # a [M, K], b [N, K]
-        y = a @ b.t()
-    elif layout == "NN":  # a [M, K], b [K, N]
-        y = a @ b
-    elif layout == "NT":  # a [K, M], b [K, N]
-        y = a.t() @ b
-    else:
-        raise ValueError(f"layout={layout!r} is invalid: expected TN, NN or NT")
+    a = a if lay.a == "rowwise" else a.t()  # [M, K]
+    b = b if lay.b == "rowwise" else b.t()  # [N, K]
+    y = a @ b.t()
     if inputs.get("bias") is not None:
         y = y + inputs["bias"].to(torch.float64)
     if inputs.get("c") is not None:
@@ -116,7 +101,9 @@ def out_dtype(case, default: torch.dtype) -> torch.dtype:
 def is_exact_gemm(case) -> bool:
     if case.distribution not in EXACT_GEMM_DISTRIBUTIONS:
         return False
-    return not case.accumulate or case.config.scheme in EXACT_ACCUMULATE_SCHEMES
+    # NUMERICS: §6 - accumulating into C has a defined order only where the scheme row says so
+    # (fp8_block RN_out(C + RN_out(Y)), nvfp4 RN_out(C + Y) in fp32); elsewhere tolerance only.
+    return not case.accumulate or case.config.scheme_row.exact_accumulate
 
 
 def _accuracy_truth(case, x: torch.Tensor, orientation: str) -> torch.Tensor:
@@ -267,9 +254,9 @@ def _gemm_reference(case, g: Golden, dtype: torch.dtype) -> torch.Tensor:
 
 def _gemm_golden(case, g: Golden) -> None:
     on, cfg, rng = g.on_device, case.config, g.inputs.get("rng")
-    a_rw, a_cw, b_rw, b_cw = LAYOUT_COPIES[case.layout or "TN"]
-    g.qa = reference.quantize(on["a"], cfg, rowwise=a_rw, colwise=a_cw, rng=rng)
-    g.qb = reference.quantize(on["b"], case.b_config or cfg, rowwise=b_rw, colwise=b_cw, rng=b_rng(rng))
+    lay = gemm_layout(case.layout or "TN")
+    g.qa = reference.quantize(on["a"], cfg, rng=rng, **lay.quantize_flags("a"))
+    g.qb = reference.quantize(on["b"], case.b_config or cfg, rng=b_rng(rng), **lay.quantize_flags("b"))
     g.out = _gemm_reference(case, g, out_dtype(case, torch.bfloat16))
     g.truth = gemm_truth(case, on)
 
