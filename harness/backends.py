@@ -17,6 +17,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import torch
 
 import reference
+from reference.conventions import DEFAULT as DEFAULT_CONVENTION
 from reference.formats import QuantConfig
 from reference.layouts import gemm_layout
 from reference.spec import TORCH_DTYPES, dtype_name, gemm_rule
@@ -202,6 +203,8 @@ class TorchBackend:
     name = "torch"
 
     def supports(self, op, config, device):
+        if config.convention != DEFAULT_CONVENTION:
+            return False, f"torch: PyTorch's casts follow the {DEFAULT_CONVENTION!r} convention, not {config.convention!r}"
         if op in ("quantize", "dequantize"):
             if _per_tensor(config):
                 return True, ""

@@ -14,6 +14,7 @@ import functools
 
 import torch
 
+from reference.conventions import DEFAULT as TE_CONVENTION
 from reference.formats import QuantConfig
 from reference.spec import DTYPE_NAMES, check_dequantize, check_quantize
 from reference.types import QuantizedTensor, SpecViolation, SRSeed, Unsupported
@@ -37,6 +38,8 @@ def supports(op: str, config: QuantConfig, device) -> tuple[bool, str]:
     """(True, "") if the native backend can run `op` for `config` on `device`, else (False, reason)."""
     if not isinstance(config, QuantConfig):
         return False, f"config must be a QuantConfig, got {type(config).__name__}"
+    if config.convention != TE_CONVENTION:
+        return False, f"native implements the {TE_CONVENTION!r} convention only, not {config.convention!r}"
     try:
         dev = torch.device(device)
     except (TypeError, RuntimeError) as e:

@@ -222,3 +222,19 @@ def test_auto_expands_to_every_backend_supporting_some_case_on_the_device(capsys
     assert "native" in capsys.readouterr().err  # said why it was left out
     names = [b.name for b in cli.resolve_backends("auto", [mx], "cpu")]
     assert names == ["reference"]  # torch has no mxfp8 quantizer
+
+
+def test_native_and_torch_skip_a_non_te_convention():
+    """Only the golden (and a convention's own adapter) runs another framework's convention: native and
+    torch implement `te`, so they skip such a config with a reason instead of being compared against it."""
+    from harness import backends
+    from reference import QuantConfig
+
+    cfg = QuantConfig("mxfp8", convention="torchao_floor")
+    ok, why = backends.get_backend("torch").supports("quantize", QuantConfig("fp8_current", convention="torchao_float8"), "cpu")
+    assert not ok and "'te' convention" in why and "torchao_float8" in why
+    import importlib
+
+    nq = importlib.import_module("native.quantize")  # `native.quantize` the attribute is the function
+    ok, why = nq.supports("quantize", cfg, "cuda")
+    assert not ok and why == "native implements the 'te' convention only, not 'torchao_floor'"

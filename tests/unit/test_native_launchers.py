@@ -196,13 +196,14 @@ def test_cublaslt_rows_give_the_arch_and_version_reasons(monkeypatch):
 
 def test_native_imports_contract_types_and_rules_never_golden_numerics():
     """DESIGN.md §1: native -> reference.formats / types / geometry / spec only (and AmaxHistory, the
-    fp8_delayed state type). A golden swizzle, alpha, amax-history update or cast imported here could never
+    fp8_delayed state type, and the default convention's name). A golden swizzle, alpha, amax-history update or cast imported here could never
     show up as a mismatch."""
     import ast
 
     allowed_modules = {"reference.formats", "reference.types", "reference.spec"}
     allowed_names = {("reference.layouts", n) for n in ("CopyGeometry", "copy_geometry", "geometry_of", "gemm_layout")}
     allowed_names.add(("reference.per_tensor", "AmaxHistory"))
+    allowed_names.add(("reference.conventions", "DEFAULT"))  # the name of the convention native implements
     for path in sorted(NATIVE.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
