@@ -12,7 +12,7 @@ q = sat_fp8(RN(x*s)). Layouts (padding zero):
 - 2-D: rowwise sinv [ceil(M/128), roundup(ceil(K/128),4)], entry [mb, kb]; colwise data [K, M] is exactly
   the transpose of the rowwise data, colwise sinv [ceil(K/128), roundup(ceil(M/128),4)] the transpose of
   the rowwise sinv.
-Conventions `vllm_group` and `vllm_group_ue8m0` (1x128; docs/numerics-conventions.md §10.7) replace the
+Conventions `vllm_group` and `vllm_group_ue8m0` (1x128; docs/numerics.md §10.7) replace the
 scale rule and the element step in `_scale` and `_encode`; layouts are unchanged.
 """
 

@@ -1,6 +1,6 @@
 """The convention catalogue: other frameworks' quantization rules the golden can follow bit for bit.
 
-Source: docs/numerics-conventions.md (§10). `te` (TransformerEngine's kernels, NUMERICS.md §0-§5) is
+Source: docs/numerics.md (§10). `te` (TransformerEngine's kernels, NUMERICS.md §0-§5) is
 the default and the contract; every other row names a framework function, the schemes and tiles it
 covers, and what it changes. A `QuantConfig` selects one with its `convention` field; the scheme
 modules (mxfp8.py, nvfp4.py, per_tensor.py, blockwise.py) apply the rules where they differ, each
@@ -34,7 +34,7 @@ class Convention:
     schemes: tuple[str, ...]  # schemes it applies to
     tiles: tuple[tuple[int, int] | None, ...] | None  # allowed tiles (None: every tile of the scheme)
     changes: str  # what differs from `te`, in one sentence
-    section: str  # its sub-section of docs/numerics-conventions.md
+    section: str  # its sub-section of docs/numerics.md
     fixed: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     defaults: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 

@@ -10,7 +10,7 @@ Per block (A = amax(block)): e = e8m0_up(RN(A * fl(1/fp8_max))) (rule `ceil`, de
   colwise S_c [roundup(M/32,4), roundup(K,128)], entry [mb, k].
 - 2-D (32x32): one exponent per tile, written into every S_r / S_c entry of the tile; both data
   copies are then identical.
-Other conventions (`config.convention`, docs/numerics-conventions.md §10.2-§10.4: OCP MX, torchao's
+Other conventions (`config.convention`, docs/numerics.md §10.2-§10.4: OCP MX, torchao's
 to_mx scale modes) replace the per-block rule in `convention_blocks`; layouts are unchanged.
 """
 
@@ -46,7 +46,7 @@ def exponent(a: torch.Tensor, config: QuantConfig) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# Other conventions (docs/numerics-conventions.md §10.2-§10.4)
+# Other conventions (docs/numerics.md §10.2-§10.4)
 # --------------------------------------------------------------------------------------------
 
 _FP32_EXP_MASK = 0xFF

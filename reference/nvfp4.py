@@ -9,7 +9,7 @@ Work is done in row chunks of X (whole 16-row groups), so fp32/fp64 temporaries 
 of MiB whatever the tensor size: one pass for the block amaxes (hence A_g), one pass per copy for
 the codes. The columnwise copy is computed from a source S [M, K] (X, or RHT(X^T) transposed back)
 whose 16-row groups are its blocks: copy element [k, 16b + j] is S[16b + j, k].
-Convention `torchao_nvfp4` (docs/numerics-conventions.md §10.5) replaces the scale chain and the
+Convention `torchao_nvfp4` (docs/numerics.md §10.5) replaces the scale chain and the
 element cast in `_quantize_torchao`; layouts are unchanged.
 """
 
@@ -324,7 +324,7 @@ def _rht_pass(x2d: torch.Tensor, blk: int) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 # --------------------------------------------------------------------------------------------
-# Convention torchao_nvfp4 (docs/numerics-conventions.md §10.5)
+# Convention torchao_nvfp4 (docs/numerics.md §10.5)
 # --------------------------------------------------------------------------------------------
 
 _FP32_MAN_BITS = 23

@@ -6,7 +6,7 @@ TE common/recipe/current_scaling.cu, common/recipe/delayed_scaling.cu, common/ca
 Layout (§1): rowwise data uint8 [M, K]; colwise data uint8 [K, M], the byte-exact transpose of the
 rowwise codes, with the same sinv; scale = sinv fp32 [1]; amax = amax(x) fp32 [1] for each copy.
 Large inputs are processed in row chunks, so the extra memory stays a small multiple of one chunk.
-Convention `torchao_float8` (docs/numerics-conventions.md §10.6) replaces the amax, the scale and the
+Convention `torchao_float8` (docs/numerics.md §10.6) replaces the amax, the scale and the
 NaN byte of fp8_current (`_torchao_scales`, `_cast`); the layout is unchanged.
 """
 

@@ -6,7 +6,7 @@ Objects: `mx` (to_mx, RCEIL: torchao's scale mode nearest TE's), `mx_floor`, `mx
 `mx_rceil`; `nvfp4` (NVFP4Tensor.to_nvfp4, two-level scaling); `float8` (hp_tensor_to_float8_dynamic,
 tensorwise). Under a case whose config names a torchao convention (`torchao_floor`, ...,
 `torchao_nvfp4`, `torchao_float8`) the adapter uses that mode, so the golden under the same convention
-must match it bit for bit (docs/numerics-conventions.md §10.3-§10.6).
+must match it bit for bit (docs/numerics.md §10.3-§10.6).
 
 Layout conversions (torchao -> ours, NUMERICS.md §1, §3, §5.9):
 - MX: data [M, K] fp8 and E8M0 scales [M, K/32] -> bytes, scales zero-padded to S_r; the colwise copy is

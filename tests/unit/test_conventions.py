@@ -1,4 +1,4 @@
-"""The convention catalogue (reference/conventions.py, docs/numerics-conventions.md §10).
+"""The convention catalogue (reference/conventions.py, docs/numerics.md §10).
 
 Three kinds of check: the catalogue and QuantConfig plumbing (ids, validation, `with_convention`,
 `applicable`); hand-computed vectors for every rule that differs from `te`; and, where the framework
