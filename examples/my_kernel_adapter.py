@@ -2,7 +2,7 @@
 
 This is what validating a new kernel against the golden reference takes. The kernel below is plain
 PyTorch standing in for yours (a CUDA extension, a Triton kernel, ...); the adapter class maps
-its outputs onto the contract types (`reference.QuantizedTensor`, DESIGN.md §3) and says which
+its outputs onto the contract types (`reference.QuantizedTensor`, docs/design.md §3) and says which
 cases it supports. Run the harness on it from the repository root:
 
     python -m harness run --tier smoke --backend examples.my_kernel_adapter:backend --out reports/my_kernel
@@ -12,7 +12,7 @@ cases it supports. Run the harness on it from the repository root:
 
 Cases it does not support (every scheme but fp8_current, GEMMs) are reported as skips with the
 reason from `supports`. `broken_backend` is the same kernel with a classic bug
-(reciprocal-then-multiply scale, NUMERICS.md §0.2.2), to see what a located mismatch looks like:
+(reciprocal-then-multiply scale, docs/numerics.md §0.2.2), to see what a located mismatch looks like:
 
     python -m harness run --tier smoke --backend examples.my_kernel_adapter:broken_backend --filter fp8_current
 
@@ -80,7 +80,7 @@ class MyKernelBackend:
         q = QuantizedTensor(config=config, shape=tuple(x.shape), hp_dtype=str(x.dtype).removeprefix("torch."))
         if rowwise:
             q.rowwise_data, q.rowwise_scale, q.rowwise_amax = codes, sinv, amax
-        if colwise:  # the transposed copy [K, M] shares the scale (NUMERICS.md §1)
+        if colwise:  # the transposed copy [K, M] shares the scale (docs/numerics.md §1)
             q.colwise_data, q.colwise_scale, q.colwise_amax = codes.t().contiguous(), sinv.clone(), amax.clone()
         return q
 

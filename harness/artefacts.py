@@ -1,6 +1,6 @@
 """Failure artefacts: `<out>/failures/<case_id>/` with the inputs, the rows and a repro script.
 
-Source: DESIGN.md §5 (failures keep their inputs and a one-line repro).
+Source: docs/design.md §5 (failures keep their inputs and a one-line repro).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Backends under test: the golden reference, the native GPU backend, PyTorch's own ops, third-party adapters.
 
-Source: DESIGN.md §4. A backend is anything with `name`, `supports(op, config, device) -> (bool,
+Source: docs/design.md §4. A backend is anything with `name`, `supports(op, config, device) -> (bool,
 reason)` and some of `quantize`, `dequantize`, `gemm` with the reference's signatures
-(DESIGN.md §3). Registered by name (`reference`, `native`, `torch`), through the entry-point group
+(docs/design.md §3). Registered by name (`reference`, `native`, `torch`), through the entry-point group
 `numerics_harness.backends`, or named as `package.module:object` (an instance, a class, or a
 zero-argument factory). A hardware or feature gap raises `Unsupported` (a skip with its reason),
 never a silent fallback.
@@ -60,7 +60,7 @@ def default_device() -> str:
 
 
 def torch_dtype(name: str | torch.dtype | None, default: torch.dtype = torch.float32) -> torch.dtype:
-    """A dtype from its DESIGN.md spelling ("float32", "bfloat16", "float16")."""
+    """A dtype from its docs/design.md spelling ("float32", "bfloat16", "float16")."""
     if name is None:
         return default
     if isinstance(name, torch.dtype):
@@ -146,7 +146,7 @@ class NativeBackend:
         return self._call("gemm", a, b, layout=layout, out_dtype=out_dtype, bias=bias, c=c)
 
     def update_amax_history(self, state, reduced_amax=None):
-        """The native fused delayed-scaling update (NUMERICS.md §2) on an AmaxHistory."""
+        """The native fused delayed-scaling update (docs/numerics.md §2) on an AmaxHistory."""
         return self._call("update_amax_history", state, reduced_amax)
 
     def prepare(self, cases, device) -> str | None:
@@ -194,7 +194,7 @@ class TorchBackend:
     """PyTorch's own ops: per-tensor FP8 through torch float8 casts, GEMMs through `_scaled_mm`/`F.scaled_mm`.
 
     Quantize: fp8_current (scale from the NaN-ignoring amax) and fp8_delayed (scale from the state),
-    data = clamp(x*s, ±max).to(float8) with NaN lanes set to the NaN code (NUMERICS.md §0.2.3).
+    data = clamp(x*s, ±max).to(float8) with NaN lanes set to the NaN code (docs/numerics.md §0.2.3).
     Other schemes are Unsupported. GEMM: per-tensor FP8 through `torch._scaled_mm`, FP8 blockwise
     through `torch.nn.functional.scaled_mm` (BlockWise1x128 / BlockWise128x128) where this torch
     has it, on CUDA only.
@@ -260,7 +260,7 @@ class TorchBackend:
         fp8_max = torch.full((1,), torch.finfo(f8).max, dtype=torch.float32, device=x.device)
         x32 = x.reshape(-1, x.shape[-1]).to(torch.float32)  # (M, K)
         amax = self._amax(x32)
-        if not config.scheme_row.amax_history:  # current scaling (NUMERICS.md §1)
+        if not config.scheme_row.amax_history:  # current scaling (docs/numerics.md §1)
             s = self._scale(amax, fp8_max, config)
         elif state is not None:
             s = state.scale.to(device=x.device, dtype=torch.float32).reshape(1)
@@ -348,7 +348,7 @@ class TorchBackend:
             # NUMERICS: §6 blockwise - bias added in fp32, RN_out, then D = RN_out(C + RN_out(Y)).
             y = (y if b32 is None else y + b32).to(out_dtype)
             return y if c is None else (c.to(torch.float32) + y.to(torch.float32)).to(out_dtype)
-        # Per-tensor (tolerance only, NUMERICS.md §6): cuBLASLt's D = AB + C in fp32, then the bias epilogue.
+        # Per-tensor (tolerance only, docs/numerics.md §6): cuBLASLt's D = AB + C in fp32, then the bias epilogue.
         if c is not None:
             y = y + c.to(torch.float32)
         if b32 is not None:

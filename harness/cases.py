@@ -1,7 +1,7 @@
 """Cases as data: the `Case` model, readable round-tripping ids, and TOML grids expanded into cases.
 
-Source: DESIGN.md §5 (a Case is data; grids with exclusions applied at generation time; hardware
-gaps are generated and skip later), NUMERICS.md §1-§6 (what the spec forbids), interfaces.md
+Source: docs/design.md §5 (a Case is data; grids with exclusions applied at generation time; hardware
+gaps are generated and skip later), docs/numerics.md §1-§6 (what the spec forbids), docs/design.md §5
 (`Case`, `Case.from_id`, `load_cases`, `TIERS`).
 
 TOML schema (also in cases/README.md)
@@ -165,7 +165,7 @@ class _FieldError(ValueError):
 
 @dataclass(frozen=True)
 class Case:
-    """One test case: op, config(s), shape, dtypes, input distribution and seed (DESIGN.md §5).
+    """One test case: op, config(s), shape, dtypes, input distribution and seed (docs/design.md §5).
 
     `shape` is x's shape for quantize/dequantize and (M, N, K) for gemm. For gemm, `config` is A's
     config and `b_config` B's (defaults to A's); the layout decides which copies are consumed
@@ -250,7 +250,7 @@ class Case:
 
     @property
     def operand_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Logical operand shapes (interfaces.md): x for quantize; a, b (+ c [M, N], bias [N]) for gemm."""
+        """Logical operand shapes (docs/adapters.md §3): x for quantize; a, b (+ c [M, N], bias [N]) for gemm."""
         if self.op != "gemm":
             return {"x": self.shape}
         m, n, k = self.shape
@@ -849,7 +849,7 @@ def resolve(path_or_tier: str | Path) -> Path:
 
 
 def load_cases(path_or_tier: str | Path, *, tier: str | None = None) -> CaseList:
-    """Every case of a cases file or tier (interfaces.md); `tier` keeps only grids with that label."""
+    """Every case of a cases file or tier (docs/design.md §5); `tier` keeps only grids with that label."""
     path = resolve(path_or_tier)
     if not path.exists():
         raise CaseFileError(f"{path}: no such cases file (tiers: {', '.join(TIERS)})")

@@ -1,6 +1,6 @@
 """`python -m harness run|list|repro|report|diff|merge|bench`: the command-line face of the harness.
 
-Source: DESIGN.md §5-§6 and the issue's CLI requirements. Exit codes: 0 success; 1 the report holds a
+Source: docs/design.md §5-§6 and the issue's CLI requirements. Exit codes: 0 success; 1 the report holds a
 failing or erroring case (run, after --resume too; repro) or a regression was found (diff); 2 bad usage
 (unknown or unloadable backend, bad --out / --filter / --workers, an unreadable cases file, a report
 directory in use or holding a previous report, a corrupt results.csv), printed as one line; 130 / 143

@@ -1,8 +1,8 @@
 """Comparison of a candidate against the golden reference: exact bytes, located and classified mismatches, metrics.
 
-Source: DESIGN.md §5 (quantizers compare bytes exactly; every mismatch located with the input
+Source: docs/design.md §5 (quantizers compare bytes exactly; every mismatch located with the input
 block and the scale-chain intermediates, and classified; GEMMs against a tolerance or bit for bit
-in the exact-representable mode), NUMERICS.md §1-§5 (layouts and scale chains used to locate a
+in the exact-representable mode), docs/numerics.md §1-§5 (layouts and scale chains used to locate a
 mismatch), §6 (GEMM modes). Scales are compared on their valid region only
 (`reference.layouts.scale_valid_shape`); padding is compared separately and is informational
 unless the candidate claims to zero-fill it (`candidate.extra["zero_fills_padding"]`).
@@ -360,7 +360,7 @@ def _chain(q: QuantizedTensor, cp: _Copy, r: int, c: int, src: torch.Tensor, gol
         out.update(e8m0=int(v), decode=float(casts.e8m0_decode(v.reshape(1))[0]),
                    multiplier=float(casts.e8m0_multiplier(v.reshape(1))[0]))
     elif row.global_amax:
-        nvfp4 = row.reference_module()  # two-level scaling (NUMERICS.md §5.1-§5.3)
+        nvfp4 = row.reference_module()  # two-level scaling (docs/numerics.md §5.1-§5.3)
         out.update(s_blk=_hex(int(v)), s_blk_value=float(casts.decode(v.reshape(1), _scale_format(cfg))[0]))
         if amax is not None:
             s_enc, s_dec = nvfp4.global_scale(amax.to("cpu").reshape(()))
@@ -731,7 +731,7 @@ def compare_output(golden_out: torch.Tensor, candidate_out: torch.Tensor, tensor
                    bound: torch.Tensor | None = None) -> TensorResult:
     """Exact bits (bound None) or |candidate − golden| <= bound, with ULPs in the golden dtype.
 
-    A NaN matches any NaN: NUMERICS.md fixes the NaN *codes* of the narrow formats (compared in
+    A NaN matches any NaN: docs/numerics.md fixes the NaN *codes* of the narrow formats (compared in
     compare_quantized), not the payload or sign of a NaN in a float output, which differs between
     CPU and GPU arithmetic (e.g. 0·inf).
     """
@@ -799,7 +799,7 @@ def compare_gemm(golden_out: torch.Tensor, candidate_out: torch.Tensor, truth: t
                  c: torch.Tensor | None = None) -> TensorResult:
     """A GEMM (or dequantized) output against the golden one.
 
-    exact=True: bit equality (exact-representable GEMM inputs, NUMERICS.md §6; dequantization).
+    exact=True: bit equality (exact-representable GEMM inputs, docs/numerics.md §6; dequantization).
     exact=False: |candidate − golden| <= tolerance.gemm_bound(case, a, b, golden) per element;
     `a`, `b` are the consumed operands (the golden QuantizedTensors or their dequantized logical
     tensors) and are required, since the bound scales with Σ|a||b|. `truth` (high-precision

@@ -1,6 +1,6 @@
 """The golden side of a case: its inputs (drawn on the CPU, cached per input group) and the reference outputs.
 
-Source: DESIGN.md §5 (data flow), NUMERICS.md §0.2.8 (the reference gives the same bits on CPU and
+Source: docs/design.md §5 (data flow), docs/numerics.md §0.2.8 (the reference gives the same bits on CPU and
 CUDA). Where the golden runs (`golden="same"`, the default, or `"cpu"`): inputs are always drawn on
 the CPU (harness.inputs); with "same" the reference then runs on the candidate's device and the
 comparison and accuracy metrics are computed there, so a GPU sweep keeps its big tensors on the GPU.

@@ -1,7 +1,7 @@
 """Named, seeded input generators: the high-precision tensors a case quantizes or multiplies.
 
-Source: DESIGN.md §5 (named, seeded distributions; plain `normal` alone proves little),
-NUMERICS.md §1-§5 (scale chains the structured distributions are built around) and §6
+Source: docs/design.md §5 (named, seeded distributions; plain `normal` alone proves little),
+docs/numerics.md §1-§5 (scale chains the structured distributions are built around) and §6
 (exact-representable GEMM mode). Everything is drawn on the CPU from a `torch.Generator` seeded by a
 stable hash of (seed, distribution, shape, tensor name), then cast to the input dtype and moved to
 `device`, so the bits never depend on the device.
@@ -26,7 +26,7 @@ Distributions (x = generated values; "scaled domain" = x times the scheme's enco
 - exhaustive: every finite code of the element format (NVFP4: every E2M1 code times every E4M3
   block scale) times a power of two, with anchors as in `ties`, so quantization reproduces the
   codes exactly (NaN and Inf codes are left to `special`).
-- exact_representable (GEMMs; NUMERICS.md §6): in each consumed block (along K) an anchor at
+- exact_representable (GEMMs; docs/numerics.md §6): in each consumed block (along K) an anchor at
   K-offset 0 (A) or 1 (B) fixes a power-of-two scale, and the other operand is zero at that offset,
   so anchors never enter a product; every other value is +-2^-i times the block scale, so every
   product is a multiple of q = 2^-(La+Sa+Lb+Sb) (times the global factors) and every K-sum of
@@ -96,12 +96,12 @@ def _sign(shape, g: torch.Generator) -> torch.Tensor:
 
 
 def _delayed(cfg: QuantConfig) -> bool:
-    """The scheme scales from an amax history (NUMERICS.md §2): the fresh state's scale is 1."""
+    """The scheme scales from an amax history (docs/numerics.md §2): the fresh state's scale is 1."""
     return cfg.scheme_row.amax_history
 
 
 def _two_level(cfg: QuantConfig) -> bool:
-    """The scheme has a global (second-level) scale from the copy's amax (NUMERICS.md §5.1-§5.3)."""
+    """The scheme has a global (second-level) scale from the copy's amax (docs/numerics.md §5.1-§5.3)."""
     return cfg.scheme_row.global_amax
 
 
@@ -253,7 +253,7 @@ def _per_tile_scales(cfg, rows, cols, g, in_dtype, orientation):
 
 
 def _nvfp4_global(g: torch.Generator, in_dtype: str) -> int:
-    """g with S_enc = 2^g: the global amax is 2688 * 2^-g (NUMERICS.md §5.1)."""
+    """g with S_enc = 2^g: the global amax is 2688 * 2^-g (docs/numerics.md §5.1)."""
     return int(torch.randint(-2, 3, (1,), generator=g))
 
 
@@ -370,7 +370,7 @@ def _special(cfg, rows, cols, g, in_dtype, seed):
 
 
 # ----------------------------------------------------------------------------------------------
-# Exact-representable GEMM operands (NUMERICS.md §6)
+# Exact-representable GEMM operands (docs/numerics.md §6)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -592,7 +592,7 @@ def input_groups(items: Iterable[T], case: Callable[[T], Case] = lambda c: c) ->
 
 
 def generate(case: Case, device: str | torch.device = "cpu") -> dict:
-    """The case's inputs (interfaces.md): quantize/dequantize -> {"x"}; gemm -> {"a", "b"} in the
+    """The case's inputs (docs/design.md §5): quantize/dequantize -> {"x"}; gemm -> {"a", "b"} in the
     layout's logical shapes, plus "c" [M, N] (accumulate) and "bias" [N] (bias) in the output
     dtype; "rng" = (seed, stream 0) when a config rounds stochastically (B uses stream + 2)."""
     out: dict = {}

@@ -1,6 +1,6 @@
 """run_meta.json content: git commit, library and driver versions, GPUs, run options.
 
-Source: DESIGN.md §6 (`run_meta.json`: commit, versions of torch/cupy/cuBLAS/driver, GPU, options).
+Source: docs/design.md §6 (`run_meta.json`: commit, versions of torch/cupy/cuBLAS/driver, GPU, options).
 Every probe is best effort: a missing tool or library gives None, never an exception.
 """
 

@@ -4,7 +4,7 @@ Source: the issue's isolation requirement (a backend that calls `torch.set_flush
 changed every later golden result). `snapshot()` reads each setting; `restore(s)` puts a snapshot
 back; harness.runner takes one before each backend call, compares after, restores, and records a
 change as an error of that backend. Flush-to-zero has no getter in torch: it is probed by
-multiplying the smallest fp32 subnormal by 1 (0 when denormals are flushed; NUMERICS.md §0.1:
+multiplying the smallest fp32 subnormal by 1 (0 when denormals are flushed; docs/numerics.md §0.1:
 subnormals are never flushed, §0.2 rule 7: no TF32).
 """
 

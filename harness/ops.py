@@ -1,6 +1,6 @@
 """One table from a case's op to its golden, candidate and compare functions.
 
-Source: DESIGN.md §5 (inputs -> golden -> candidate -> compare -> rows), NUMERICS.md §2 (delayed
+Source: docs/design.md §5 (inputs -> golden -> candidate -> compare -> rows), docs/numerics.md §2 (delayed
 scaling step), §5.6 (RHT copies), §6 (GEMM layouts, exact modes). Per (case, backend):
 - `golden(case, g)` fills the Golden (once per case, on the golden's device);
 - `handed(case, g, device)` gives the backend's inputs: private copies, each with the original it
@@ -26,7 +26,7 @@ from . import backends as backends_mod
 from .golden import Golden, fresh_copy, normalized, sync
 from .rows import Row, accuracy_row, result_row, status_row
 
-# Distributions whose GEMM inputs are exactly representable (NUMERICS.md §6): compared bit for bit.
+# Distributions whose GEMM inputs are exactly representable (docs/numerics.md §6): compared bit for bit.
 EXACT_GEMM_DISTRIBUTIONS = ("exact_representable",)
 # The B operand of a stochastic GEMM draws SR bits from stream + 2 (A uses stream, stream + 1).
 B_STREAM_OFFSET = 2
@@ -55,7 +55,7 @@ def _new_state(config, device):
 
 
 def quantize_with_state(quantize: Callable, x, config, device, rowwise, colwise, rng, update: Callable | None = None):
-    """quantize(x); for fp8_delayed first one warm-up quantization and the end-of-step update (NUMERICS.md §2).
+    """quantize(x); for fp8_delayed first one warm-up quantization and the end-of-step update (docs/numerics.md §2).
 
     The warm-up makes the measured quantization use a scale derived from the history (448/amax for
     e4m3) rather than the initial 1.0. `update(state)` is the backend's own fused update if it has
@@ -81,7 +81,7 @@ def b_rng(rng):
 
 
 def gemm_truth(case, inputs: Mapping) -> torch.Tensor:
-    """fp64 GEMM of the high-precision operands in the case's layout, plus bias and C (NUMERICS.md §6)."""
+    """fp64 GEMM of the high-precision operands in the case's layout, plus bias and C (docs/numerics.md §6)."""
     lay = gemm_layout(case.layout or "TN")
     a, b = inputs["a"].to(torch.float64), inputs["b"].to(torch.float64)
     a = a if lay.a == "rowwise" else a.t()  # [M, K]
@@ -107,7 +107,7 @@ def is_exact_gemm(case) -> bool:
 
 
 def _accuracy_truth(case, x: torch.Tensor, orientation: str) -> torch.Tensor:
-    """The high-precision values a copy approximates, as [M, K] (RHT copies: RHT(X^T)^T, NUMERICS.md §5.6)."""
+    """The high-precision values a copy approximates, as [M, K] (RHT copies: RHT(X^T)^T, docs/numerics.md §5.6)."""
     x2d = x.reshape(-1, x.shape[-1])
     if orientation == "colwise" and case.config.rht:
         from reference import hadamard  # noqa: PLC0415
@@ -242,7 +242,7 @@ def _dequantize_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row
 
 def _gemm_reference(case, g: Golden, dtype: torch.dtype) -> torch.Tensor:
     """reference.gemm of the golden operands; recomputed on the CPU when its fp64 sums are not exact
-    on another device (then the summation order could change the bits, NUMERICS.md §0.2.8)."""
+    on another device (then the summation order could change the bits, docs/numerics.md §0.2.8)."""
     from reference.gemm import fp64_sums_exact  # noqa: PLC0415
 
     layout = case.layout or "TN"

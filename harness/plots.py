@@ -1,6 +1,6 @@
 """PNG plots of a report: mismatch heatmap over shapes, ULP histograms, SQNR by scheme and toggle.
 
-Source: DESIGN.md §6 (`python -m harness report DIR` draws error heatmaps over shapes and ULP
+Source: docs/design.md §6 (`python -m harness report DIR` draws error heatmaps over shapes and ULP
 histograms). matplotlib (Agg backend) is optional: without it the plots are skipped with a message.
 """
 

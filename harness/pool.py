@@ -1,6 +1,6 @@
 """A sweep over worker processes (pebble): every (case, backend) isolated, timed out, and recorded.
 
-Source: the issue's isolation requirements (DESIGN.md §5: rows come back to this process, which alone
+Source: the issue's isolation requirements (docs/design.md §5: rows come back to this process, which alone
 writes the report). What a worker does that could kill it stays in the worker:
 - A pair that crashes its worker (a signal, `os._exit`, a dead CUDA context) becomes one `error`
   row, reason `crash: signal SIGSEGV (-11)` or `crash: exit code 3`; pebble starts a new worker and

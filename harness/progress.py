@@ -1,6 +1,6 @@
 """A tiny dependency-free progress bar on stderr: off when stderr is not a TTY unless forced.
 
-Source: DESIGN.md §5 (rows -> report writer, progress bar). Force it on with `force=True`
+Source: docs/design.md §5 (rows -> report writer, progress bar). Force it on with `force=True`
 (`--progress`) or the environment variable NUMERICS_HARNESS_PROGRESS=1; force it off with 0.
 """
 

@@ -1,6 +1,6 @@
 """pytest plugin: collect cases/*.toml directly, one test item per case, rows into a CSV report.
 
-Source: DESIGN.md §5 (under pytest-xdist, workers attach results to the test report and the
+Source: docs/design.md §5 (under pytest-xdist, workers attach results to the test report and the
 controller writes the files) and the issue's plugin requirements.
 
     pytest cases/smoke.toml --backend native -n 4 --report-dir reports/pytest
@@ -231,7 +231,7 @@ class CaseItem(pytest.Item):
             if "Timeout" in str(e):
                 self._record_error(backend, device, f"timeout: {' '.join(str(e).split())[:200]}")
             raise
-        # Recorded before any assertion (DESIGN.md §5): the controller writes them.
+        # Recorded before any assertion (docs/design.md §5): the controller writes them.
         self.user_properties.append((ROWS_PROPERTY, json.dumps(as_jsonable(rows))))
         verdict = case_verdict(rows)
         spec = backend_spec(backend)

@@ -1,6 +1,6 @@
 """Long-format result reports: the column schema, the append-as-you-go CSV writer, summary, diff, merge.
 
-Source: DESIGN.md §6 (one row per (case, tensor), fixed column order declared once, written by
+Source: docs/design.md §6 (one row per (case, tensor), fixed column order declared once, written by
 pandas, `results.csv` + `run_meta.json`); the schema is documented in reports/README.md, and a test
 checks that table against `COLUMNS`.
 """
@@ -45,7 +45,7 @@ COLUMNS: tuple[str, ...] = (
     "mismatch_classes",
     "first_mismatch",
     "ulp_hist",
-    # the case, spelled out (DESIGN.md §2 names)
+    # the case, spelled out (docs/design.md §2 names)
     "element",
     "tile",
     "rht",

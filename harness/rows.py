@@ -1,6 +1,6 @@
 """Report rows: typed by the declared columns (harness.report.COLUMNS), built from comparison results.
 
-Source: DESIGN.md §6 (one row per (case, tensor), the column order declared once) and reports/README.md.
+Source: docs/design.md §6 (one row per (case, tensor), the column order declared once) and reports/README.md.
 A row is a `Row` (a TypedDict whose keys are exactly COLUMNS); the builders here fill the columns they
 know and leave the rest to the writer (harness.report.normalize_row), which rejects unknown keys.
 """
@@ -31,7 +31,7 @@ Row = TypedDict("Row", {c: _column_type(c) for c in COLUMNS}, total=False)
 
 
 def case_columns(case: Any) -> Row:
-    """The report columns that describe the case itself (DESIGN.md §2 spellings)."""
+    """The report columns that describe the case itself (docs/design.md §2 spellings)."""
     cfg = case.config
     b_cfg = getattr(case, "b_config", None)
     return Row(

@@ -1,6 +1,6 @@
 """Run cases in this process: inputs (CPU) -> golden (reference) -> candidate (backend, its device) -> rows.
 
-Source: DESIGN.md §5 (data flow; results recorded before any assertion; failures keep their
+Source: docs/design.md §5 (data flow; results recorded before any assertion; failures keep their
 inputs), the issue's runner requirements. Per case and backend the rows are:
 - conformance rows (kind `conformance`), one per compared tensor: candidate vs golden, exact bytes
   for quantizers and dequantizers, the tolerance table or the exact-representable mode for GEMMs;
@@ -142,7 +142,7 @@ def _same(copy, original) -> bool:
 
 def run_case(case, backend, device="cpu", *, inputs: Mapping | None = None, worker: str = "",
              golden: str = "same") -> list[Row]:
-    """Rows of one backend on one case (interfaces: `harness.runner.run_case`); `golden`: GOLDEN_DEVICES."""
+    """Rows of one backend on one case (docs/design.md §5: `harness.runner.run_case`); `golden`: GOLDEN_DEVICES."""
     backend = backends_mod.get_backend(backend)
     gdev = golden_device(device, golden)
     return run_backend(case, lambda: prepare(case, inputs, gdev), backend, device, worker=worker)

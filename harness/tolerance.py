@@ -1,7 +1,7 @@
 """GEMM tolerances: a table keyed by (scheme, op, out_dtype) and the per-element bound it gives.
 
-Source: NUMERICS.md §6 (what is bit-exact and what only has a tolerance: cuBLASLt's accumulation
-order and Hopper's FP8 fast-accumulation mode are unspecified), DESIGN.md §5 (a tolerance table
+Source: docs/numerics.md §6 (what is bit-exact and what only has a tolerance: cuBLASLt's accumulation
+order and Hopper's FP8 fast-accumulation mode are unspecified), docs/design.md §5 (a tolerance table
 keyed by (scheme, op, out dtype) that raises on a missing key). A missing key is a KeyError that
 names the key: a new scheme or dtype needs a deliberate entry, never a silent default.
 
@@ -23,7 +23,7 @@ Derivation (per output element y[m, n]; all quantities are magnitudes):
   u_32 = 2^-24 (fp32), u_out = eps/2 of the out dtype (bf16 2^-8, fp16 2^-11, fp32 2^-24),
   tiny_out = its smallest subnormal. u_acc = u_32 for fp32 accumulation (MXFP8/NVFP4 block-scaled
   MMAs and the emulated path); u_acc = 2^-13 for Hopper FP8 tensor cores, whose accumulator keeps
-  about 14 significant bits (DeepSeek-V3 report §3.3.2; the same figure as NUMERICS.md §6's
+  about 14 significant bits (DeepSeek-V3 report §3.3.2; the same figure as docs/numerics.md §6's
   2^13·q for fast accumulation): per-tensor FP8 in fast-accumulation mode (TE's fprop, layout TN)
   accumulates the whole K that way; with the split accumulator (dgrad NN, wgrad NT) and for fp8_block
   the partial sums are promoted to fp32 every 128 K elements.
@@ -43,7 +43,7 @@ U32 = float(torch.finfo(torch.float32).eps) / 2  # 2^-24
 HOPPER_FP8_ACC_U = 2.0**-13
 PROMOTION_CHUNK = 128  # K elements accumulated in the tensor core before promotion to fp32
 SAFETY = 2.0
-GOLDEN_BLOCK = 128  # fp8_block golden FMA32 per 128-K block (NUMERICS.md §6)
+GOLDEN_BLOCK = 128  # fp8_block golden FMA32 per 128-K block (docs/numerics.md §6)
 OUT_DTYPES = ("bfloat16", "float32", "float16")
 _TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -78,7 +78,7 @@ _BLOCKWISE = GemmTolerance(
     HOPPER_FP8_ACC_U,
     {"TN": PROMOTION_CHUNK, "NN": PROMOTION_CHUNK, "NT": PROMOTION_CHUNK},
     3,
-    "Hopper FP8 tensor cores per 128-K block, then FMA32 of the block scales (NUMERICS.md §6)",
+    "Hopper FP8 tensor cores per 128-K block, then FMA32 of the block scales (docs/numerics.md §6)",
 )
 _FP32_ACC = GemmTolerance(
     U32,

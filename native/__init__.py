@@ -1,6 +1,6 @@
 """Native GPU backend: NVRTC-compiled CUDA quantizers and cuBLASLt GEMMs, same signatures as `reference`.
 
-Source: DESIGN.md §3-§4 (drop-in backend), NUMERICS.md §0.3 (kernel rules). Importable on a
+Source: docs/design.md §3-§4 (drop-in backend), docs/numerics.md §0.3 (kernel rules). Importable on a
 CPU-only machine without CuPy: CuPy is imported lazily, and `supports()` says why a call cannot run.
 """
 

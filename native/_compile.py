@@ -1,6 +1,6 @@
 """Compile `native/cuda/*.cu` with NVRTC, cache the cubins on disk, load them as CuPy modules.
 
-Source: NUMERICS.md §0.3 (kernel rules), DESIGN.md §2 (format numbers reach kernels only as defines
+Source: docs/numerics.md §0.3 (kernel rules), docs/design.md §2 (format numbers reach kernels only as defines
 from `defines_for`) and §7 (this file is the ONLY place compile options live).
 
 Never `cupy.RawModule(code=...)` / `cupy.RawKernel`: CuPy appends `-ftz=true` to every compilation
@@ -77,7 +77,7 @@ def float_literal(v: float) -> str:
 
 
 def recip(c: float) -> float:
-    """fl(1/c): RN of the exact quotient, e.g. fl(1/448) = 0x3B124925 (NUMERICS.md §0.1)."""
+    """fl(1/c): RN of the exact quotient, e.g. fl(1/448) = 0x3B124925 (docs/numerics.md §0.1)."""
     if _fp32(c) != c:
         raise ValueError(f"reciprocal constant of {c!r}: {c!r} is not exactly representable in fp32")
     with np.errstate(all="ignore"):
@@ -90,7 +90,7 @@ def fp32_bits(v: float) -> int:
 
 
 def _format_defines(prefix: str, fmt: ScalarFormat) -> dict[str, int | float | str]:
-    """Bit-field numbers of one scalar format, as `<PREFIX>_*` defines (NUMERICS.md §0.4)."""
+    """Bit-field numbers of one scalar format, as `<PREFIX>_*` defines (docs/numerics.md §0.4)."""
     nan_code = fmt.nan_code if fmt.nan_code is not None else fmt.max_code  # E2M1: NaN -> +max (§0.5)
     return {
         f"{prefix}_BITS": fmt.bits,
@@ -115,7 +115,7 @@ def _fp8_interp(fmt: ScalarFormat) -> str | None:
 
 
 def defines_for(config: QuantConfig) -> dict[str, int | float | str]:
-    """Every format number a kernel for `config` may need, as `-D` defines (DESIGN.md §2).
+    """Every format number a kernel for `config` may need, as `-D` defines (docs/design.md §2).
 
     Ints are emitted as decimal, floats as exact hex float literals (`float_literal`), strings as is.
     Names: SCHEME_<NAME> = 1; ELEM_* (element format row); SCALE_FP32 | SCALE_UE8M0 | SCALE_E4M3 = 1
@@ -278,7 +278,7 @@ def cuda_include_dir() -> Path:
 
 
 def nvrtc_options(arch: str, defines: Mapping[str, int | float | str], include_dirs: list[Path]) -> list[str]:
-    """The complete NVRTC option list (NUMERICS.md §0.3)."""
+    """The complete NVRTC option list (docs/numerics.md §0.3)."""
     if not _ARCH.match(arch):
         raise ValueError(f"arch {arch!r} is invalid: expected sm_XX, sm_XXa or sm_XXf")
     return [

@@ -1,6 +1,6 @@
 """cuBLASLt scaled GEMMs through `nvmath.bindings.cublasLt` (no hand-written ctypes).
 
-Source: NUMERICS.md §6 (scale modes, arch / cuBLAS table), TE `common/gemm/cublaslt_gemm.cu`
+Source: docs/numerics.md §6 (scale modes, arch / cuBLAS table), TE `common/gemm/cublaslt_gemm.cu`
 (scale pointers, modes, fast-accumulation flag), PyTorch `aten/src/ATen/cuda/CUDABlas.cpp`
 `scaled_gemm` (the descriptor set that `torch._scaled_mm` uses, mirrored here so that per-tensor FP8
 results are bit-identical to it).
@@ -235,7 +235,7 @@ def scaled_matmul(
 
     `out` is a contiguous row-major [M, N] bf16/fp32 tensor; with `accumulate` it already holds C
     (beta = 1, C = D in place). `bias` is a [N] tensor (bf16, or fp32 where cuBLASLt takes it).
-    `alpha` is a host fp32 value (NVFP4's global alpha, NUMERICS §5.8). `fast_accum` sets
+    `alpha` is a host fp32 value (NVFP4's global alpha, docs/numerics.md §5.8). `fast_accum` sets
     CUBLASLT_MATMUL_DESC_FAST_ACCUM (Hopper FP8 fast accumulation; TE uses it for fprop).
     Descriptors and the heuristic's algorithm are cached per shape/type/mode (like a plan); the
     data, scale and bias pointers are set on every call.

@@ -1,6 +1,6 @@
 """Native FP8 blockwise 1x128 / 128x128 (fp32 sinv per block): the kernels of native/cuda/fp8_block.cu.
 
-Source: NUMERICS.md §4 (rowwise [M, K], colwise [K, M], the stored sinv layouts cuBLASLt reads as they
+Source: docs/numerics.md §4 (rowwise [M, K], colwise [K, M], the stored sinv layouts cuBLASLt reads as they
 are), §6 (VEC128_32F / BLK128x128_32F on sm_90, the blockwise epilogue order). The launcher module of
 "fp8_block" (`native.launchers`).
 """
@@ -35,7 +35,7 @@ def nvcc_check_config(scheme: str) -> QuantConfig:
 
 
 def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=None, state=None) -> dict:
-    """FP8 blockwise 1x128 / 128x128 (NUMERICS §4): rowwise [M, K], colwise [K, M], fp32 sinv layouts."""
+    """FP8 blockwise 1x128 / 128x128 (docs/numerics.md §4): rowwise [M, K], colwise [K, M], fp32 sinv layouts."""
     dev = x2d.device
     index = device_index(dev)
     m, k = x2d.shape
@@ -60,7 +60,7 @@ def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=
 
 
 def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:
-    """x_hat = RN_out(RN(dec(q) * sinv)) as [M, K] (NUMERICS §4; the colwise copy is read transposed)."""
+    """x_hat = RN_out(RN(dec(q) * sinv)) as [M, K] (docs/numerics.md §4; the colwise copy is read transposed)."""
     data = getattr(q, f"{orientation}_data").contiguous()
     scale = getattr(q, f"{orientation}_scale").contiguous()
     dev = data.device

@@ -1,15 +1,15 @@
 """Native GEMMs on quantized operands: cuBLASLt (through nvmath) and a portable block-scaled kernel.
 
-Source: NUMERICS.md §6 (GEMM semantics, scale modes, arch table, exact-representable mode), §3-§5
-layouts, DESIGN.md §3-§4 (same signature as `reference.gemm`, `Unsupported` for hardware gaps).
+Source: docs/numerics.md §6 (GEMM semantics, scale modes, arch table, exact-representable mode), §3-§5
+layouts, docs/design.md §3-§4 (same signature as `reference.gemm`, `Unsupported` for hardware gaps).
 
 `gemm(a, b, *, layout="TN", out_dtype=torch.bfloat16, bias=None, c=None, method="auto")`, with a, b
 QuantizedTensors holding CUDA tensors, computes out [M, N] exactly as `reference.gemm` defines the
-layouts (interfaces.md): "TN" consumes both rowwise copies (a [M, K], b [N, K]); "NN" a's rowwise and
+layouts (docs/adapters.md §3): "TN" consumes both rowwise copies (a [M, K], b [N, K]); "NN" a's rowwise and
 b's colwise copy (b logical [K, N]); "NT" both colwise copies (a [K, M], b [K, N]).
 
 Methods:
-- "cublaslt": one cublasLtMatmul (native/cublaslt.py) with the scale mode of NUMERICS §6 -
+- "cublaslt": one cublasLtMatmul (native/cublaslt.py) with the scale mode of docs/numerics.md §6 -
   SCALAR_32F (per-tensor FP8, sm_89+), VEC128_32F / BLK128x128_32F (fp8_block, sm_90 only,
   cuBLAS >= 12.9, 2Dx2D rejected), VEC32_UE8M0 (mxfp8, sm_100+), VEC16_UE4M3 + alpha (nvfp4, sm_100+).
   Split accumulator (CUBLASLT_MATMUL_DESC_FAST_ACCUM = 0). Per-tensor results equal
@@ -20,7 +20,7 @@ Methods:
   kernel, fp32 accumulation in the documented order of that file's header (per output element,
   K blocks in increasing order, each block's partial sum in fp32 in increasing k, then the §6 scale
   application - fp8_block exactly FMA32(RN(p·sinv_first), sinv_second, y) - then alpha, bias, RN_out).
-- "auto": "cublaslt" where the NUMERICS §6 table allows it on this device and cuBLAS (and nvmath is
+- "auto": "cublaslt" where the docs/numerics.md §6 table allows it on this device and cuBLAS (and nvmath is
   importable), else "portable". The choice depends only on (scheme, GPU arch, cuBLAS version),
   never on shapes or values: `resolve_method()` returns it with the reason, for reports.
   On an sm_90 GPU: per-tensor and fp8_block -> cublaslt; mxfp8 and nvfp4 -> portable.
@@ -28,7 +28,7 @@ Methods:
 Accumulate (`c`, beta = 1) and bias: cuBLASLt runs them in its epilogue (D = RN_out(Y + C + bias),
 fp32, its internal rounding order undocumented). Where cuBLASLt cannot take the tensors as given (a
 bias that is not exactly bf16, a C whose dtype differs from out_dtype) the epilogue is emulated:
-cuBLASLt writes fp32 Y, then PyTorch applies reference.gemm's epilogue order. The portable kernel follows NUMERICS §6 per scheme (fp8_block:
+cuBLASLt writes fp32 Y, then PyTorch applies reference.gemm's epilogue order. The portable kernel follows docs/numerics.md §6 per scheme (fp8_block:
 bias, RN_out, then RN_out(C + RN_out(Y)); the others: RN(Y + C), RN(. + bias), RN_out, all in fp32
 - the same order as reference.gemm's epilogue).
 """
@@ -66,7 +66,7 @@ BLOCK_DIM = (16, 16, 1)  # TX, TY
 
 @dataclass
 class OperandView:
-    """One consumed copy of a QuantizedTensor, as the kernels read it (NUMERICS §1, §3, §4, §5.9).
+    """One consumed copy of a QuantizedTensor, as the kernels read it (docs/numerics.md §1, §3, §4, §5.9).
 
     Element (i, k) (i = output row m for a / column n for b, k = contraction index) lives at
     data[i * i_stride + k * k_stride] (8-bit codes) or in byte i * i_stride + k // 2 (4-bit, K-packed,
@@ -101,7 +101,7 @@ class OperandView:
 
     @property
     def is_2d(self) -> bool:
-        """One scale entry governs a 2-D tile of this copy (NUMERICS §4 128x128: §6 scale order)."""
+        """One scale entry governs a 2-D tile of this copy (docs/numerics.md §4 128x128: §6 scale order)."""
         sb = self.geometry.scale_block
         return sb is not None and sb[0] > 1 and sb[1] > 1
 
@@ -169,7 +169,7 @@ def _cc(device) -> tuple[int, int]:
 
 
 def cublaslt_gap(config: QuantConfig, device) -> str | None:
-    """Why the NUMERICS §6 cuBLASLt row of `config`'s scheme cannot run on `device` (None: it can); cached."""
+    """Why the docs/numerics.md §6 cuBLASLt row of `config`'s scheme cannot run on `device` (None: it can); cached."""
     return _cublaslt_gap(launcher(config.scheme).CUBLASLT, device_index(torch.device(device)))
 
 
@@ -218,7 +218,7 @@ def resolve_method(config: QuantConfig, method: str = "auto", device=None) -> tu
     mode = launcher(config.scheme).CUBLASLT
     if method == "cublaslt_fast_accum" and not mode.fast_accum:
         raise Unsupported(
-            f"fast accumulation is a per-tensor FP8 option (NUMERICS.md §6); {config.id} uses the split accumulator"
+            f"fast accumulation is a per-tensor FP8 option (docs/numerics.md §6); {config.id} uses the split accumulator"
         )
     if method in ("cublaslt", "cublaslt_fast_accum"):
         gap = cublaslt_gap(config, device)
@@ -229,7 +229,7 @@ def resolve_method(config: QuantConfig, method: str = "auto", device=None) -> tu
         gap = portable_gap()
         if gap:
             raise Unsupported(gap)
-        return "portable", "portable block-scaled kernel (NUMERICS.md §6 portable order)"
+        return "portable", "portable block-scaled kernel (docs/numerics.md §6 portable order)"
     gap = cublaslt_gap(config, device)
     if gap is None:
         return "cublaslt", f"auto -> cublaslt ({mode.family} on sm_{''.join(map(str, _cc(device)))})"
@@ -265,7 +265,7 @@ def gemm(
     c: torch.Tensor | None = None,
     method: str = "auto",
 ) -> torch.Tensor:
-    """out [M, N] = a·bᵀ with the operands' scales (NUMERICS.md §6); see the module docstring."""
+    """out [M, N] = a·bᵀ with the operands' scales (docs/numerics.md §6); see the module docstring."""
     av, bv = _check_operands(a, b, layout, out_dtype, bias, c, method)
     device = av.data.device
     resolved, _ = resolve_method(a.config, method, device)
@@ -310,7 +310,7 @@ def kernel_defines(a_config: QuantConfig, b_config: QuantConfig, out_dtype: torc
 
 
 def _tile_scaled(config: QuantConfig) -> bool:
-    """One scale entry per 2-D tile (NUMERICS §4 128x128; the §6 scale order of a 1-D x 2-D GEMM)."""
+    """One scale entry per 2-D tile (docs/numerics.md §4 128x128; the §6 scale order of a 1-D x 2-D GEMM)."""
     return config.is_2d and config.scheme_row.scale_per_tile
 
 
@@ -330,7 +330,7 @@ def _portable(av: OperandView, bv: OperandView, out_dtype, bias, c) -> torch.Ten
         from ._compile import load_module
 
         module = load_module(CU_FILE, kernel_defines(av.config, bv.config, out_dtype))
-    # The kernel reads the global amaxes only in builds with an alpha (NUMERICS §5.8: nvfp4).
+    # The kernel reads the global amaxes only in builds with an alpha (docs/numerics.md §5.8: nvfp4).
     amax_a = None if av.amax is None else av.amax.to(device=device, dtype=torch.float32).contiguous()
     amax_b = None if bv.amax is None else bv.amax.to(device=device, dtype=torch.float32).contiguous()
     grid = (math.ceil(n / TILE_N), math.ceil(m / TILE_M), 1)
@@ -375,7 +375,7 @@ def _cublaslt(av: OperandView, bv: OperandView, out_dtype, bias, c, *, fast_accu
     if av.element == "e5m2" and bv.element == "e5m2":
         raise Unsupported("cuBLASLt FP8 GEMMs do not support e5m2 x e5m2 (cuBLAS FP8 type table); use method='portable'")
     if not (av.k_contiguous and bv.k_contiguous) and not mode.any_layout:
-        raise Unsupported(f"{mode.family} cuBLASLt GEMM needs K-contiguous operands (TN only, NUMERICS.md §6)")
+        raise Unsupported(f"{mode.family} cuBLASLt GEMM needs K-contiguous operands (TN only, docs/numerics.md §6)")
     if mode.aligned and (k % 16 or m % 8 or n % 8):
         # TE cublaslt_gemm.cu: lda, ldb % 16 == 0 and the outer dims % 8 == 0 for block scaling.
         raise Unsupported(

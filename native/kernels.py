@@ -1,7 +1,7 @@
 """The parameter list of every `extern "C" __global__` kernel in native/cuda/*.cu, declared once, and the
 check of a launch's arguments against it.
 
-Source: DESIGN.md §2 (tensors cross zero-copy as raw device pointers; kernels run on torch's stream).
+Source: docs/design.md §2 (tensors cross zero-copy as raw device pointers; kernels run on torch's stream).
 Every argument crosses into CUDA through an untyped 8-byte slot (`native.launch`), so a wrong count,
 order or type would be read as garbage by the kernel: `Signature.slots` checks the count and each
 argument against the declared C type and says which parameter is wrong. The declarations are written

@@ -1,6 +1,6 @@
 """Kernel launches on torch's current CUDA stream, with as little host work per launch as possible.
 
-Source: DESIGN.md §2 (kernels run on torch's current stream; tensors cross zero-copy). Every
+Source: docs/design.md §2 (kernels run on torch's current stream; tensors cross zero-copy). Every
 argument is first checked against the kernel's declared parameter list (`native.kernels`: count, and
 each value against its C type), then takes one 8-byte slot of a small numpy buffer (one per thread): a
 CUDA tensor its device pointer, None a null pointer, an integer its value (two's complement), a float

@@ -1,7 +1,7 @@
 """The native launcher registry: scheme name (the keys of `reference.formats.SCHEMES`) -> the module that
 launches that scheme's kernels.
 
-Source: DESIGN.md §2-§4 (native is a drop-in backend; format numbers reach kernels as defines), NUMERICS.md
+Source: docs/design.md §2-§4 (native is a drop-in backend; format numbers reach kernels as defines), docs/numerics.md
 §6 (the cuBLASLt table). Generic native code (`native.quantize`, `native.gemm`, `native.modules`) asks
 `launcher(config.scheme)` and never branches on a scheme's name; everything that differs per scheme lives
 in its launcher module, which provides:
@@ -9,10 +9,10 @@ in its launcher module, which provides:
 - `CU_FILE`: its CUDA source under native/cuda (built with `native._compile.defines_for(config)`);
 - `quantize_2d(x2d, config, *, rowwise, colwise, rng, state) -> dict` of QuantizedTensor fields, and
   `dequantize(q, orientation, dtype) -> [M, K]`, on CUDA tensors already checked by `reference.spec`;
-- `CUBLASLT` (a `CublasLtMode`: its NUMERICS §6 cuBLASLt row), `lt_scale(view) -> LtScale` (the scale
+- `CUBLASLT` (a `CublasLtMode`: its docs/numerics.md §6 cuBLASLt row), `lt_scale(view) -> LtScale` (the scale
   tensor and scale mode cuBLASLt reads for one consumed copy), `lt_alpha(a_view, b_view) -> float`;
 - `scheme_defines(config)` (its own compile-time defines) and `nvcc_check_config(scheme)`.
-The GEMM epilogue order is the scheme row's (`Scheme.round_before_accumulate`, NUMERICS §6).
+The GEMM epilogue order is the scheme row's (`Scheme.round_before_accumulate`, docs/numerics.md §6).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ assert set(MODULES) == set(SCHEMES), "every scheme of reference.formats.SCHEMES 
 
 @dataclass(frozen=True)
 class CublasLtMode:
-    """One row of NUMERICS §6's cuBLASLt table: where the scheme's scale mode runs and what it needs."""
+    """One row of docs/numerics.md §6's cuBLASLt table: where the scheme's scale mode runs and what it needs."""
 
     family: str  # the row's name in reports and messages ("per_tensor", "mxfp8", ...)
     label: str  # how the arch messages name it ("per-tensor FP8", "MXFP8", ...)

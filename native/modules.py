@@ -1,6 +1,6 @@
 """Which compiled CUDA modules a native operation needs, and compiling them before a sweep starts.
 
-Source: DESIGN.md §2 (one cached module per (file, config, arch)); `native._compile` owns the
+Source: docs/design.md §2 (one cached module per (file, config, arch)); `native._compile` owns the
 options and the cubin cache. Without this, a cold sweep compiles each module on the first case that
 needs it, one after another; `precompile` compiles all of them at once in threads.
 """

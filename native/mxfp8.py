@@ -1,6 +1,6 @@
 """Native MXFP8 (E4M3 / E5M2 data, UE8M0 scale per 32 elements): the kernels of native/cuda/mxfp8.cu.
 
-Source: NUMERICS.md §3 (scale rule, both copies [M, K], compact E8M0 scales with zero padding, the
+Source: docs/numerics.md §3 (scale rule, both copies [M, K], compact E8M0 scales with zero padding, the
 swizzled layout cuBLASLt reads), §6 (VEC32_UE8M0 on sm_100+). The launcher module of "mxfp8"
 (`native.launchers`).
 """
@@ -43,7 +43,7 @@ def nvcc_check_config(scheme: str) -> QuantConfig:
 
 
 def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=None, state=None) -> dict:
-    """MXFP8 (NUMERICS §3): both copies [M, K], compact E8M0 scales with zero padding."""
+    """MXFP8 (docs/numerics.md §3): both copies [M, K], compact E8M0 scales with zero padding."""
     dev = x2d.device
     index = device_index(dev)
     m, k = x2d.shape
@@ -68,7 +68,7 @@ def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=
 
 
 def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:
-    """x_hat = RN_out(RN(D(e) * dec(q))) as [M, K] (NUMERICS §3; both copies are [M, K])."""
+    """x_hat = RN_out(RN(D(e) * dec(q))) as [M, K] (docs/numerics.md §3; both copies are [M, K])."""
     data = getattr(q, f"{orientation}_data").contiguous()
     scale = getattr(q, f"{orientation}_scale").contiguous()
     dev = data.device
@@ -83,7 +83,7 @@ def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torc
 
 
 def lt_scale(view) -> LtScale:
-    """The consumed copy's E8M0 scales, swizzled (NUMERICS §3 Layouts: rowwise T = S_r, colwise T = S_c^T)."""
+    """The consumed copy's E8M0 scales, swizzled (docs/numerics.md §3 Layouts: rowwise T = S_r, colwise T = S_c^T)."""
     g = geometry_of(view.q, view.orientation)
     return LtScale(swizzle.swizzled(view.scale, g.scale_valid_shape, transposed=g.swizzle_transposed),
                    "VEC32_UE8M0")  # fmt: skip

@@ -2,7 +2,7 @@
 driving the kernels of native/cuda/nvfp4.cu from torch CUDA tensors; its own swizzle (`native.swizzle`)
 and GEMM alpha (§5.8, numpy fp32 on the host for cuBLASLt; block_scaled_gemm.cu computes it in-kernel).
 
-Source: NUMERICS.md §5 (NVFP4: 5.1-5.4 scale chain and codes, 5.5 copies and 2-D tiles, 5.6 RHT,
+Source: docs/numerics.md §5 (NVFP4: 5.1-5.4 scale chain and codes, 5.5 copies and 2-D tiles, 5.6 RHT,
 5.7 SR, 5.8 dequantization, 5.9 layouts), §0.3 (kernel rules). Same fields and bits as
 `reference.nvfp4`; kernels are built only through `native._compile` and run on torch's current
 stream, reading and writing torch tensors in place (raw device pointers, `native.launch`).
@@ -123,7 +123,7 @@ def _contiguous_units(n_blocks: int) -> int:
 def quantize_with(
     launch: Launcher, x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, seed: SRSeed | None
 ) -> dict:
-    """QuantizedTensor fields of NVFP4(x2d), every kernel run through `launch` (NUMERICS.md §5).
+    """QuantizedTensor fields of NVFP4(x2d), every kernel run through `launch` (docs/numerics.md §5).
 
     Without RHT both copies use A_g = amax(X) (§5.1); with RHT the columnwise copy uses the amax of
     the bf16 RHT(X^T) (§5.6). SR: rowwise stream, columnwise stream + 1 (§5.7).
@@ -180,12 +180,12 @@ def quantize_2d(
     x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, rng: SRSeed | None = None, state=None
 ) -> dict:
     """NVFP4 copies of a CUDA [M, K] tensor, already checked by `reference.spec.check_quantize`, as
-    QuantizedTensor fields (NUMERICS.md §5; `state` unused)."""
+    QuantizedTensor fields (docs/numerics.md §5; `state` unused)."""
     if not x2d.is_cuda:
         raise SpecViolation(f"{config.id}: native.nvfp4 needs a CUDA tensor, got device {x2d.device}")
     seed = SRSeed.coerce(rng) if config.stochastic else None
     if config.stochastic and seed is None:  # (reference.spec checks this for native.quantize; direct callers too)
-        raise SpecViolation(f"{config.id}: stochastic rounding needs rng=(seed, stream) (NUMERICS.md §5.7)")
+        raise SpecViolation(f"{config.id}: stochastic rounding needs rng=(seed, stream) (docs/numerics.md §5.7)")
     x2d = x2d.contiguous()
     if x2d.data_ptr() % 16:  # the kernels use 16-byte vector loads along rows
         x2d = x2d.clone()
@@ -193,7 +193,7 @@ def quantize_2d(
 
 
 def dequantize_with(launch: Launcher, q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:
-    """x_hat = RN_out(RN(v * g)) of one copy as [M, K] (NUMERICS.md §5.8); colwise transposed back."""
+    """x_hat = RN_out(RN(v * g)) of one copy as [M, K] (docs/numerics.md §5.8); colwise transposed back."""
     data = getattr(q, f"{orientation}_data").contiguous()
     scale = getattr(q, f"{orientation}_scale").contiguous()
     a_g = getattr(q, f"{orientation}_amax").to(device=data.device, dtype=torch.float32).contiguous()
@@ -208,7 +208,7 @@ def dequantize_with(launch: Launcher, q: QuantizedTensor, orientation: str, dtyp
 
 
 def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:
-    """TE's dequantization of one NVFP4 copy of a CUDA QuantizedTensor, as [M, K] (NUMERICS.md §5.8)."""
+    """TE's dequantization of one NVFP4 copy of a CUDA QuantizedTensor, as [M, K] (docs/numerics.md §5.8)."""
     data = getattr(q, f"{orientation}_data")
     if data is None:
         raise ValueError(f"this QuantizedTensor has no {orientation} copy (quantize with {orientation}=True)")
@@ -237,14 +237,14 @@ def alpha(amax_a: float | np.floating, amax_b: float | np.floating) -> np.float3
 
 
 def lt_scale(view) -> LtScale:
-    """The consumed copy's E4M3 block scales, swizzled (NUMERICS §5.9: each compact matrix as is)."""
+    """The consumed copy's E4M3 block scales, swizzled (docs/numerics.md §5.9: each compact matrix as is)."""
     g = geometry_of(view.q, view.orientation)
     return LtScale(swizzle.swizzled(view.scale, g.scale_valid_shape, transposed=g.swizzle_transposed),
                    "VEC16_UE4M3")  # fmt: skip
 
 
 def lt_alpha(a_view, b_view) -> float:
-    """cuBLASLt's host alpha from the consumed copies' global amaxes (NUMERICS §5.8)."""
+    """cuBLASLt's host alpha from the consumed copies' global amaxes (docs/numerics.md §5.8)."""
     a = a_view.amax.reshape(1).to(torch.float32).cpu().numpy()[0]
     b = b_view.amax.reshape(1).to(torch.float32).cpu().numpy()[0]
     return float(alpha(a, b))

@@ -1,6 +1,6 @@
 """Native per-tensor FP8 (`fp8_current`, `fp8_delayed`): the kernels of native/cuda/fp8_per_tensor.cu.
 
-Source: NUMERICS.md §1 (current scaling: amax pass, scale, one cast pass), §2 (delayed scaling: cast
+Source: docs/numerics.md §1 (current scaling: amax pass, scale, one cast pass), §2 (delayed scaling: cast
 with the slot's scale, H[0] accumulation, the fused end-of-step update), §6 (cuBLASLt SCALAR_32F row).
 The launcher module of both per-tensor schemes (`native.launchers`): quantize_2d / dequantize and the
 GEMM entries take CUDA tensors; the amax-history record and update are native's own (an fmax here, the
@@ -97,7 +97,7 @@ def _state(config, state, dev: torch.device) -> AmaxHistory | None:
 
 
 def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=None, state=None) -> dict:
-    """fp8_current (NUMERICS §1: amax pass, scale, one cast pass) and fp8_delayed (§2: cast with state.scale)."""
+    """fp8_current (docs/numerics.md §1: amax pass, scale, one cast pass) and fp8_delayed (§2: cast with state.scale)."""
     dev = x2d.device
     index = device_index(dev)
     m, k = x2d.shape
@@ -105,7 +105,7 @@ def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=
     sfx = SUFFIX[x2d.dtype]
     delayed = _state(config, state, dev)
     # One zeroed fp32 buffer (one memset) holds every scalar, each slot 16-byte aligned:
-    # amax (+0: the start of every amax, NUMERICS §0.1), scale, sinv, and the colwise copy's amax and sinv.
+    # amax (+0: the start of every amax, docs/numerics.md §0.1), scale, sinv, and the colwise copy's amax and sinv.
     slots = torch.zeros(5 * SCALAR_SLOT, dtype=torch.float32, device=dev)
     amax, scale, sinv, amax_c, sinv_c = (slots[i * SCALAR_SLOT:i * SCALAR_SLOT + 1] for i in range(5))
     q_row = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None  # (M, K)
@@ -116,7 +116,7 @@ def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=
         n = m * k
         grid = grid_stride_blocks(math.ceil(n / 8), ELEMENTWISE_THREADS, index)
         launch(mod, f"tensor_amax_{sfx}", grid, THREADS, (x2d, np.int64(n), int(_aligned(x2d)), amax), index)
-        # The cast kernel derives the scale from the amax itself (NUMERICS §1) and stores scale, sinv
+        # The cast kernel derives the scale from the amax itself (docs/numerics.md §1) and stores scale, sinv
         # and the second copy's amax / sinv (no separate scale launch).
         amax_in, amax_acc, copy_amax, copy_sinv = amax, None, (amax_c if both else None), (sinv_c if both else None)
     else:
@@ -141,7 +141,7 @@ def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=
 
 
 def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:
-    """x_hat = RN_out(RN(dec(q) * sinv)) as [M, K] (NUMERICS §1; the colwise copy is read transposed)."""
+    """x_hat = RN_out(RN(dec(q) * sinv)) as [M, K] (docs/numerics.md §1; the colwise copy is read transposed)."""
     data = getattr(q, f"{orientation}_data").contiguous()
     dev = data.device
     index = device_index(dev)
@@ -155,7 +155,7 @@ def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torc
 
 
 def update_amax_history(state: AmaxHistory, reduced_amax: torch.Tensor | float | None = None) -> None:
-    """The fused end-of-step fp8_delayed update on the GPU (NUMERICS §2 steps 1-6; the `delayed_update`
+    """The fused end-of-step fp8_delayed update on the GPU (docs/numerics.md §2 steps 1-6; the `delayed_update`
     kernel). `state.history` and `state.scale` are replaced by the new tensors, on the state's own device."""
     config = state.config
     home = state.history.device
@@ -178,7 +178,7 @@ def update_amax_history(state: AmaxHistory, reduced_amax: torch.Tensor | float |
 
 
 def lt_scale(view) -> LtScale:
-    """The fp32 sinv [1] as cuBLASLt's SCALAR_32F scale (NUMERICS §1, §6)."""
+    """The fp32 sinv [1] as cuBLASLt's SCALAR_32F scale (docs/numerics.md §1, §6)."""
     return LtScale(view.scale.to(torch.float32).reshape(1), "SCALAR_32F")
 
 

@@ -1,6 +1,6 @@
 """Native `quantize` / `dequantize` / `supports`: the spec rules of `reference.spec`, then the scheme's launcher.
 
-Source: DESIGN.md §3-§4 (same signatures as `reference`, SpecViolation / Unsupported), NUMERICS.md §0.3
+Source: docs/design.md §3-§4 (same signatures as `reference`, SpecViolation / Unsupported), docs/numerics.md §0.3
 (kernel rules). Every scheme's kernels are driven by its launcher module (`native.launchers`: per_tensor,
 mxfp8, fp8_block, nvfp4); this module is generic. Kernels live in native/cuda/*.cu and are built only
 by `native._compile`. Tensors reach the kernels as raw device pointers (zero copy) and every launch runs
@@ -120,7 +120,7 @@ def dequantize(q: QuantizedTensor, orientation: str = "rowwise", dtype: torch.dt
 
 
 def update_amax_history(state, reduced_amax: torch.Tensor | float | None = None) -> None:
-    """The fused end-of-step fp8_delayed update on the GPU (NUMERICS §2 steps 1-6), like AmaxHistory.update.
+    """The fused end-of-step fp8_delayed update on the GPU (docs/numerics.md §2 steps 1-6), like AmaxHistory.update.
 
     `state.history` and `state.scale` are replaced by the new tensors, on the state's own device.
     """

@@ -1,6 +1,6 @@
 """Native's own cuBLASLt scale swizzle: compact padded block scales -> the flat order cuBLASLt reads.
 
-Source: NUMERICS.md §3 Layouts (the 128 x 4 swizzle tile, MXFP8 colwise T = S_c transposed), §5.9 (NVFP4:
+Source: docs/numerics.md §3 Layouts (the 128 x 4 swizzle tile, MXFP8 colwise T = S_c transposed), §5.9 (NVFP4:
 each compact matrix as is; swizzled padding is 0). Written as a scatter through computed offsets (torch
 index arithmetic, on the scales' own device, CPU included), independent of `reference.layouts.swizzle`
 (a reshape and permute); tests/unit/test_native_launchers.py checks the two agree on many shapes.

@@ -1,6 +1,6 @@
 """Golden, bit-exact, pure-PyTorch reference for every low-precision format and recipe.
 
-The contract is NUMERICS.md; read formats.py (the table), casts.py (bit-level casts), then one
+The contract is docs/numerics.md; read formats.py (the table), casts.py (bit-level casts), then one
 scheme module: per_tensor.py, mxfp8.py, blockwise.py, nvfp4.py.
 """
 

@@ -1,6 +1,6 @@
 """FP8 blockwise scaling (`fp8_block`): 1x128 and 128x128 blocks with fp32 scales.
 
-Source: NUMERICS.md §4; TE common/transpose/quantize_transpose_vector_blockwise.cu (1x128),
+Source: docs/numerics.md §4; TE common/transpose/quantize_transpose_vector_blockwise.cu (1x128),
 quantize_transpose_square_blockwise.cu (128x128), common/recipe/recipe_common.cuh (compute_scale).
 
 Per block: A = amax(block) over the valid elements (edge blocks zero-padded, any shape);
@@ -83,7 +83,7 @@ def _encode(blocks: torch.Tensor, s: torch.Tensor, sinv: torch.Tensor, config: Q
 
 
 def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, rng=None, state=None) -> dict:
-    """fp8_block quantization of a contiguous [M, K] tensor of any shape (NUMERICS.md §4).
+    """fp8_block quantization of a contiguous [M, K] tensor of any shape (docs/numerics.md §4).
 
     `rng` and `state` are unused (no stochastic rounding, no history).
     """
@@ -150,7 +150,7 @@ def _expand(sinv: torch.Tensor, b_rows: int, b_cols: int, rows: int, cols: int) 
 
 
 def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:
-    """x_hat = RN_out(RN(dec(q) * sinv)) as [M, K] (the colwise copy is transposed back). NUMERICS.md §4."""
+    """x_hat = RN_out(RN(dec(q) * sinv)) as [M, K] (the colwise copy is transposed back). docs/numerics.md §4."""
     cfg = q.config
     b = cfg.block
     assert b is not None

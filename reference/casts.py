@@ -1,6 +1,6 @@
 """Bit-level casts between fp32 and the narrow formats, generic in exponent/mantissa bits.
 
-Source: NUMERICS.md §0.5 (GPU semantics the reference reproduces) and §0.4 (format table).
+Source: docs/numerics.md §0.5 (GPU semantics the reference reproduces) and §0.4 (format table).
 Every cast works on the format's row in `formats.py`; no format number appears here. The element
 cast has one rounding step, done by the fp32 unit (IEEE RNE on CPU and CUDA alike); every other
 step here (bit shifts, power-of-two scaling, float64 decode) is exact, so CPU and CUDA give the
@@ -108,7 +108,7 @@ def saturating_cast_signed_nan(v: torch.Tensor, fmt: ScalarFormat) -> torch.Tens
 
 
 def decode(codes: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
-    """`fmt` codes (uint8, low `fmt.bits` bits) to their exact fp32 values (NUMERICS.md §0.4).
+    """`fmt` codes (uint8, low `fmt.bits` bits) to their exact fp32 values (docs/numerics.md §0.4).
 
     A lookup in the table of every code's value (`_decode_values` of all 2^bits codes, built once
     per format and device), so a large tensor costs one gather.
@@ -123,7 +123,7 @@ def _decode_table(fmt: ScalarFormat, device: torch.device) -> torch.Tensor:
 
 
 def _decode_values(c: torch.Tensor, fmt: ScalarFormat) -> torch.Tensor:
-    """The exact fp32 value of each code in c (int64, low `fmt.bits` bits): NUMERICS.md §0.4."""
+    """The exact fp32 value of each code in c (int64, low `fmt.bits` bits): docs/numerics.md §0.4."""
     neg = (c & fmt.sign_mask) != 0 if fmt.signed else torch.zeros_like(c, dtype=torch.bool)
     mag = c & ~fmt.sign_mask if fmt.signed else c
     ef = mag >> fmt.man_bits
@@ -182,7 +182,7 @@ def e8m0_floor(amax: torch.Tensor, elem: ScalarFormat) -> torch.Tensor:
 
 
 def e8m0_decode(e: torch.Tensor) -> torch.Tensor:
-    """D(e) = 2^(e - 127) as fp32 (D(0) is the subnormal 2^-127); 0xFF decodes to NaN (NUMERICS.md §0.5)."""
+    """D(e) = 2^(e - 127) as fp32 (D(0) is the subnormal 2^-127); 0xFF decodes to NaN (docs/numerics.md §0.5)."""
     ei = e.to(torch.int64)
     val = _pow2(ei - UE8M0.bias).to(torch.float32)
     return torch.where(ei == UE8M0.nan_code, torch.full_like(val, float("nan")), val)
@@ -199,7 +199,7 @@ def e8m0_multiplier(e: torch.Tensor) -> torch.Tensor:
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """[..., 2n] 4-bit codes to [..., n] bytes: even element in the low nibble (NUMERICS.md §5.4)."""
+    """[..., 2n] 4-bit codes to [..., n] bytes: even element in the low nibble (docs/numerics.md §5.4)."""
     if codes.shape[-1] % 2:
         raise ValueError(f"pack_nibbles needs an even last dimension, got shape {tuple(codes.shape)}")
     c = codes.to(torch.uint8) & 0xF

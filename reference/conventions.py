@@ -1,6 +1,6 @@
 """The convention catalogue: other frameworks' quantization rules the golden can follow bit for bit.
 
-Source: docs/numerics.md (§10). `te` (TransformerEngine's kernels, NUMERICS.md §0-§5) is
+Source: docs/numerics.md (§10). `te` (TransformerEngine's kernels, docs/numerics.md §0-§5) is
 the default and the contract; every other row names a framework function, the schemes and tiles it
 covers, and what it changes. A `QuantConfig` selects one with its `convention` field; the scheme
 modules (mxfp8.py, nvfp4.py, per_tensor.py, blockwise.py) apply the rules where they differ, each
@@ -47,7 +47,7 @@ _MX_1D = ((1, 32),)
 
 CATALOGUE: tuple[Convention, ...] = (
     Convention(
-        "te", "TransformerEngine d0067d0 (CUDA kernels)", "NUMERICS.md §0-§5 (transformer_engine/common/...)",
+        "te", "TransformerEngine d0067d0 (CUDA kernels)", "docs/numerics.md §0-§5 (transformer_engine/common/...)",
         ("fp8_current", "fp8_delayed", "mxfp8", "fp8_block", "nvfp4"), None,
         "nothing: the contract itself", "§10.1",
     ),

@@ -2,7 +2,7 @@
 
 Every number that changes output bits lives in a row of this module: the reference reads the
 fields, native kernels receive them as ``-D`` defines (``native/_compile.py``), the harness stores
-only the names. Source: NUMERICS.md §0.4 (format table), §1-§5 (schemes), DESIGN.md §2-§3.
+only the names. Source: docs/numerics.md §0.4 (format table), §1-§5 (schemes), docs/design.md §2-§3.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from . import conventions
 
 @dataclass(frozen=True)
 class ScalarFormat:
-    """One scalar number format, described by its bit fields (NUMERICS.md §0.4)."""
+    """One scalar number format, described by its bit fields (docs/numerics.md §0.4)."""
 
     name: str
     exp_bits: int
@@ -66,7 +66,7 @@ UE8M0 = ScalarFormat("ue8m0", 8, 0, 127, False, 2.0**127, 0xFE, 0xFF, None)
 
 FORMATS: dict[str, ScalarFormat] = {f.name: f for f in (E4M3, E5M2, E2M1, UE8M0)}
 
-# Finite maxima of the high-precision input dtypes (NUMERICS.md §0.1, §4 value_for_inf).
+# Finite maxima of the high-precision input dtypes (docs/numerics.md §0.1, §4 value_for_inf).
 FLT_MAX = 3.4028234663852886e38  # 0x7F7FFFFF
 BF16_MAX = 3.3895313892515355e38  # 0x7F7F0000
 F16_MAX = 65504.0
@@ -92,7 +92,7 @@ GEMM_METHODS = ("exact", "blockwise_order", "block_sum")
 
 @dataclass(frozen=True)
 class Scheme:
-    """One quantization scheme: formats, tiles, layout geometry and behaviour (NUMERICS.md §1-§6).
+    """One quantization scheme: formats, tiles, layout geometry and behaviour (docs/numerics.md §1-§6).
 
     Geometry fields are read by `layouts.CopyGeometry` (the only place they become shapes); behaviour
     fields name the reference module and GEMM methods, so code outside the scheme's own module asks
@@ -107,7 +107,7 @@ class Scheme:
     partial_tiles: bool  # shapes that are not multiples of the tile are zero-padded
     module: str  # reference module with quantize_2d / dequantize / gemm_operand (reference/<module>.py)
     gemm_methods: tuple[str, ...]  # reference GEMM methods; the first is what "auto" runs
-    exact_accumulate: bool  # accumulating into C has a defined order (NUMERICS.md §6)
+    exact_accumulate: bool  # accumulating into C has a defined order (docs/numerics.md §6)
     options: tuple[str, ...]  # the OPTIONS this scheme takes
     colwise_transposed: bool = True  # the colwise copy's data is stored [K, M] (False: [M, K], §3)
     swizzled_scales: bool = False  # scales pad to the cuBLASLt swizzle tile 128 x 4 (§3, §5.9)
@@ -126,7 +126,7 @@ class Scheme:
 
     @property
     def amax_history(self) -> bool:
-        """Scales come from an amax history (NUMERICS.md §2 delayed scaling), not the tensor's own amax."""
+        """Scales come from an amax history (docs/numerics.md §2 delayed scaling), not the tensor's own amax."""
         return "delayed" in self.options
 
     @property
@@ -171,7 +171,7 @@ RHT_SIZE = 16
 RHT_SIGN_MASK = 0xD7E8
 RHT_SCALE = 0.25
 
-# Variants NUMERICS.md §5.10 lists as optional; not implemented yet, rejected by QuantConfig.
+# Variants docs/numerics.md §5.10 lists as optional; not implemented yet, rejected by QuantConfig.
 UNIMPLEMENTED_VARIANTS = ("4over6", "row_scaled")
 
 
@@ -218,15 +218,15 @@ def _takers(option: str, sep: str = ", ") -> str:
 
 @dataclass(frozen=True)
 class QuantConfig:
-    """Everything that changes output bits, validated on construction (DESIGN.md §3).
+    """Everything that changes output bits, validated on construction (docs/design.md §3).
 
     Fields left unset take the scheme's defaults (first allowed element and tile, the scheme's
     pow2 default); options a scheme does not take (`Scheme.options`) must keep their defaults.
     `amax_history_len`, `amax_compute_algo` and `margin` belong to fp8_delayed; `variant` names
-    optional NVFP4 variants (NUMERICS.md §5.10), none implemented yet. Numbers are never bools.
+    optional NVFP4 variants (docs/numerics.md §5.10), none implemented yet. Numbers are never bools.
 
     Ranges: `amax_history_len` in [1, 65536] (a history is a real buffer; TE's are 1..1024);
-    `margin` in [-64, 64]: S_max = fp8_max * 2^-margin (NUMERICS.md §2) stays a normal fp32 with
+    `margin` in [-64, 64]: S_max = fp8_max * 2^-margin (docs/numerics.md §2) stays a normal fp32 with
     room to spare, while margin 10**6 would make S_max 0, every scale 0 and the output all NaN.
     Negative margins (S_max above fp8_max) are legal in TE and used in tests.
     """
@@ -269,20 +269,20 @@ class QuantConfig:
                 raise _bad(flag, getattr(self, flag), "must be a bool")
         if self.variant is not None:
             if self.variant in UNIMPLEMENTED_VARIANTS:
-                raise _bad("variant", self.variant, "NVFP4 variant (NUMERICS.md §5.10) is not implemented yet")
+                raise _bad("variant", self.variant, "NVFP4 variant (docs/numerics.md §5.10) is not implemented yet")
             raise _bad("variant", self.variant, f"expected None (known, unimplemented: {UNIMPLEMENTED_VARIANTS})")
         if self.rht and "rht" not in sch.options:
-            raise _bad("rht", self.rht, f"the Random Hadamard Transform exists only for {_takers('rht')} (NUMERICS.md §5.6)")
+            raise _bad("rht", self.rht, f"the Random Hadamard Transform exists only for {_takers('rht')} (docs/numerics.md §5.6)")
         if self.stochastic and "stochastic" not in sch.options:
-            raise _bad("stochastic", self.stochastic, f"stochastic rounding exists only for {_takers('stochastic')} (NUMERICS.md §5.7)")
+            raise _bad("stochastic", self.stochastic, f"stochastic rounding exists only for {_takers('stochastic')} (docs/numerics.md §5.7)")
         if self.rht and self.is_2d:
-            raise _bad("rht", self.rht, f"RHT is never applied to 2-D ({self.tile[0]}x{self.tile[1]}, weight) tiles (NUMERICS.md §5.6)")
+            raise _bad("rht", self.rht, f"RHT is never applied to 2-D ({self.tile[0]}x{self.tile[1]}, weight) tiles (docs/numerics.md §5.6)")
         if self.stochastic and self.is_2d:
             raise _bad(
                 "stochastic",
                 self.stochastic,
                 f"{self.tile[0]}x{self.tile[1]} (weight) tiles round to nearest: their colwise copy is the exact "
-                "transpose (NUMERICS.md §5.5)",
+                "transpose (docs/numerics.md §5.5)",
             )
         if self.pow2_scales != sch.pow2_default and "pow2_scales" not in sch.options:
             if sch.pow2_default:
@@ -305,10 +305,10 @@ class QuantConfig:
             raise _bad("amax_compute_algo", self.amax_compute_algo, f"expected one of {AMAX_ALGOS}")
         lo, hi = MARGIN_RANGE
         if not _is_int(self.margin):
-            raise _bad("margin", self.margin, "must be an int, not a bool (NUMERICS.md §2: S_max = fp8_max * 2^-margin)")
+            raise _bad("margin", self.margin, "must be an int, not a bool (docs/numerics.md §2: S_max = fp8_max * 2^-margin)")
         if not lo <= self.margin <= hi:
             raise _bad("margin", self.margin, f"must be in [{lo}, {hi}]: fp8_max * 2^-margin must stay a normal fp32 "
-                       "(margin 10**6 gives S_max = 0, scale 0 and an all-NaN output; NUMERICS.md §2)")
+                       "(margin 10**6 gives S_max = 0, scale 0 and an all-NaN output; docs/numerics.md §2)")
         conventions.check(self)
 
     # ---- derived facts -----------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """IEEE binary32 arithmetic as the contract defines it: bit views, true division, FMA32 emulation.
 
-Source: NUMERICS.md §0.1 (rounding points) and §0.2 (emulating in PyTorch without drifting).
+Source: docs/numerics.md §0.1 (rounding points) and §0.2 (emulating in PyTorch without drifting).
 Everything here runs eagerly on the tensor's own device and gives identical bits on CPU and CUDA.
 """
 
@@ -10,7 +10,7 @@ import torch
 
 
 def bits(x: torch.Tensor) -> torch.Tensor:
-    """The fp32 bit patterns of `x` as int32 (NUMERICS.md §0.2.8)."""
+    """The fp32 bit patterns of `x` as int32 (docs/numerics.md §0.2.8)."""
     return x.to(torch.float32).contiguous().view(torch.int32)
 
 
@@ -44,7 +44,7 @@ def div(num: torch.Tensor | float, den: torch.Tensor | float, like: torch.Tensor
 
 
 def reciprocal_const(c: float) -> float:
-    """fl(1/c): the fp32 constant RN(1/c), e.g. fl(1/448) = 0x3B124925 (NUMERICS.md §0.1)."""
+    """fl(1/c): the fp32 constant RN(1/c), e.g. fl(1/448) = 0x3B124925 (docs/numerics.md §0.1)."""
     one = torch.tensor(1.0, dtype=torch.float32)
     return float(torch.div(one, torch.tensor(c, dtype=torch.float32)))
 

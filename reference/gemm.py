@@ -1,12 +1,12 @@
 """GEMM references for TE's three training GEMMs (fprop TN, dgrad NN, wgrad NT) of every scheme.
 
-Source: NUMERICS.md §6 (GEMM semantics, blockwise FMA order, accumulate, exact-representable mode),
+Source: docs/numerics.md §6 (GEMM semantics, blockwise FMA order, accumulate, exact-representable mode),
 §5.8 (NVFP4 alpha), §3/§4/§5.9 (which copy and scales a GEMM consumes); TE
 tests/pytorch/references/blockwise_fp8_gemm_reference.py (blockwise order, bias then RN_out then
 accumulate) and transformer_engine/pytorch/custom_recipes/reference_nvfp4.py `qgemm` (alpha, C
 added in fp32).
 
-Layouts (docs interfaces): out[m, n] = sum_k A[m, k] * B[n, k] over K-contiguous operand rows.
+Layouts (docs/numerics.md §6): out[m, n] = sum_k A[m, k] * B[n, k] over K-contiguous operand rows.
 - "TN": a logical [M, K], b logical [N, K]; both rowwise copies.
 - "NN": a logical [M, K] rowwise; b logical [K, N], its colwise copy (blocks along K).
 - "NT": a logical [K, M], b logical [K, N]; both colwise copies.
@@ -16,13 +16,13 @@ Methods:
   element times an fp32 scale has at most 24 + 4 significant bits); one fp64 matmul (fp64
   accumulation: exact while a sum's terms span at most 53 bits, otherwise fp64 rounding);
   then the global factors (per-tensor sinv_a * sinv_b, NVFP4 alpha); then ONE rounding RN_out.
-- "blockwise_order" (fp8_block): NUMERICS.md §6 per-128-deep-K-block FMA32 order.
+- "blockwise_order" (fp8_block): docs/numerics.md §6 per-128-deep-K-block FMA32 order.
 - "block_sum" (mxfp8 / nvfp4): sum over K blocks of scale_a * scale_b * (block dot product) in fp64,
   alpha applied, one rounding.
 - "auto": per-tensor -> exact, fp8_block -> blockwise_order, mxfp8 / nvfp4 -> block_sum.
 
 Epilogue (identical for every method of a scheme, so exact-representable inputs give equal bits):
-- fp8_block: bias added in fp32, then RN_out, then D = RN_out(C + RN_out(Y)) (NUMERICS.md §6).
+- fp8_block: bias added in fp32, then RN_out, then D = RN_out(C + RN_out(Y)) (docs/numerics.md §6).
 - nvfp4: D = RN_out(RN(RN(Y) + C)) (C added in fp32, §6), then bias added in fp32 before RN_out.
 - per-tensor and mxfp8 (tolerance only in §6): the same fp32 epilogue as nvfp4, i.e. cuBLASLt's
   documented D = alpha*AB + beta*C, then the BIAS epilogue, then the output conversion.
@@ -99,7 +99,7 @@ class Operand:
 
 
 def operand(q: QuantizedTensor, orientation: str, *, name: str = "a", layout: str = "TN") -> Operand:
-    """Decode the copy `orientation` of `q` into its K-contiguous GEMM form (NUMERICS.md §1, §3, §4, §5.9).
+    """Decode the copy `orientation` of `q` into its K-contiguous GEMM form (docs/numerics.md §1, §3, §4, §5.9).
 
     Generic over the copy's `CopyGeometry`: the consumed rows are data rows, or data columns when
     the blocks run along data rows (MXFP8 colwise, §3); scales are brought to one entry per
@@ -170,7 +170,7 @@ def _dequantized(op: Operand) -> torch.Tensor:
 
 
 def _alpha(oa: Operand, ob: Operand, scheme: str) -> torch.Tensor:
-    """The global-amax alpha of the two consumed copies (NUMERICS.md §5.8; the scheme module's gemm_alpha)."""
+    """The global-amax alpha of the two consumed copies (docs/numerics.md §5.8; the scheme module's gemm_alpha)."""
     gemm_alpha = SCHEMES[scheme].reference_module().gemm_alpha  # the scheme module owns §5.8
     return gemm_alpha(oa.amax, ob.amax).reshape(()).to(torch.float32)
 
@@ -186,7 +186,7 @@ def _global_factor(oa: Operand, ob: Operand, scheme: str) -> torch.Tensor | None
 
 
 def _exact(oa: Operand, ob: Operand, scheme: str) -> torch.Tensor:
-    """'exact': fp64 matmul of the dequantized copies, global factor, (M, N) fp64 (NUMERICS.md §6)."""
+    """'exact': fp64 matmul of the dequantized copies, global factor, (M, N) fp64 (docs/numerics.md §6)."""
     # NUMERICS: §6 pure reference - fp64 sum (no TF32, no fp32 matmul), global factor, one RN_out.
     y = _dequantized(oa) @ _dequantized(ob).t()  # (M, N) fp64 accumulation
     g = _global_factor(oa, ob, scheme)
@@ -194,7 +194,7 @@ def _exact(oa: Operand, ob: Operand, scheme: str) -> torch.Tensor:
 
 
 def _blocked(op: Operand, nb: int) -> torch.Tensor:
-    """(R, K) values -> (R, nb, block), zero-padding a partial last K block (NUMERICS.md §4 edge blocks)."""
+    """(R, K) values -> (R, nb, block), zero-padding a partial last K block (docs/numerics.md §4 edge blocks)."""
     pad = nb * op.block - op.depth
     v = op.values if pad == 0 else torch.nn.functional.pad(op.values, (0, pad))
     return v.reshape(op.rows, nb, op.block)
@@ -212,7 +212,7 @@ def _block_partials(va: torch.Tensor, vb: torch.Tensor, b0: int, b1: int) -> tor
 
 
 def _block_sum(oa: Operand, ob: Operand, scheme: str) -> torch.Tensor:
-    """'block_sum': sum over K blocks of s_a * s_b * sum_k dec_a * dec_b in fp64, then alpha (NUMERICS.md §6).
+    """'block_sum': sum over K blocks of s_a * s_b * sum_k dec_a * dec_b in fp64, then alpha (docs/numerics.md §6).
 
     MXFP8: 32-wide blocks, D(e_a) * D(e_b); NVFP4: 16-wide blocks, s_a * s_b, alpha (§5.8). Every
     block term is exact in fp64; their fp64 sum is exact unless the terms span more than 53 bits.
@@ -233,7 +233,7 @@ def _block_sum(oa: Operand, ob: Operand, scheme: str) -> torch.Tensor:
 
 
 def _blockwise_order(oa: Operand, ob: Operand) -> torch.Tensor:
-    """'blockwise_order' for fp8_block, fp32 (M, N) before the epilogue (NUMERICS.md §6 Blockwise FP8).
+    """'blockwise_order' for fp8_block, fp32 (M, N) before the epilogue (docs/numerics.md §6 Blockwise FP8).
 
     y = 0; for kb = 0, 1, ... (128-deep K blocks, increasing):
       p = RN(exact block sum)   (the block sum is formed in fp64: exact for E4M3, and for E5M2 unless
@@ -281,7 +281,7 @@ def _to_fp32_round_to_odd(y: torch.Tensor) -> torch.Tensor:
 
 
 def round_out(y: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """RN_out: one round-to-nearest-even from fp64 or fp32 `y` to `out_dtype` (NUMERICS.md §0.1)."""
+    """RN_out: one round-to-nearest-even from fp64 or fp32 `y` to `out_dtype` (docs/numerics.md §0.1)."""
     if y.dtype == torch.float64 and out_dtype != torch.float32:
         # torch rounds fp64 -> bf16/fp16 through fp32 with RNE twice; round to odd first instead.
         y = _to_fp32_round_to_odd(y)
@@ -332,7 +332,7 @@ def gemm(
     c: torch.Tensor | None = None,
     method: str = "auto",
 ) -> torch.Tensor:
-    """out[m, n] = sum_k A[m, k] * B[n, k] (+ bias[n]) (+ c[m, n]) as [M, N] in out_dtype (NUMERICS.md §6).
+    """out[m, n] = sum_k A[m, k] * B[n, k] (+ bias[n]) (+ c[m, n]) as [M, N] in out_dtype (docs/numerics.md §6).
 
     See the module docstring for layouts, methods and the epilogue order.
     """
@@ -379,7 +379,7 @@ def fp64_sums_exact(a: QuantizedTensor, b: QuantizedTensor, layout: str = "TN", 
     """Whether every fp64 product and partial sum `gemm(a, b, method=method)` forms is exact: (ok, reason).
 
     When it holds, the fp64 summation order (the CPU BLAS's, cuBLAS's, einsum's) cannot change the
-    result, so `gemm` gives the same bits on every device (NUMERICS.md §0.2.8). Terms:
+    result, so `gemm` gives the same bits on every device (docs/numerics.md §0.2.8). Terms:
     "blockwise_order" sums unscaled codes per 128-deep K block; "exact" and "block_sum" sum the
     block-scaled values (the per-tensor sinv is applied after the sum). Every partial sum is a
     subset sum of one output's terms t_k, all multiples of 2^q (q = min lsb of a + min lsb of b),
@@ -413,7 +413,7 @@ def fp64_sums_exact(a: QuantizedTensor, b: QuantizedTensor, layout: str = "TN", 
 def exact_representable_ok(
     a: QuantizedTensor, b: QuantizedTensor, *, layout: str = "TN", fast_accum: bool = False
 ) -> tuple[bool, str]:
-    """Whether (a, b) meet NUMERICS.md §6's exact-representable conditions: (ok, reason).
+    """Whether (a, b) meet docs/numerics.md §6's exact-representable conditions: (ok, reason).
 
     Checks, with t = dec(a) * dec(b) * scale_a * scale_b (per-tensor: sinv; fp8_block: block sinv;
     MXFP8: D(e); NVFP4: s_blk) and q = 2^(min lsb of the scaled a values + min lsb of the scaled b
@@ -447,7 +447,7 @@ def exact_representable_ok(
         alpha = float(_alpha(oa, ob, scheme))
         mant, g_exp = math.frexp(alpha)
         if alpha <= 0 or mant != 0.5:
-            return False, f"alpha = {alpha!r} is not a power of two (NUMERICS.md §6: use A_g = 2688 or 21504)"
+            return False, f"alpha = {alpha!r} is not a power of two (docs/numerics.md §6: use A_g = 2688 or 21504)"
         g_exp -= 1
     if q_exp + g_exp < _FP32_MIN_SUBNORMAL_EXP or q_exp < _FP32_MIN_SUBNORMAL_EXP:
         return False, f"q = 2^{q_exp} (alpha 2^{g_exp}) is below the fp32 grid 2^{_FP32_MIN_SUBNORMAL_EXP}"

@@ -1,6 +1,6 @@
 """The 16-point Random Hadamard Transform applied to the columnwise NVFP4 copy (bf16 in, bf16 out).
 
-Source: NUMERICS.md §5.6; TE common/hadamard_transform/, pytorch/tensor/nvfp4_tensor.py.
+Source: docs/numerics.md §5.6; TE common/hadamard_transform/, pytorch/tensor/nvfp4_tensor.py.
 For column k of X and 16-row chunk b, with v_i = X[16b+i, k]:
     RHT(X^T)[k, 16b+j] = RN_bf16(RN(sum_{i=0..15} v_i * sigma_i * H[i, j] / 4))
 with the sum accumulated in fp64 in the order i = 0..15, starting from +0.
@@ -26,7 +26,7 @@ _BF16_SUBNORMAL_EXP = 1 - _BF16_MAN_BITS
 
 
 def hadamard_matrix(n: int = RHT_SIZE) -> torch.Tensor:
-    """Sylvester H[i, j] = (-1)^popcount(i AND j), int64 [n, n] of +-1 (NUMERICS.md §5.6)."""
+    """Sylvester H[i, j] = (-1)^popcount(i AND j), int64 [n, n] of +-1 (docs/numerics.md §5.6)."""
     i = torch.arange(n, dtype=torch.int64)
     a = i[:, None] & i[None, :]
     parity = torch.zeros_like(a)
@@ -98,12 +98,12 @@ def rht_rows(x_rows: torch.Tensor) -> torch.Tensor:
 
 
 def check_rht_input(x2d: torch.Tensor) -> None:
-    """RHT needs a bf16 2-D input with M a multiple of 16 (NUMERICS.md §5.6)."""
+    """RHT needs a bf16 2-D input with M a multiple of 16 (docs/numerics.md §5.6)."""
     if x2d.dtype != torch.bfloat16:
-        raise SpecViolation(f"RHT needs a bfloat16 input (NUMERICS.md §5.6), got {x2d.dtype}")
+        raise SpecViolation(f"RHT needs a bfloat16 input (docs/numerics.md §5.6), got {x2d.dtype}")
     if x2d.dim() != 2 or x2d.shape[0] % RHT_SIZE:
         raise SpecViolation(
-            f"RHT works on 16-row chunks of a 2-D [M, K] input (NUMERICS.md §5.6); got shape {tuple(x2d.shape)}"
+            f"RHT works on 16-row chunks of a 2-D [M, K] input (docs/numerics.md §5.6); got shape {tuple(x2d.shape)}"
         )
 
 

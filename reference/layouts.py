@@ -1,6 +1,6 @@
 """The geometry of every stored copy, the GEMM layout table, and the cuBLASLt swizzled scale layout.
 
-Source: NUMERICS.md §1 (per-tensor sinv [1]), §3 Layouts (MXFP8 compact and swizzled scales),
+Source: docs/numerics.md §1 (per-tensor sinv [1]), §3 Layouts (MXFP8 compact and swizzled scales),
 §4 (blockwise transposed sinv storage, pow2 sinv -> E8M0), §5.9 (NVFP4), §6 (GEMM layouts), §8
 (swizzle and layout vectors); TE common/cast/mxfp8/swizzle.cuh. `CopyGeometry` is the one place the
 scheme rows' geometry fields become data shapes, scale shapes, scale indices and scale regions;
@@ -20,7 +20,7 @@ from .formats import SCHEMES, UE8M0, QuantConfig, Scheme
 from .types import QuantizedTensor, SpecViolation
 
 # cuBLASLt swizzle tile: 128 rows x 4 columns of the compact scale matrix, stored as 512
-# consecutive bytes (NUMERICS.md §3 Layouts).
+# consecutive bytes (docs/numerics.md §3 Layouts).
 SWIZZLE_ROWS = 128
 SWIZZLE_COLS = 4
 _ROW_GROUP = 32  # rows interleaved inside one 128-row tile
@@ -53,7 +53,7 @@ def _check_dims(m: int, k: int) -> None:
 
 @dataclass(frozen=True)
 class CopyGeometry:
-    """Where everything of one stored copy lives, for a logical [M, K] input (NUMERICS.md §1, §3, §4, §5.9).
+    """Where everything of one stored copy lives, for a logical [M, K] input (docs/numerics.md §1, §3, §4, §5.9).
 
     Data coordinates (r, c) index the stored copy's codes, unpacked: [rows, cols] = [M, K], or
     [K, M] when `transposed`. `block` is the quantization block in data coordinates (the amax
@@ -216,14 +216,14 @@ def scale_valid_shape(config: QuantConfig, orientation: str, m: int, k: int) -> 
 def scale_padded_shape(config: QuantConfig, orientation: str, m: int, k: int) -> tuple[int, ...]:
     """The stored (padded) shape of the compact scale tensor of one copy (`CopyGeometry.scale_padded_shape`).
 
-    NUMERICS.md §1, §3 Layouts, §4, §5.9: blockwise pads the fast (column) dim to a multiple of 4;
+    docs/numerics.md §1, §3 Layouts, §4, §5.9: blockwise pads the fast (column) dim to a multiple of 4;
     MXFP8 and NVFP4 pad rows to 128 and columns to 4 (the swizzle tile).
     """
     return copy_geometry(config, orientation, m, k).scale_padded_shape
 
 
 def data_shape(config: QuantConfig, orientation: str, m: int, k: int) -> tuple[int, int]:
-    """The stored shape of one copy's data (`CopyGeometry.data_shape`; NUMERICS.md §1, §3, §4, §5.9).
+    """The stored shape of one copy's data (`CopyGeometry.data_shape`; docs/numerics.md §1, §3, §4, §5.9).
 
     Per-tensor and blockwise colwise copies are transposed [K, M]; MXFP8 colwise is NOT transposed
     [M, K]; NVFP4 packs two codes per byte: rowwise [M, K/2], colwise [K, M/2].
@@ -236,7 +236,7 @@ def data_shape(config: QuantConfig, orientation: str, m: int, k: int) -> tuple[i
 
 @dataclass(frozen=True)
 class GemmLayout:
-    """One GEMM layout: out[m, n] = sum_k A[m, k] * B[n, k] over the consumed copies (NUMERICS.md §6).
+    """One GEMM layout: out[m, n] = sum_k A[m, k] * B[n, k] over the consumed copies (docs/numerics.md §6).
 
     An operand consumed rowwise is logical [outer, K]; consumed colwise it is logical [K, outer]
     (TE's fprop TN, dgrad NN, wgrad NT).
@@ -327,7 +327,7 @@ def _swizzle_input_shape(config: QuantConfig, orientation: str, m: int, k: int) 
     if not config.scheme_row.swizzled_scales:
         swz = " and ".join(s.name for s in SCHEMES.values() if s.swizzled_scales)
         raise SpecViolation(
-            f"{config.id}: only {swz} scales have a cuBLASLt swizzled layout (NUMERICS.md §3, §5.9); "
+            f"{config.id}: only {swz} scales have a cuBLASLt swizzled layout (docs/numerics.md §3, §5.9); "
             f"{config.scheme} scales are used in their compact layout"
         )
     g = copy_geometry(config, orientation, m, k)
@@ -394,6 +394,6 @@ def blockwise_sinv_to_e8m0(sinv: torch.Tensor) -> torch.Tensor:
         bad = sinv.reshape(-1)[~ok.reshape(-1)][:4].tolist()
         raise SpecViolation(
             f"blockwise_sinv_to_e8m0 needs positive power-of-two sinv (pow2_scales=True) >= 2^-{d_zero} "
-            f"or 0 padding; got e.g. {bad} (NUMERICS.md §4)"
+            f"or 0 padding; got e.g. {bad} (docs/numerics.md §4)"
         )
     return exp.to(torch.uint8)

@@ -33,7 +33,7 @@ from .types import QuantizedTensor, SRSeed
 
 MODULES = ("linear", "layernorm_linear")
 ACTIVATION_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-# Per GEMM: layout and the copies it consumes (NUMERICS.md §6; docs/numerics.md §9.1).
+# Per GEMM: layout and the copies it consumes (docs/numerics.md §6; docs/numerics.md §9.1).
 GEMM_LAYOUTS = {"fprop": "TN", "dgrad": "NN", "wgrad": "NT"}
 GEMM_OPERANDS = {
     "fprop": (("input", "rowwise"), ("weight", "rowwise")),

@@ -1,6 +1,6 @@
 """MXFP8: E4M3 / E5M2 data with one UE8M0 exponent per 32 elements (1x32) or per 32x32 tile.
 
-Source: NUMERICS.md §3 and §0.5 (e8m0_up, e8m0_floor, P(e), D(e)); TE common/cast/mxfp8/quantize_mxfp8.cuh,
+Source: docs/numerics.md §3 and §0.5 (e8m0_up, e8m0_floor, P(e), D(e)); TE common/cast/mxfp8/quantize_mxfp8.cuh,
 common/util/ptx_arch_spec.cuh.
 
 Per block (A = amax(block)): e = e8m0_up(RN(A * fl(1/fp8_max))) (rule `ceil`, default) or e8m0_floor(A)
@@ -34,7 +34,7 @@ def _row_chunks(m: int, k: int, rows_multiple: int):
 
 
 def exponent(a: torch.Tensor, config: QuantConfig) -> torch.Tensor:
-    """The UE8M0 block exponent (uint8) of block amaxes `a` by the config's rule (NUMERICS.md §3)."""
+    """The UE8M0 block exponent (uint8) of block amaxes `a` by the config's rule (docs/numerics.md §3)."""
     fmt = config.element_format
     if config.e8m0_rule == "ceil":
         # NUMERICS: §3 ceil - e = e8m0_up(RN(A * fl(1/fp8_max))): a multiply by the rounded constant,
@@ -153,7 +153,7 @@ def _quantize_convention(x2d: torch.Tensor, config: QuantConfig, *, rowwise: boo
 
 
 def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, rng=None, state=None) -> dict:
-    """MXFP8 quantization of a contiguous [M, K] tensor, M and K multiples of 32 (NUMERICS.md §3).
+    """MXFP8 quantization of a contiguous [M, K] tensor, M and K multiples of 32 (docs/numerics.md §3).
 
     `rng` and `state` are unused (no stochastic rounding, no history).
     """
@@ -164,7 +164,7 @@ def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwis
     for dim_name, n in (("M", m), ("K", k)):
         if n % b:
             raise SpecViolation(
-                f"{config.id}: {dim_name}={n} is not a multiple of {b}; mxfp8 has no partial blocks (NUMERICS.md §3)"
+                f"{config.id}: {dim_name}={n} is not a multiple of {b}; mxfp8 has no partial blocks (docs/numerics.md §3)"
             )
     if config.convention != "te":
         return _quantize_convention(x2d, config, rowwise=rowwise, colwise=colwise)
@@ -215,7 +215,7 @@ def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwis
 
 
 def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:
-    """x_hat = RN_out(RN(D(e) * dec(q))) as [M, K] (both copies are stored [M, K]). NUMERICS.md §3."""
+    """x_hat = RN_out(RN(D(e) * dec(q))) as [M, K] (both copies are stored [M, K]). docs/numerics.md §3."""
     cfg = q.config
     b = cfg.block
     assert b is not None

@@ -1,6 +1,6 @@
 """NVFP4: E2M1 data, UE4M3 scale per 16 elements, fp32 global amax per copy; optional RHT and SR.
 
-Source: NUMERICS.md §5 (5.1 global scale, 5.2 block scale, 5.3 encode factor, 5.4 elements and
+Source: docs/numerics.md §5 (5.1 global scale, 5.2 block scale, 5.3 encode factor, 5.4 elements and
 packing, 5.5 1-D/2-D and rowwise/columnwise, 5.6 RHT, 5.7 SR, 5.8 dequantization and GEMM alpha,
 5.9 layouts); TE common/cast/nvfp4/core_nvfp4.cuh, quantize_transpose_nvfp4.cuh,
 dequantize_nvfp4.cuh, common/recipe/nvfp4.cu.
@@ -30,7 +30,7 @@ INV_E2M1_MAX = fp32.reciprocal_const(E2M1.max_finite)
 INV_GLOBAL_RANGE = fp32.reciprocal_const(GLOBAL_RANGE)
 INV_ALPHA_RANGE = fp32.reciprocal_const(GLOBAL_RANGE * GLOBAL_RANGE)
 
-# Scale padding (NUMERICS.md §5.9): rows to a multiple of 128, scale columns to a multiple of 4.
+# Scale padding (docs/numerics.md §5.9): rows to a multiple of 128, scale columns to a multiple of 4.
 SCALE_ROW_ALIGN = 128
 SCALE_COL_ALIGN = 4
 # Target elements per processing chunk (fp32: 4 MiB; fp64: 8 MiB, below glibc's mmap threshold cap).
@@ -42,7 +42,7 @@ def _roundup(n: int, a: int) -> int:
 
 
 # --------------------------------------------------------------------------------------------
-# Scale chain (NUMERICS.md §5.1-§5.3)
+# Scale chain (docs/numerics.md §5.1-§5.3)
 # --------------------------------------------------------------------------------------------
 
 
@@ -85,7 +85,7 @@ def encode_factor(s_blk: torch.Tensor, s_dec: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# Element cast (NUMERICS.md §0.5 e2m1_rn)
+# Element cast (docs/numerics.md §0.5 e2m1_rn)
 # --------------------------------------------------------------------------------------------
 
 _FP32_MAG_MASK = (1 << 31) - 1  # all but the sign bit
@@ -131,7 +131,7 @@ def e2m1_rn(y: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# Block amaxes (NUMERICS.md §0.1 amax, §5.2 A_b, §5.5 1-D / 2-D)
+# Block amaxes (docs/numerics.md §0.1 amax, §5.2 A_b, §5.5 1-D / 2-D)
 # --------------------------------------------------------------------------------------------
 
 
@@ -189,10 +189,10 @@ def _check(x2d: torch.Tensor, config: QuantConfig) -> None:
     blk = config.block
     if x2d.dim() != 2 or x2d.shape[0] % blk or x2d.shape[1] % blk:
         raise SpecViolation(
-            f"{config.id}: NVFP4 needs M and K multiples of {blk} (NUMERICS.md §5.5); got shape {tuple(x2d.shape)}"
+            f"{config.id}: NVFP4 needs M and K multiples of {blk} (docs/numerics.md §5.5); got shape {tuple(x2d.shape)}"
         )
     if config.rht and x2d.dtype != torch.bfloat16:
-        raise SpecViolation(f"{config.id}: RHT needs a bfloat16 input (NUMERICS.md §5.6), got {x2d.dtype}")
+        raise SpecViolation(f"{config.id}: RHT needs a bfloat16 input (docs/numerics.md §5.6), got {x2d.dtype}")
 
 
 def _chunks(rows: int, cols: int, align: int):
@@ -203,13 +203,13 @@ def _chunks(rows: int, cols: int, align: int):
 
 
 def _scale_buffer(rows: int, cols: int, blk: int, device) -> torch.Tensor:
-    """Zero-filled compact scale tensor [roundup(rows, 128), roundup(cols/16, 4)] (NUMERICS.md §5.9)."""
+    """Zero-filled compact scale tensor [roundup(rows, 128), roundup(cols/16, 4)] (docs/numerics.md §5.9)."""
     shape = (_roundup(rows, SCALE_ROW_ALIGN), _roundup(cols // blk, SCALE_COL_ALIGN))
     return torch.zeros(shape, dtype=torch.uint8, device=device)
 
 
 def _copy_chain(a_g: torch.Tensor):
-    """A function a_b -> (s_blk uint8, f fp32) for one copy with global amax a_g (NUMERICS.md §5.1-§5.3)."""
+    """A function a_b -> (s_blk uint8, f fp32) for one copy with global amax a_g (docs/numerics.md §5.1-§5.3)."""
     s_enc, s_dec = global_scale(a_g)
     mult = block_multiplier(s_enc)
 
@@ -228,7 +228,7 @@ def _codes(y: torch.Tensor, r: torch.Tensor | None) -> torch.Tensor:
 def _quantize_rowwise(
     x2d: torch.Tensor, a_b_all: torch.Tensor, a_g: torch.Tensor, config: QuantConfig, seed: SRSeed | None
 ) -> dict:
-    """Rowwise copy NVFP4(X), blocks along K, from the block amaxes a_b_all (M, K/16) (NUMERICS.md §5.4, §5.9)."""
+    """Rowwise copy NVFP4(X), blocks along K, from the block amaxes a_b_all (M, K/16) (docs/numerics.md §5.4, §5.9)."""
     m_rows, k = x2d.shape
     blk = config.block
     chain = _copy_chain(a_g)
@@ -386,7 +386,7 @@ def _quantize_torchao(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, 
 def quantize_2d(
     x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, rng: SRSeed | None = None, state=None
 ) -> dict:
-    """NVFP4 copies of a 2-D [M, K] input as QuantizedTensor fields (NUMERICS.md §5, layouts §5.9).
+    """NVFP4 copies of a 2-D [M, K] input as QuantizedTensor fields (docs/numerics.md §5, layouts §5.9).
 
     Without RHT both copies use A_g = amax(X); with RHT the columnwise copy quantizes the bf16
     RHT(X^T) with A_g = its amax. SR bytes: rowwise stream, columnwise stream + 1. `state` is unused.
@@ -396,7 +396,7 @@ def quantize_2d(
         raise SpecViolation("quantize needs rowwise=True or colwise=True; both were False")
     seed = SRSeed.coerce(rng) if config.stochastic else None
     if config.stochastic and seed is None:
-        raise SpecViolation(f"{config.id}: stochastic rounding needs rng=(seed, stream) (NUMERICS.md §5.7)")
+        raise SpecViolation(f"{config.id}: stochastic rounding needs rng=(seed, stream) (docs/numerics.md §5.7)")
     if config.convention != "te":
         return _quantize_torchao(x2d, config, rowwise=rowwise, colwise=colwise)
     out: dict = {}
@@ -463,7 +463,7 @@ def scale_chain(x2d: torch.Tensor, config: QuantConfig, orientation: str) -> dic
 
 
 # --------------------------------------------------------------------------------------------
-# Dequantization and GEMM alpha (NUMERICS.md §5.8)
+# Dequantization and GEMM alpha (docs/numerics.md §5.8)
 # --------------------------------------------------------------------------------------------
 
 

@@ -1,6 +1,6 @@
 """Per-tensor FP8: current scaling (`fp8_current`) and delayed scaling (`fp8_delayed`, `AmaxHistory`).
 
-Source: NUMERICS.md §1 (compute_scale, current scaling, layout), §2 (delayed scaling, fused update);
+Source: docs/numerics.md §1 (compute_scale, current scaling, layout), §2 (delayed scaling, fused update);
 TE common/recipe/current_scaling.cu, common/recipe/delayed_scaling.cu, common/cast/fp8/quantize_fp8.cuh.
 
 Layout (§1): rowwise data uint8 [M, K]; colwise data uint8 [K, M], the byte-exact transpose of the
@@ -44,7 +44,7 @@ def tensor_amax(x2d: torch.Tensor) -> torch.Tensor:
 class AmaxHistory:
     """State of one fp8_delayed slot: `scale` fp32 [1] (init 1.0) and `history` fp32 [L] (init 0).
 
-    Source: NUMERICS.md §2 (fused-kernel semantics), TE common/recipe/delayed_scaling.cu.
+    Source: docs/numerics.md §2 (fused-kernel semantics), TE common/recipe/delayed_scaling.cu.
     `quantize` reads `scale` and accumulates history[0] = fmax(history[0], amax(x)); `update()`
     runs the end-of-step fused update (steps 1-6).
     """
@@ -69,7 +69,7 @@ class AmaxHistory:
         self.history[0:1] = torch.fmax(self.history[0:1], a)
 
     def update(self, reduced_amax: torch.Tensor | float | None = None) -> None:
-        """End-of-step update of `history` and `scale` (NUMERICS.md §2 steps 1-6, the fused kernel).
+        """End-of-step update of `history` and `scale` (docs/numerics.md §2 steps 1-6, the fused kernel).
 
         `reduced_amax` is the cross-rank MAX-reduced amax R of this step, if any (used when R != 0).
         """
@@ -161,7 +161,7 @@ def _scales(x2d: torch.Tensor, config: QuantConfig, state: AmaxHistory | None):
 
 
 def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, rng=None, state=None) -> dict:
-    """Per-tensor FP8 quantization of a contiguous [M, K] tensor (NUMERICS.md §1, §2).
+    """Per-tensor FP8 quantization of a contiguous [M, K] tensor (docs/numerics.md §1, §2).
 
     fp8_delayed reads `state.scale` and updates `state.history[0]`; with state=None a fresh
     AmaxHistory is used (scale 1.0) and discarded. `rng` is unused (no stochastic rounding here).
@@ -189,7 +189,7 @@ def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwis
 
 
 def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:
-    """x_hat = RN_out(RN(dec(q) * sinv)) as [M, K] (the colwise copy is transposed back). NUMERICS.md §1."""
+    """x_hat = RN_out(RN(dec(q) * sinv)) as [M, K] (the colwise copy is transposed back). docs/numerics.md §1."""
     fmt = q.config.element_format
     codes = getattr(q, f"{orientation}_data")
     sinv = getattr(q, f"{orientation}_scale").to(torch.float32)

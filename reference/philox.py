@@ -1,6 +1,6 @@
 """Philox4x32-10 counter-based generator (Random123), vectorized over counters with int64 tensors.
 
-Source: NUMERICS.md §5.7 (constants, round function, key schedule, known answer); Salmon et al.,
+Source: docs/numerics.md §5.7 (constants, round function, key schedule, known answer); Salmon et al.,
 "Parallel random numbers: as easy as 1, 2, 3" (SC'11), the Random123 `philox4x32` definition.
 Every 32-bit word is held in an int64 tensor (or a Python int) in [0, 2^32). A 32x32-bit product
 needs 64 unsigned bits, more than int64 holds without overflow, so each product is formed from two

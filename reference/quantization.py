@@ -1,6 +1,6 @@
 """`quantize` / `dequantize`: input checks shared by every scheme, then dispatch to the scheme module.
 
-Source: DESIGN.md §3 (signatures, errors), NUMERICS.md §0.1 (a tensor [..., K] is a 2-D [M, K]).
+Source: docs/design.md §3 (signatures, errors), docs/numerics.md §0.1 (a tensor [..., K] is a 2-D [M, K]).
 Documented input behaviour:
 - dtype must be float32, bfloat16 or float16 (the scheme row lists which); RHT needs bfloat16;
 - more-than-2-D inputs flatten their leading dims into M; a 1-D input is [1, K];

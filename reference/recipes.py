@@ -3,7 +3,7 @@
 Source: TE transformer_engine/common/recipe/__init__.py at d0067d0da6cb (DelayedScaling,
 Float8CurrentScaling, MXFP8BlockScaling, Float8BlockScaling, NVFP4BlockScaling, Format.HYBRID) and
 transformer_engine/pytorch/module/base.py (_2X_ACC_FPROP/DGRAD/WGRAD split-accumulator defaults);
-NUMERICS.md §1-§5 (per-scheme rules), §5.5 (NVFP4 default roles). Field names follow TE's.
+docs/numerics.md §1-§5 (per-scheme rules), §5.5 (NVFP4 default roles). Field names follow TE's.
 
 Roles: "input" (forward activation X), "weight" (W), "grad_output" (dY). RHT in TE is applied
 only to the columnwise copy of inputs and gradients; `QuantConfig.rht=True` models exactly that
@@ -35,7 +35,7 @@ def _check_gemm(gemm: str) -> None:
 
 
 def _element(fp8_format: str, role: str) -> str:
-    """HYBRID = E4M3 for forward tensors (input, weight), E5M2 for gradients (NUMERICS.md §1)."""
+    """HYBRID = E4M3 for forward tensors (input, weight), E5M2 for gradients (docs/numerics.md §1)."""
     if fp8_format not in FP8_FORMATS:
         raise ValueError(
             f"fp8_format={fp8_format!r} is invalid: expected one of {FP8_FORMATS} (pure E5M2 training is not supported)"
@@ -62,7 +62,7 @@ class _Recipe:
 
 @dataclass(frozen=True)
 class DelayedScaling(_Recipe):
-    """Per-tensor FP8 with a delayed scale from an amax history (NUMERICS.md §2; TE defaults)."""
+    """Per-tensor FP8 with a delayed scale from an amax history (docs/numerics.md §2; TE defaults)."""
 
     margin: int = 0
     fp8_format: str = "hybrid"
@@ -85,7 +85,7 @@ class DelayedScaling(_Recipe):
 
 @dataclass(frozen=True)
 class Float8CurrentScaling(_Recipe):
-    """Per-tensor FP8 current scaling (NUMERICS.md §1; TE: HYBRID, pow2 off, amax_epsilon 0)."""
+    """Per-tensor FP8 current scaling (docs/numerics.md §1; TE: HYBRID, pow2 off, amax_epsilon 0)."""
 
     fp8_format: str = "hybrid"
     use_power_2_scales: bool = False
@@ -106,10 +106,10 @@ class Float8CurrentScaling(_Recipe):
 
 @dataclass(frozen=True)
 class MXFP8BlockScaling(_Recipe):
-    """MXFP8, 1x32 blocks with E8M0 scales (NUMERICS.md §3; TE default fp8_format E4M3).
+    """MXFP8, 1x32 blocks with E8M0 scales (docs/numerics.md §3; TE default fp8_format E4M3).
 
     `enable_2d_quantization` gives weights one exponent per 32x32 tile. `e8m0_rule` is not a TE
-    field: TE and cuBLAS use `ceil`; `floor` is the OCP MX rule (NUMERICS.md §3, §7.14).
+    field: TE and cuBLAS use `ceil`; `floor` is the OCP MX rule (docs/numerics.md §3, §7.14).
     """
 
     fp8_format: str = "e4m3"
@@ -131,7 +131,7 @@ class MXFP8BlockScaling(_Recipe):
 
 @dataclass(frozen=True)
 class Float8BlockScaling(_Recipe):
-    """FP8 blockwise (NUMERICS.md §4; TE: E4M3, pow2 scales, inputs/grads 1x128, weights 128x128).
+    """FP8 blockwise (docs/numerics.md §4; TE: E4M3, pow2 scales, inputs/grads 1x128, weights 128x128).
 
     `use_f32_scales` is TE's NVTE_FP8_BLOCK_SCALING_FP32_SCALES (pow2 = not use_f32_scales).
     A 2-D x 2-D GEMM is not allowed, so TE's combinations with two 2-D roles are rejected.
@@ -154,7 +154,7 @@ class Float8BlockScaling(_Recipe):
             if dims[p] == 2 and dims[q] == 2:
                 raise ValueError(
                     f"{p}_block_scaling_dim=2 with {q}_block_scaling_dim=2 is invalid: "
-                    "a 2-D x 2-D blockwise GEMM is not supported (NUMERICS.md §4, §6)"
+                    "a 2-D x 2-D blockwise GEMM is not supported (docs/numerics.md §4, §6)"
                 )
 
     def config(self, role: str) -> QuantConfig:
@@ -178,7 +178,7 @@ class Float8BlockScaling(_Recipe):
 
 @dataclass(frozen=True)
 class NVFP4BlockScaling(_Recipe):
-    """NVFP4 (NUMERICS.md §5.5 default roles; TE NVFP4BlockScaling and its three toggles).
+    """NVFP4 (docs/numerics.md §5.5 default roles; TE NVFP4BlockScaling and its three toggles).
 
     input: 1x16, RN, RHT on the colwise copy; weight: 16x16, RN, no RHT; grad_output: 1x16, SR,
     RHT on the colwise copy. disable_rht / disable_stochastic_rounding / disable_2d_quantization

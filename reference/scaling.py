@@ -1,4 +1,4 @@
-"""The shared scale rule and NaN-ignoring amax (NUMERICS.md §0.1 amax, §1 compute_scale).
+"""The shared scale rule and NaN-ignoring amax (docs/numerics.md §0.1 amax, §1 compute_scale).
 
 Source: TE common/recipe/recipe_common.cuh (compute_scale), common/recipe/current_scaling.cu (amax).
 """

@@ -1,7 +1,7 @@
 """The spec rules: what input a quantize, dequantize or GEMM accepts, one function and one message per rule.
 
-Source: DESIGN.md §3 (errors: SpecViolation for input that breaks the spec, naming what was
-expected and what was given), NUMERICS.md §0.1 (a tensor [..., K] is a 2-D [M, K]), §3 / §5.5
+Source: docs/design.md §3 (errors: SpecViolation for input that breaks the spec, naming what was
+expected and what was given), docs/numerics.md §0.1 (a tensor [..., K] is a 2-D [M, K]), §3 / §5.5
 (no partial blocks), §5.6 (RHT needs bfloat16), §5.7 (stochastic rounding needs a seed), §6 (GEMM
 operands, no 2-D x 2-D fp8_block). The reference, the native backend and the case generator all
 call these functions, so the same bad input raises the same exception with the same message
@@ -39,7 +39,7 @@ def quantize_rule(config: QuantConfig, shape: tuple[int, ...], dtype: str, *, wh
         raise SpecViolation(f"{config.scheme}: input dtype {dtype} is not allowed; expected one of {sch.input_dtypes}",
                             rule="dtype")
     if config.rht and dtype != "bfloat16":
-        raise SpecViolation(f"{config.id}: RHT needs a bfloat16 input (NUMERICS.md §5.6), got {dtype}", rule="rht")
+        raise SpecViolation(f"{config.id}: RHT needs a bfloat16 input (docs/numerics.md §5.6), got {dtype}", rule="rht")
     if len(shape) == 0:
         raise SpecViolation(f"{config.scheme}: a 0-d tensor cannot be quantized; expected [..., K]", rule="shape")
     if math.prod(shape) == 0:
@@ -52,7 +52,7 @@ def quantize_rule(config: QuantConfig, shape: tuple[int, ...], dtype: str, *, wh
                 # NUMERICS: §3 / §5.5 - no partial blocks for mxfp8 and nvfp4.
                 raise SpecViolation(
                     f"{config.id}: {what} {dim_name}={n} (shape {tuple(shape)}) is not a multiple of {blk}; "
-                    f"{config.scheme} does not support partial blocks (NUMERICS.md §3/§5.5)",
+                    f"{config.scheme} does not support partial blocks (docs/numerics.md §3/§5.5)",
                     rule="shape",
                 )
 
@@ -71,7 +71,7 @@ def gemm_rule(a: QuantConfig, b: QuantConfig, layout: str) -> None:
         # NUMERICS: §4 / §6 - a 2-D x 2-D blockwise GEMM is not allowed (cuBLASLt rejects it).
         raise SpecViolation(
             f"a.config.tile={a.tile} and b.config.tile={b.tile}: a 2-D x 2-D {a.scheme} GEMM is not allowed "
-            "(NUMERICS.md §6)",
+            "(docs/numerics.md §6)",
             rule="gemm",
         )
     rht_a, rht_b = a.rht and lay.a == "colwise", b.rht and lay.b == "colwise"  # NUMERICS: §5.6 colwise only
@@ -109,7 +109,7 @@ def check_quantize(
     quantize_rule(config, tuple(x.shape), dtype_name(x.dtype))
     seed = SRSeed.coerce(rng)
     if config.stochastic and seed is None:
-        raise SpecViolation(f"{config.id}: stochastic rounding needs rng=(seed, stream) (NUMERICS.md §5.7)")
+        raise SpecViolation(f"{config.id}: stochastic rounding needs rng=(seed, stream) (docs/numerics.md §5.7)")
     # NUMERICS: §0.1 - leading dims flatten into M; a 1-D input is [1, K].
     return x.reshape(-1, x.shape[-1]).contiguous(), seed
 

@@ -1,6 +1,6 @@
 """Stochastic rounding to E2M1 and the assignment of Philox random bytes to elements.
 
-Source: NUMERICS.md §5.7 - the rounding rule is TE's software rule (common/util/ptx.cuh,
+Source: docs/numerics.md §5.7 - the rounding rule is TE's software rule (common/util/ptx.cuh,
 stochastic_round_fp4_e2m1); the bit assignment is this project's contract, chosen so the reference
 replays a kernel's bits exactly, independently of any thread mapping.
 """
@@ -14,7 +14,7 @@ import torch
 from . import casts, fp32, philox
 from .formats import E2M1
 
-# Random bytes per Philox call: only word x0 is used, one byte per element (NUMERICS.md §5.7).
+# Random bytes per Philox call: only word x0 is used, one byte per element (docs/numerics.md §5.7).
 GROUP = 4
 _BYTE_BITS = 8  # r in 0..255, u = r / 2^8
 

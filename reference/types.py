@@ -1,7 +1,7 @@
 """Contract types shared by every backend: QuantizedTensor, the SR seed, and the two error kinds.
 
-Source: DESIGN.md §3. Data and scales use TE's compact layouts with TE's padded scale shapes
-(NUMERICS.md §1-§5); padding is zero-filled by the reference and compared only on the valid region.
+Source: docs/design.md §3. Data and scales use TE's compact layouts with TE's padded scale shapes
+(docs/numerics.md §1-§5); padding is zero-filled by the reference and compared only on the valid region.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class Unsupported(Exception):
 
 @dataclass(frozen=True)
 class SRSeed:
-    """The (seed, stream) pair that fixes stochastic-rounding bits (NUMERICS.md §5.7).
+    """The (seed, stream) pair that fixes stochastic-rounding bits (docs/numerics.md §5.7).
 
     The rowwise copy draws from `stream`, the columnwise copy from `stream + 1` (mod 2^32).
     """
@@ -61,7 +61,7 @@ class QuantizedTensor:
     """One quantized tensor: per orientation the codes, the decode scale (TE's scale_inv) and the amax.
 
     `shape` is the logical high-precision shape; `hp_dtype` the input dtype's name. Fields of an
-    orientation that was not requested are None. Layout per scheme: NUMERICS.md §1 (data_T),
+    orientation that was not requested are None. Layout per scheme: docs/numerics.md §1 (data_T),
     §3.Layouts (MXFP8, colwise not transposed), §4 (blockwise), §5.9 (NVFP4).
     """
 

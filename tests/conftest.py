@@ -1,4 +1,4 @@
-"""Test-wide numerics settings (NUMERICS.md §0.2.7) and the `gpu` marker's clean skip."""
+"""Test-wide numerics settings (docs/numerics.md §0.2.7) and the `gpu` marker's clean skip."""
 
 import pytest
 import torch

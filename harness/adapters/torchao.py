@@ -8,7 +8,7 @@ tensorwise). Under a case whose config names a torchao convention (`torchao_floo
 `torchao_nvfp4`, `torchao_float8`) the adapter uses that mode, so the golden under the same convention
 must match it bit for bit (docs/numerics.md §10.3-§10.6).
 
-Layout conversions (torchao -> ours, NUMERICS.md §1, §3, §5.9):
+Layout conversions (torchao -> ours, docs/numerics.md §1, §3, §5.9):
 - MX: data [M, K] fp8 and E8M0 scales [M, K/32] -> bytes, scales zero-padded to S_r; the colwise copy is
   to_mx of X^T ([K, M], scales [K, M/32]) transposed back to data [M, K] and S_c [M/32, K].
 - NVFP4: packed data [M, K/2] (even element in the low nibble, as ours) and E4M3 scales [M, K/16] ->

@@ -1,5 +1,5 @@
 // Portable block-scaled GEMM for every scheme, on any GPU: the decode + fp32-accumulate model of
-// NUMERICS.md §6, with a fixed, documented accumulation order (no tensor cores, no atomics, so the
+// docs/numerics.md §6, with a fixed, documented accumulation order (no tensor cores, no atomics, so the
 // result is deterministic and independent of the launch shape).
 //
 // out[m, n] = sum_k a(m, k) * b(n, k): both operands are read "K-major" through strides, so every
@@ -106,7 +106,7 @@ typedef long long i64;
 #define RM (BM / TY)
 #define RN_ (BN / TX)
 
-// Exact value of a code of a generic (exp_bits, man_bits, bias) format; NUMERICS §0.4.
+// Exact value of a code of a generic (exp_bits, man_bits, bias) format; docs/numerics.md §0.4.
 // HAS_INF: IEEE-like (exponent all ones = Inf/NaN); else NAN_CODE (>= 0) is the only NaN magnitude.
 template <int BITS, int EXP, int MAN, int BIAS, int HAS_INF, int NAN_CODE>
 __device__ float decode_code(u32 c) {

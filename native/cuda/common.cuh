@@ -1,8 +1,8 @@
 // Shared device helpers of the native quantizers: input widening, vector loads, the saturating FP8
 // cast, E8M0 rules, NaN-ignoring amax, compute_scale, and the 128x128 tile geometry.
-// Source: NUMERICS.md §0.1, §0.3, §0.5, §1; TE common/util/ptx_arch_spec.cuh (e8m0_up),
+// Source: docs/numerics.md §0.1, §0.3, §0.5, §1; TE common/util/ptx_arch_spec.cuh (e8m0_up),
 // common/recipe/recipe_common.cuh (compute_scale), common/utils.cuh (amax reductions).
-// Format numbers arrive only as -D defines from native/_compile.py::defines_for (DESIGN.md §2).
+// Format numbers arrive only as -D defines from native/_compile.py::defines_for (docs/design.md §2).
 // Compiled ONLY through native/_compile.py (-ftz=false -prec-div=true -prec-sqrt=true -fmad=false).
 #pragma once
 
@@ -28,13 +28,13 @@ typedef unsigned long long u64;
 typedef long long i64;
 
 // ---------------------------------------------------------------------------------------------
-// Input widening (exact: NUMERICS §0.1 "widening bf16/fp16 -> fp32" is not a rounding point)
+// Input widening (exact: docs/numerics.md §0.1 "widening bf16/fp16 -> fp32" is not a rounding point)
 // ---------------------------------------------------------------------------------------------
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 
-// v_inf of blockwise scaling = the input dtype's max finite (NUMERICS §4), from defines.
+// v_inf of blockwise scaling = the input dtype's max finite (docs/numerics.md §4), from defines.
 template <typename T> struct InputMax;
 template <> struct InputMax<float> { static constexpr float value = INPUT_MAX_FLOAT32; };
 template <> struct InputMax<__nv_bfloat16> { static constexpr float value = INPUT_MAX_BFLOAT16; };
@@ -89,7 +89,7 @@ __device__ __forceinline__ void load8_vec(const T* p, float v[8]) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Saturating FP8 cast (NUMERICS §0.3, §0.5)
+// Saturating FP8 cast (docs/numerics.md §0.3, §0.5)
 // ---------------------------------------------------------------------------------------------
 // NUMERICS: §0.3/§0.5 - __nv_cvt_float_to_fp8(v, __NV_SATFINITE, .) is cvt.rn.satfinite on sm_89+:
 // RNE on the format grid (subnormals included), |v| > max and +-inf -> +-max, -0.0 kept; NaN of
@@ -165,7 +165,7 @@ __device__ __forceinline__ unsigned char sat_scale(float v) { return sat_fp8<SCA
 #endif
 
 // ---------------------------------------------------------------------------------------------
-// E8M0 (NUMERICS §0.5)
+// E8M0 (docs/numerics.md §0.5)
 // ---------------------------------------------------------------------------------------------
 // NUMERICS: §0.5 e8m0_up - software bit rule (TE ptx_arch_spec.cuh): NaN -> 0xFF; +inf -> 0xFE;
 // otherwise E + 1 if F != 0 and E != 0xFE and not (E == 0 and F <= 0x400000 (= 2^-127)), else E.
@@ -324,7 +324,7 @@ __device__ __forceinline__ bool tile_interior(const TileOrigin& t, i64 M, i64 K,
 }
 // This thread's 8 x 8 values of a tile, as loaded. fp32 inputs are kept as floats; 16-bit inputs stay
 // packed two per register (half the registers, so more CTAs fit on an SM) and are widened where they
-// are read. Widening bf16/fp16 -> fp32 is exact (NUMERICS §0.1), so at() gives the same values either way.
+// are read. Widening bf16/fp16 -> fp32 is exact (docs/numerics.md §0.1), so at() gives the same values either way.
 template <typename T>
 struct TileVals {
   unsigned int w[kPasses][kVec / 2];  // element j of pass p: 16-bit half (j & 1) of w[p][j / 2]
@@ -464,7 +464,7 @@ __device__ __forceinline__ void quantize_tile_one_scale(const TileVals<T>& t, fl
 }
 #endif
 
-// RN to the output dtype (NUMERICS §0.1 RN_out).
+// RN to the output dtype (docs/numerics.md §0.1 RN_out).
 __device__ __forceinline__ void store_out(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store_out(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 __device__ __forceinline__ void store_out(__half* p, float v) { *p = __float2half_rn(v); }

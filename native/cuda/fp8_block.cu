@@ -1,5 +1,5 @@
 // FP8 blockwise quantization (1x128 and 128x128 tiles, fp32 scales) and its dequantization.
-// Source: NUMERICS.md §4 (scale rule, layouts), §1 compute_scale; TE
+// Source: docs/numerics.md §4 (scale rule, layouts), §1 compute_scale; TE
 // common/transpose/quantize_transpose_{vector,square}_blockwise.cu.
 // schemes: fp8_block
 #include "common.cuh"

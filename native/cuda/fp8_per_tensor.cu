@@ -1,6 +1,6 @@
 // Per-tensor FP8: current scaling (amax pass, scale, cast + transpose) and delayed scaling (cast with a
 // stored scale that accumulates the step amax, and the fused amax-history update).
-// Source: NUMERICS.md §1 (current), §2 (delayed); TE common/recipe/current_scaling.cu,
+// Source: docs/numerics.md §1 (current), §2 (delayed); TE common/recipe/current_scaling.cu,
 // common/recipe/delayed_scaling.cu, common/cast/fp8/quantize_fp8.cuh.
 // schemes: fp8_current fp8_delayed
 #include "common.cuh"
@@ -64,10 +64,10 @@ struct CastShared {
 // q = sat(RN(x * s)) (one fp32 multiply, no FMA) into q_row [M, K] and/or q_col [K, M]
 // (byte-exact transpose).
 // Current scaling (amax_in non-null, the finished amax pass): every CTA derives s from amax_in[0]
-// (NUMERICS §1: s = compute_scale(A, fp8_max, pow2, eps, v_inf = FLT_MAX)); CTA 0 stores it in
+// (docs/numerics.md §1: s = compute_scale(A, fp8_max, pow2, eps, v_inf = FLT_MAX)); CTA 0 stores it in
 // scale[0], sinv = RN(1/s) in sinv[0], and the second copy's own amax_copy / sinv_copy (may be null).
 // Delayed scaling (amax_in null): s = scale[0]; sinv (if non-null) receives RN(1/s); amax_acc (if
-// non-null) receives fmax(amax_acc, amax(x)) (NUMERICS §2: H[0] <- fmax(H[0], amax(x)), amax of the
+// non-null) receives fmax(amax_acc, amax(x)) (docs/numerics.md §2: H[0] <- fmax(H[0], amax(x)), amax of the
 // UNSCALED input).
 // FULL: an interior tile (tile_interior): no bounds checks, vector loads and stores only.
 template <typename T, bool FULL>

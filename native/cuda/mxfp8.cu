@@ -1,5 +1,5 @@
 // MXFP8 quantization (E4M3/E5M2 data, UE8M0 scale per 32 elements; 1x32 or 32x32 tiles) and its
-// dequantization. Source: NUMERICS.md §3, §0.5 (e8m0_up / e8m0_floor, P(e), D(e)); TE
+// dequantization. Source: docs/numerics.md §3, §0.5 (e8m0_up / e8m0_floor, P(e), D(e)); TE
 // common/cast/mxfp8/quantize_mxfp8.cuh.
 // schemes: mxfp8
 #include "common.cuh"
@@ -10,7 +10,7 @@
 
 using namespace nh;
 
-constexpr int kMx = 32;                    // MX block length (NUMERICS §3)
+constexpr int kMx = 32;                    // MX block length (docs/numerics.md §3)
 constexpr int kMxPerTile = kTile / kMx;    // 4 blocks per tile side
 constexpr int kLanesPerMx = kMx / kVec;    // 4 lanes cover one 1x32 block
 static_assert(BLOCK == kMx, "mxfp8 blocks are 32 long");

@@ -2,7 +2,7 @@
 // rowwise and the columnwise copy (1x16 or 16x16 blocks, RN or SR, optional RHT), and TE's
 // dequantization.
 //
-// Source: NUMERICS.md §5 (NVFP4), §0.3 (kernel rules); TE common/cast/nvfp4/
+// Source: docs/numerics.md §5 (NVFP4), §0.3 (kernel rules); TE common/cast/nvfp4/
 // (quantize_transpose_nvfp4.cuh, dequantize_nvfp4.cuh), common/hadamard_transform/.
 //
 // The copy being quantized is a logical [R, C] matrix: the rowwise copy is X [M, K], blocks along
@@ -17,7 +17,7 @@
 // The post-RHT amax kernel reads the same tiles as the quantize kernel. The amax kernels, which run
 // first in every call, also write the zero padding of the scale tensors (the outputs come from
 // torch.empty). A block is encoded without the per-element NaN rule and fixed afterwards when its
-// NaN-propagating amax says it holds a NaN (NUMERICS §0.5: NaN -> +6).
+// NaN-propagating amax says it holds a NaN (docs/numerics.md §0.5: NaN -> +6).
 //
 // The rounding code (encode_block and the nvfp4.cuh rules it calls) is __host__ __device__ so the
 // same code can be replayed on a CPU (tests/unit/host); the quantize kernel only moves data between
@@ -190,7 +190,7 @@ __device__ __forceinline__ void zero_scale_paddings(const ScalePads& p, i64 m_ro
     zero_scale_padding(p.col_scale, p.col_stride, p.col_scale_rows, k_cols, m_rows / BLOCK, first, step);
 }
 
-// Encode block (r, cb) of the copy from its 16 values v, whose block amax is amax_b (NUMERICS.md
+// Encode block (r, cb) of the copy from its 16 values v, whose block amax is amax_b (docs/numerics.md
 // §5.5: block_amax(v) in 1-D builds, the 16x16 tile amax in 2-D ones); has_nan: some v[i] is NaN.
 // NUMERICS: §5.1-§5.4, §5.7, §5.9.
 template <bool SR>
@@ -373,7 +373,7 @@ NVFP4_HD void dequantize_unit(const u8* data, const u8* scale, i64 scale_stride,
 }
 
 // The copy modes of this build come from defines_for(config): RHT (columnwise copy of bf16 input
-// only, NUMERICS.md §5.6), STOCHASTIC (§5.7), IS_2D (§5.5).
+// only, docs/numerics.md §5.6), STOCHASTIC (§5.7), IS_2D (§5.5).
 #if !defined(RHT) || !defined(STOCHASTIC) || !defined(IS_2D)
 #error "nvfp4.cu needs RHT, STOCHASTIC and IS_2D (native/_compile.defines_for)"
 #endif
@@ -393,7 +393,7 @@ using namespace nvfp4;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 
 // Combine per-thread amaxes (all >= +0) into *out (and *out2 unless null) with an integer max on the
-// bits (NUMERICS.md §0.1: valid because every value is >= +0): warp shuffle, then shared memory,
+// bits (docs/numerics.md §0.1: valid because every value is >= +0): warp shuffle, then shared memory,
 // one atomic per block and output.
 __device__ __forceinline__ void amax_commit(float a, u32* out, u32* out2 = nullptr) {
     __shared__ u32 warp_max[32];

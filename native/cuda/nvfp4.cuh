@@ -1,7 +1,7 @@
 // NVFP4 scalar rules shared by the kernels in nvfp4.cu: the E2M1 and E4M3 casts, the two-level
 // scale chain, the stochastic-rounding rule, Philox4x32-10 and the 16-point RHT.
 //
-// Source: NUMERICS.md §0.3 (kernel rules), §0.5 (casts), §5.1-§5.8 (NVFP4); TE
+// Source: docs/numerics.md §0.3 (kernel rules), §0.5 (casts), §5.1-§5.8 (NVFP4); TE
 // common/cast/nvfp4/core_nvfp4.cuh, common/util/ptx.cuh (SR), common/hadamard_transform/.
 //
 // Every function is __host__ __device__: the device build is what runs; the host build exists so
@@ -72,7 +72,7 @@ NVFP4_HD float u2f(u32 u) {
 #endif
 }
 
-NVFP4_HD float flt_max() { return FP32_MAX; }  // 0x7F7FFFFF, NUMERICS.md §0.1
+NVFP4_HD float flt_max() { return FP32_MAX; }  // 0x7F7FFFFF, docs/numerics.md §0.1
 
 // NUMERICS: §0.3 - write every rounding point with the _rn intrinsics so nothing is contracted or
 // approximated (host build: plain IEEE operators, compiled with -ffp-contract=off).
@@ -148,7 +148,7 @@ NVFP4_HD float d2f_rn(double d) {
 
 NVFP4_HD bool is_nan(float v) { return v != v; }
 
-// fmin/fmax ignore NaN (NUMERICS.md §0.1): fminf/fmaxf on both sides.
+// fmin/fmax ignore NaN (docs/numerics.md §0.1): fminf/fmaxf on both sides.
 NVFP4_HD float fmin_nn(float a, float b) { return fminf(a, b); }
 NVFP4_HD float fmax_nn(float a, float b) { return fmaxf(a, b); }
 
@@ -183,7 +183,7 @@ NVFP4_HD float f16_to_f32(u16 h) {
 #endif
 }
 
-// RN_bf16 of an fp32 value, returned widened to fp32 (NUMERICS.md §5.6). Device: cvt.rn.bf16.f32
+// RN_bf16 of an fp32 value, returned widened to fp32 (docs/numerics.md §5.6). Device: cvt.rn.bf16.f32
 // (RN, subnormals kept, overflow to inf; a NaN becomes the canonical NaN, whose payload is not
 // observable in an RHT output: NaN encodes as the +6 code and every amax ignores it). Host: the
 // same rounding on the bits (NaN returned as is).
@@ -298,7 +298,7 @@ NVFP4_HD float e2m1_value(u32 code) {
 }
 
 // ---- E2M1 stochastic rounding ------------------------------------------------------------------
-constexpr int SR_BITS = 8;  // one random byte per element (NUMERICS.md §5.7)
+constexpr int SR_BITS = 8;  // one random byte per element (docs/numerics.md §5.7)
 
 // NUMERICS: §5.7 rounding rule (TE ptx.cuh stochastic_round_fp4_e2m1): a = |y|, u = r/256,
 // t = RN(a + u*step(a)), q = fmin(floor(t/step(t))*step(t), 6); sign of y kept; |y| > 6 -> 6.
@@ -412,7 +412,7 @@ NVFP4_HD U4 philox4x32_10(U4 c, u32 k0, u32 k1) {
     return c;
 }
 
-// Random word x0 of group g = floor(L/4) (NUMERICS.md §5.7): key (seed lo, seed hi), counter
+// Random word x0 of group g = floor(L/4) (docs/numerics.md §5.7): key (seed lo, seed hi), counter
 // (g lo, g hi, stream, 0). Byte i of the word drives position L = 4g + i.
 NVFP4_HD u32 sr_word(u64 group, u32 stream, u64 seed) {
     U4 c;

@@ -1,7 +1,7 @@
 """A golden computed on the GPU is the CPU golden: same bytes, same rows (harness.runner, golden="same").
 
 Source: harness/runner.py (GOLDEN_DEVICES: the reference runs on the candidate's device and the
-comparison happens there), NUMERICS.md §0.2.8 (the reference gives identical bits on CPU and CUDA),
+comparison happens there), docs/numerics.md §0.2.8 (the reference gives identical bits on CPU and CUDA),
 reference.gemm.fp64_sums_exact (a GEMM whose fp64 sums are not exact keeps a CPU golden output).
 
 Cases: a deterministic slice of the smoke tier (every op and scheme; every 3rd case), plus GEMMs

@@ -1,6 +1,6 @@
 """Native FP8 quantizers (fp8_current, fp8_delayed, mxfp8, fp8_block) against the golden reference, byte for byte.
 
-Source: NUMERICS.md §1-§4, §0.3 (a GPU test must see a subnormal result survive), §8 vectors.
+Source: docs/numerics.md §1-§4, §0.3 (a GPU test must see a subnormal result survive), §8 vectors.
 Every toggle (pow2 / fp32 scales, eps, e8m0 ceil / floor, e4m3 / e5m2, 1-D / 2-D tiles, rowwise /
 colwise copies), fp32 / bf16 / fp16 inputs, shapes that are not multiples of 128 (fp8_block partial
 tiles), tall / skinny, misaligned and non-contiguous inputs, 8192x8192. Small cases compare with the
@@ -355,7 +355,7 @@ def test_delayed_steps_match_reference():
 @pytest.mark.parametrize(
     "cfg_kw, history, scale, want_hist, want_scale_bits",
     [
-        # NUMERICS §8 delayed rows (L = 4, fp8_max 448).
+        # docs/numerics.md §8 delayed rows (L = 4, fp8_max 448).
         ({}, [5, 1, 2, 3], 1.0, [0, 2, 3, 5], 0x42B33333),
         ({"margin": 1}, [5, 1, 2, 3], 1.0, [0, 2, 3, 5], 0x42333333),
         ({"element": "e5m2"}, [5, 1, 2, 3], 1.0, [0, 2, 3, 5], 0x46333333),
@@ -376,7 +376,7 @@ def test_delayed_update_numerics_vectors(cfg_kw, history, scale, want_hist, want
 
 
 def test_delayed_cast_is_the_saturating_cast_with_scale_one():
-    # A fresh state has scale 1: q = sat_fp8(x). NUMERICS §8 sat_e4m3 / sat_e5m2 rows, fp32 input.
+    # A fresh state has scale 1: q = sat_fp8(x). docs/numerics.md §8 sat_e4m3 / sat_e5m2 rows, fp32 input.
     e4 = [448, 464, 465, 1e6, float("inf"), -float("inf"), float("nan"), _f(0xFFC00000), -0.0,
           2.0**-9, 2.0**-10, 2.0**-10 + 2.0**-20, 1.5 * 2.0**-9, 17, 19]
     want4 = [0x7E, 0x7E, 0x7E, 0x7E, 0x7E, 0xFE, 0x7F, 0x7F, 0x80, 0x01, 0x00, 0x01, 0x02, 0x58, 0x5A]
@@ -392,7 +392,7 @@ def test_delayed_cast_is_the_saturating_cast_with_scale_one():
 
 
 # --------------------------------------------------------------------------------------------
-# NUMERICS §8 vectors and subnormal survival (§0.3)
+# docs/numerics.md §8 vectors and subnormal survival (§0.3)
 # --------------------------------------------------------------------------------------------
 
 
@@ -417,7 +417,7 @@ def test_current_scaling_vectors():
 
 
 def test_subnormal_sinv_survives_fp8_current():
-    # NUMERICS §0.3 / §8: amax 1e-37 -> s = FLT_MAX, sinv = RN(1/FLT_MAX) = 0x00200000 (flushed to 0 under FTZ).
+    # docs/numerics.md §0.3 / §8: amax 1e-37 -> s = FLT_MAX, sinv = RN(1/FLT_MAX) = 0x00200000 (flushed to 0 under FTZ).
     x = torch.tensor([[1e-37, -5e-38]], dtype=torch.float32, device="cuda")
     q = native.quantize(x, QuantConfig("fp8_current"), rowwise=True, colwise=True)
     assert _b(q.rowwise_scale) == [0x00200000] and _b(q.colwise_scale) == [0x00200000]
@@ -430,7 +430,7 @@ def test_subnormal_sinv_survives_fp8_current():
 
 
 def test_subnormal_sinv_survives_fp8_block():
-    # NUMERICS §8: a 1x128 block with amax 1e-37, fp32 scales: fp32 input s = FLT_MAX, sinv 0x00200000;
+    # docs/numerics.md §8: a 1x128 block with amax 1e-37, fp32 scales: fp32 input s = FLT_MAX, sinv 0x00200000;
     # bf16 input s = BF16_MAX, sinv 0x00202020; pow2: s = 2^127, sinv 2^-127 (0x00400000).
     row = torch.zeros(1, 128)
     row[0, 0], row[0, 7] = 1e-37, -3e-38
@@ -463,7 +463,7 @@ def test_subnormal_products_survive_mxfp8():
 
 
 def test_mxfp8_vectors():
-    # NUMERICS §8: amax 112 -> e 125 (P = 4): 112, 1, -3, 0.01 -> 7E 48 D4 12;
+    # docs/numerics.md §8: amax 112 -> e 125 (P = 4): 112, 1, -3, 0.01 -> 7E 48 D4 12;
     # amax 120 -> ceil 126 (P = 2): 77 40 CC 0A; floor 125 (P = 4): 120 -> 0x7E (clipped).
     x = torch.zeros(64, 32)
     x[0, :4] = torch.tensor([112.0, 1.0, -3.0, 0.01])
@@ -491,7 +491,7 @@ def test_mxfp8_vectors():
 
 
 def test_fp8_block_bf16_vector():
-    # NUMERICS §8: bf16 block with amax 3: 3, 1, -0.5, 2.9 -> pow2 s = 128: 7C 70 E8 7C;
+    # docs/numerics.md §8: bf16 block with amax 3: 3, 1, -0.5, 2.9 -> pow2 s = 128: 7C 70 E8 7C;
     # fp32 scales (s = 0x43155555): 7E 71 E9 7E.
     x = torch.zeros(1, 128, dtype=torch.bfloat16)
     x[0, :4] = torch.tensor([3.0, 1.0, -0.5, 2.9]).to(torch.bfloat16)

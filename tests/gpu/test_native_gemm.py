@@ -1,6 +1,6 @@
 """Native GEMMs (native/gemm.py, native/cublaslt.py, native/cuda/block_scaled_gemm.cu).
 
-What is checked, and against what (NUMERICS.md §6):
+What is checked, and against what (docs/numerics.md §6):
 - CPU: the operand addressing (OperandView) of every scheme x orientation reproduces
   `reference.dequantize` bit for bit; kernel defines come from the formats rows; spec violations.
 - GPU, exact-representable mode: every native method equals an fp64 oracle built from
@@ -215,7 +215,7 @@ def build_operand(config, layout_dims, orientation, codes, scales, amax=None):
     """A QuantizedTensor of logical `layout_dims` whose `orientation` copy holds `codes` [outer, K]
     and block scales `scales` [outer, nkb] (raw storage values: fp32 sinv, E8M0 / E4M3 bytes).
 
-    Layouts: NUMERICS §1 (data_T), §3 (MXFP8 colwise not transposed, S_c [kb, i]), §4 (1-D sinv
+    Layouts: docs/numerics.md §1 (data_T), §3 (MXFP8 colwise not transposed, S_c [kb, i]), §4 (1-D sinv
     [kb, i], 2-D [ib, kb]), §5.9 (NVFP4 [i, kb]).
     """
     r, c = layout_dims
@@ -387,7 +387,7 @@ def assert_bits_equal(got: torch.Tensor, want: torch.Tensor, what: str):
 
 @pytest.mark.gpu
 def test_portable_subnormal_result_survives():
-    """NUMERICS §0.3: y = 1 * 2^-127 must come out as 0x00400000, not flushed to zero."""
+    """docs/numerics.md §0.3: y = 1 * 2^-127 must come out as 0x00400000, not flushed to zero."""
     dev = torch.device("cuda")
     cfg = QuantConfig("fp8_block")
     one = int(casts.saturating_cast(torch.tensor([1.0]), E4M3)[0])
@@ -407,7 +407,7 @@ def test_portable_subnormal_result_survives():
 @pytest.mark.parametrize("layout", ["TN", "NN", "NT"])
 @pytest.mark.parametrize("cfg_id,a_cfg,b_cfg", CONFIGS, ids=CONFIG_IDS)
 def test_portable_exact_representable_bit_exact(cfg_id, a_cfg, b_cfg, layout):
-    """NUMERICS §6 exact-representable mode: portable == fp64 oracle (and reference.gemm) bit for bit."""
+    """docs/numerics.md §6 exact-representable mode: portable == fp64 oracle (and reference.gemm) bit for bit."""
     dev = torch.device("cuda")
     m, n, k = (136, 72, 384) if a_cfg.scheme == "fp8_block" else (128, 96, 256)
     amax = 21504.0 if a_cfg.scheme == "nvfp4" and layout == "NT" else 2688.0  # alpha 64 / alpha 1
@@ -503,7 +503,7 @@ def test_cublaslt_exact_representable_bit_exact(cfg_id, a_cfg, b_cfg, layout):
 
 
 def hardware_partials_blockwise(a, b, layout, out_dtype):
-    """NUMERICS §6 / TE blockwise_fp8_gemm_reference: per 128-K block p from the tensor cores
+    """docs/numerics.md §6 / TE blockwise_fp8_gemm_reference: per 128-K block p from the tensor cores
     (torch._scaled_mm, scales 1, fp32 out, split accumulator), then FMA32 in the documented order."""
     oa, ob = gemm_layout(layout).consumes
     va, vb = operand_view(a, oa, "a"), operand_view(b, ob, "b")

@@ -1,6 +1,6 @@
 """Native's own swizzle, amax-history record and argument checks on the GPU, and the in-kernel NVFP4 alpha.
 
-Source: DESIGN.md §1 (native's own versions, cross-checked against the golden), NUMERICS.md §3 Layouts,
+Source: docs/design.md §1 (native's own versions, cross-checked against the golden), docs/numerics.md §3 Layouts,
 §5.8 (alpha), §5.9, §2. The CPU versions of these checks are tests/unit/test_native_launchers.py.
 """
 

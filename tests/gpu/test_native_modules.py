@@ -1,7 +1,7 @@
 """`native.modules.precompile` and the native backend's `prepare`: every module a sweep needs is
 compiled up front (in parallel) into the cubin cache, and the kernels then load from it.
 
-Source: DESIGN.md §2 (one cached module per (file, config, arch)), native/_compile.py (the cache).
+Source: docs/design.md §2 (one cached module per (file, config, arch)), native/_compile.py (the cache).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """native.nvfp4 (CUDA kernels) against the golden reference.quantize / dequantize, byte for byte.
 
-Source: NUMERICS.md §5 (NVFP4), §0.3 (a GPU test must see a subnormal result survive), §8 vectors.
+Source: docs/numerics.md §5 (NVFP4), §0.3 (a GPU test must see a subnormal result survive), §8 vectors.
 Every toggle: 1x16 / 16x16 tiles, RHT, SR, rowwise / colwise copies, fp32 / bf16 / fp16 inputs
 where the config allows them; shapes 16x16, 48x80, 2048x4096 and one large; special inputs (zeros,
 -0, NaN, +-Inf, subnormals, tiny and huge global amax). The reference runs on CPU.
@@ -165,7 +165,7 @@ def _needs_cupy():
 
 
 def test_subnormal_results_survive():
-    """NUMERICS §0.3: no FTZ anywhere. S_dec = RN(1/FLT_MAX) = 0x00200000 must survive, and so must
+    """docs/numerics.md §0.3: no FTZ anywhere. S_dec = RN(1/FLT_MAX) = 0x00200000 must survive, and so must
     subnormal decode factors.
 
     A_g = 7e-36: S_enc = FLT_MAX (2688/A_g overflows), S_dec = 2^-128 (subnormal), m = RN(FLT_MAX *
@@ -194,7 +194,7 @@ def test_subnormal_results_survive():
 
 
 def test_vector_block_a_g_21504():
-    """NUMERICS §8: A_g = 21504, block [96, 8, 4, 12, 20, 28, 40, 56, 80, -0, -1, -96, 0...] -> 17 20 42 64 86 F8 00 00, s 0x40."""
+    """docs/numerics.md §8: A_g = 21504, block [96, 8, 4, 12, 20, 28, 40, 56, 80, -0, -1, -96, 0...] -> 17 20 42 64 86 F8 00 00, s 0x40."""
     from native import nvfp4
 
     x = torch.zeros(16, 16, dtype=torch.float32)
@@ -207,7 +207,7 @@ def test_vector_block_a_g_21504():
 
 
 def test_vector_underflow_block():
-    """NUMERICS §8: A_g = 1e6, block [1e-3, -1e-3, 5e-4, 0...] -> s_blk 0x00, f = FLT_MAX, codes 7, F, 7, 0."""
+    """docs/numerics.md §8: A_g = 1e6, block [1e-3, -1e-3, 5e-4, 0...] -> s_blk 0x00, f = FLT_MAX, codes 7, F, 7, 0."""
     from native import nvfp4
 
     x = torch.zeros(16, 16, dtype=torch.float32)
@@ -219,7 +219,7 @@ def test_vector_underflow_block():
 
 
 def test_vector_sr_bits_seed_42():
-    """NUMERICS §8: seed 42 stream 0, group 0 x0 = 0x9CEAF053 -> bytes 83, 240, 234, 156 drive elements 0..3.
+    """docs/numerics.md §8: seed 42 stream 0, group 0 x0 = 0x9CEAF053 -> bytes 83, 240, 234, 156 drive elements 0..3.
 
     With A_g = 2688 (S_enc = 1, m = fl(1/6)) and a block amax of 6 the block scale is 1.0 and f = 1,
     so y = x. y = 0.25 rounds up iff r >= 128 (the grid step at 0.25 is 0.5): r = 83 -> 0, r = 240 -> 0.5.
@@ -295,7 +295,7 @@ def test_special_inputs_match_reference(cfg_name, dtype_name, kind):
 @pytest.mark.parametrize("rowwise, colwise", [(True, True), (True, False), (False, True)], ids=["both", "row", "col"])
 def test_scale_padding_written_over_dirty_memory(cfg_name, dtype_name, shape, rowwise, colwise, monkeypatch):
     """The outputs come from torch.empty (here: filled with 0xAB): every byte, the scales' zero
-    padding (NUMERICS §5.9) included, is the kernel's to write."""
+    padding (docs/numerics.md §5.9) included, is the kernel's to write."""
     from native import nvfp4
 
     cfg = CONFIGS[cfg_name]

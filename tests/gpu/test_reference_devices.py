@@ -1,6 +1,6 @@
-"""The golden reference gives identical bytes on CUDA and on CPU (NUMERICS.md §0.2.8).
+"""The golden reference gives identical bytes on CUDA and on CPU (docs/numerics.md §0.2.8).
 
-Source: NUMERICS.md §0.2 (emulation rules that make the reference device-independent), §1-§5
+Source: docs/numerics.md §0.2 (emulation rules that make the reference device-independent), §1-§5
 (every scheme and toggle), §6 (GEMM methods). Inputs come from `harness.inputs.generate` (seeded on
 the CPU, so both devices see the same bits); the same tensor is quantized by `reference.quantize`
 on the CPU and on CUDA and every field (codes, scales, amaxes, padding) must be byte-identical;
@@ -47,7 +47,7 @@ from reference.types import QuantizedTensor, SRSeed
 
 DEVICE = "cuda"  # the device compared against the CPU
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-SR_SEED = SRSeed((1 << 40) + 0x2345, 3)  # a seed with a non-zero high key word (NUMERICS §5.7)
+SR_SEED = SRSeed((1 << 40) + 0x2345, 3)  # a seed with a non-zero high key word (docs/numerics.md §5.7)
 
 # --------------------------------------------------------------------------------------------
 # Comparison helpers
@@ -239,7 +239,7 @@ def test_single_orientation_same_bytes(cid, cfg, shape, _s):
     ids=lambda c: c.id,
 )
 def test_delayed_steps_same_bytes(cfg, dtype):
-    """State, codes and sinv after every step (NUMERICS §2), CPU state vs CUDA state."""
+    """State, codes and sinv after every step (docs/numerics.md §2), CPU state vs CUDA state."""
     sc, sd = AmaxHistory(cfg, device="cpu"), AmaxHistory(cfg, device=DEVICE)
     normal = make_x(cfg, (67, 130), "normal", dtype, 0)
     heavy = make_x(cfg, (67, 130), "heavy_tail", dtype, 1)

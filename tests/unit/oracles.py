@@ -15,7 +15,7 @@ ML_FP8 = {"e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
 
 
 def np_compute_scale(a, fp8_max, pow2, eps, v_inf):
-    """NUMERICS.md §1 compute_scale in numpy float32 scalars; pow2 via frexp (not the bit mask)."""
+    """docs/numerics.md §1 compute_scale in numpy float32 scalars; pow2 via frexp (not the bit mask)."""
     with np.errstate(over="ignore", divide="ignore"):
         a = np.float32(a)
         if a < np.float32(eps):
@@ -71,7 +71,7 @@ def wide_range_input(seed: int, shape, dtype, *, row_exp, row_exp_f16, col_exp, 
 
 
 def oracle_codes(v: np.ndarray, element: str) -> np.ndarray:
-    """sat_fp8 by ml_dtypes after clamping; NaN -> 0x7F (NUMERICS.md §0.2.3)."""
+    """sat_fp8 by ml_dtypes after clamping; NaN -> 0x7F (docs/numerics.md §0.2.3)."""
     fmt = FORMATS[element]
     nan = np.isnan(v)
     c = np.clip(np.where(nan, np.float32(0), v), -fmt.max_finite, fmt.max_finite).astype(np.float32)

@@ -1,6 +1,6 @@
 """Backend registry (names, entry points, module:object specs, errors) and the torch backend's quantizer.
 
-Expected bytes come from NUMERICS.md §8 (current scaling, amax 3) and §0.5 (sat_e4m3, NaN -> 0x7F),
+Expected bytes come from docs/numerics.md §8 (current scaling, amax 3) and §0.5 (sat_e4m3, NaN -> 0x7F),
 or from the golden reference (an independent implementation) for whole tensors.
 """
 
@@ -141,7 +141,7 @@ def _bits(t: torch.Tensor) -> int:
 
 
 def test_torch_quantize_matches_numerics_8_current_scaling_vector_amax_3():
-    # NUMERICS §8: amax 3 -> s = 0x43155555 (true division), sinv = 0x3BDB6DB7;
+    # docs/numerics.md §8: amax 3 -> s = 0x43155555 (true division), sinv = 0x3BDB6DB7;
     # 3*s = 448 exactly -> 0x7E; -3 -> 0xFE; NaN of either sign -> 0x7F (§0.5); -0.0 -> 0x80.
     x = torch.tensor([[3.0, -3.0, float("nan"), -float("nan"), -0.0, 0.0, 1.0, 2.0]])
     q = get_backend("torch").quantize(x, QuantConfig("fp8_current"), rowwise=True, colwise=True)
@@ -155,7 +155,7 @@ def test_torch_quantize_matches_numerics_8_current_scaling_vector_amax_3():
 @pytest.mark.parametrize("amax, pow2, sinv_bits", [(0.0, False, 0x3F800000), (float("inf"), False, 0x3F800000),
                                                     (1e-37, False, 0x00200000), (1e-37, True, 0x00400000)])
 def test_torch_scale_special_amax_follow_numerics_8(amax, pow2, sinv_bits):
-    # NUMERICS §8: amax 0 / +inf -> s = 1, sinv = 1; amax 1e-37 -> s = FLT_MAX, sinv = 0x00200000
+    # docs/numerics.md §8: amax 0 / +inf -> s = 1, sinv = 1; amax 1e-37 -> s = FLT_MAX, sinv = 0x00200000
     # (subnormal, kept); pow2 -> s = 2^127, sinv = 0x00400000.
     x = torch.tensor([[amax, 0.0]])
     q = get_backend("torch").quantize(x, QuantConfig("fp8_current", pow2_scales=pow2))
@@ -199,7 +199,7 @@ def test_torch_delayed_scaling_uses_the_state_scale_and_records_amax():
 @pytest.mark.gpu
 def test_torch_per_tensor_gemm_is_exact_on_exactly_representable_inputs(cuda_device):
     # Small integers with power-of-two scales: every product and partial sum is exact in fp32
-    # (NUMERICS.md §6 exact-representable mode), so cuBLAS must give the fp64 result bit for bit.
+    # (docs/numerics.md §6 exact-representable mode), so cuBLAS must give the fp64 result bit for bit.
     g = torch.Generator().manual_seed(3)
     a = torch.randint(-4, 5, (64, 128), generator=g).float()
     b = torch.randint(-4, 5, (32, 128), generator=g).float()

@@ -1,4 +1,4 @@
-"""fp8_block (1x128, 128x128) against NUMERICS.md §4 and §8: vectors, layouts, partial tiles, oracle.
+"""fp8_block (1x128, 128x128) against docs/numerics.md §4 and §8: vectors, layouts, partial tiles, oracle.
 
 Expected bytes are hand-derived in the comments (E4M3 code = s|EEEE|mmm, value (1 + m/8)·2^(E-7),
 subnormal m·2^-9) or come from an independent per-block Python loop: numpy float32 scalar
@@ -182,7 +182,7 @@ def test_special_value_corpus(vals, dtype, kw, sinv, expected):
 
 
 def test_multiplies_by_s_never_divides_by_sinv():
-    # NUMERICS §4: fp32 scales, block amax 3 -> s = 0x43155555. x = 0x3FB92492: exact x·s =
+    # docs/numerics.md §4: fp32 scales, block amax 3 -> s = 0x43155555. x = 0x3FB92492: exact x·s =
     # 215.9999876 -> RN 0x4357FFFF < 216 (midpoint of 208/224) -> 208: 0x75. RN(x / sinv) = 216.0,
     # a tie -> 224: 0x76.
     x = block_row([3.0, float(np.array([0x3FB92492], dtype=np.uint32).view(np.float32)[0])])

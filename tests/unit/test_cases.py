@@ -1,6 +1,6 @@
 """harness.cases: grid expansion, exclusions, pairwise covering, id round trips, file errors, tiers.
 
-Source: DESIGN.md §5, cases/README.md (schema), interfaces.md (Case, from_id, load_cases, TIERS).
+Source: docs/design.md §5, cases/README.md (schema), docs/design.md §5 (Case, from_id, load_cases, TIERS).
 """
 
 from __future__ import annotations

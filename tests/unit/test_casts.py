@@ -1,4 +1,4 @@
-"""Element and scale casts: NUMERICS.md §0.5 and §8 vectors, exhaustive code tables, ml_dtypes oracle."""
+"""Element and scale casts: docs/numerics.md §0.5 and §8 vectors, exhaustive code tables, ml_dtypes oracle."""
 
 from fractions import Fraction
 
@@ -27,7 +27,7 @@ def codes(t):
     return [int(c) for c in t]
 
 
-# ---- NUMERICS.md §8, byte for byte ----------------------------------------------------------
+# ---- docs/numerics.md §8, byte for byte ----------------------------------------------------------
 
 SECTION8_CASTS = [
     ("sat_e4m3-overflow", E4M3, [448, 464, 465, 1e6, INF, -INF], [0x7E, 0x7E, 0x7E, 0x7E, 0x7E, 0xFE]),
@@ -180,13 +180,13 @@ def test_ml_dtypes_oracle_random_bit_patterns(impl, fmt):
     near = rng.standard_normal(n // 2).astype(np.float32) * np.float32(fmt.max_finite / 8)
     x = np.concatenate([pats.view(np.float32)[: n // 2], near])
     ours = CASTS[impl](torch.from_numpy(x.copy()), fmt).numpy()
-    # ml_dtypes' overflow rule differs (E4M3 -> NaN, E5M2 -> Inf): clamp first (NUMERICS.md §0.2.3).
+    # ml_dtypes' overflow rule differs (E4M3 -> NaN, E5M2 -> Inf): clamp first (docs/numerics.md §0.2.3).
     clamped = np.clip(x, -fmt.max_finite, fmt.max_finite)
     with np.errstate(invalid="ignore"):  # NaN lanes; compared separately below
         theirs = clamped.astype(ML[fmt.name]).view(np.uint8) & ((1 << fmt.bits) - 1)
     differ = ours != theirs
     # The differences that remain, with their reason:
-    #  NaN inputs: NUMERICS.md §0.5/§7.1 - the GPU writes one positive code (E4M3/E5M2 0x7F, E2M1 +6 = 0x7)
+    #  NaN inputs: docs/numerics.md §0.5/§7.1 - the GPU writes one positive code (E4M3/E5M2 0x7F, E2M1 +6 = 0x7)
     #  for NaN of either sign; ml_dtypes keeps the sign (E4M3 0xFF), uses 0x7E for E5M2, and maps
     #  NaN to -0 / +0 for E2M1, which has no NaN.
     nan = np.isnan(x)

@@ -2,7 +2,7 @@
 located; metrics and ULP histograms on known vectors; GEMM/dequantized output comparison.
 
 Tie positions are found with ml_dtypes' code tables and the reference's stored scales, not with
-the code under test (NUMERICS.md §0.5 ties, §3-§5 scale chains).
+the code under test (docs/numerics.md §0.5 ties, §3-§5 scale chains).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ TIE_CASES = [
 
 
 def _expected_location(cfg, o, r, c, rows, cols):
-    """(logical row, col, block, element) of data position (r, c), from NUMERICS.md layouts."""
+    """(logical row, col, block, element) of data position (r, c), from docs/numerics.md layouts."""
     transposed = o == "colwise" and cfg.scheme != "mxfp8"
     row, col = (c, r) if transposed else (r, c)
     if cfg.tile is None:

@@ -1,4 +1,4 @@
-"""QuantConfig: scheme defaults, validation naming the field, value and rule (DESIGN.md §3)."""
+"""QuantConfig: scheme defaults, validation naming the field, value and rule (docs/design.md §3)."""
 
 import dataclasses
 
@@ -77,7 +77,7 @@ def test_format_rows_match_their_bit_definitions():
 
 
 def test_scheme_rows_carry_behaviour():
-    """The row names its reference module, GEMM methods (auto first) and accumulate flag (NUMERICS.md §6)."""
+    """The row names its reference module, GEMM methods (auto first) and accumulate flag (docs/numerics.md §6)."""
     from reference import blockwise, mxfp8, nvfp4, per_tensor
 
     mods = {"fp8_current": per_tensor, "fp8_delayed": per_tensor, "mxfp8": mxfp8, "fp8_block": blockwise,
@@ -89,7 +89,7 @@ def test_scheme_rows_carry_behaviour():
     auto = {n: r.gemm_methods[0] for n, r in SCHEMES.items()}
     assert auto == {"fp8_current": "exact", "fp8_delayed": "exact", "fp8_block": "blockwise_order",
                     "mxfp8": "block_sum", "nvfp4": "block_sum"}
-    # NUMERICS §6: only fp8_block (RN_out(C + RN_out(Y))) and nvfp4 (RN_out(C + Y)) define accumulation.
+    # docs/numerics.md §6: only fp8_block (RN_out(C + RN_out(Y))) and nvfp4 (RN_out(C + Y)) define accumulation.
     assert {n for n, r in SCHEMES.items() if r.exact_accumulate} == {"fp8_block", "nvfp4"}
     assert {n for n, r in SCHEMES.items() if r.per_tensor} == {"fp8_current", "fp8_delayed"}
     assert {n for n, r in SCHEMES.items() if r.round_before_accumulate} == {"fp8_block"}

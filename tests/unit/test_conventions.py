@@ -239,7 +239,7 @@ def block_row(values: list[float], k: int = 128) -> torch.Tensor:
 
 
 def test_vllm_group_division_by_the_decode_scale():
-    # The NUMERICS.md §8 blockwise vector: amax 3, sinv = RN(3/448); q = RN(x / sinv).
+    # The docs/numerics.md §8 blockwise vector: amax 3, sinv = RN(3/448); q = RN(x / sinv).
     q = quantize(block_row([3.0, 1.0, -0.5, 2.9]), vllm_cfg())
     assert bits32(q.rowwise_scale[:1, :1]) == bits32(torch.tensor([np.float32(3.0) / np.float32(448.0)]))
     assert q.rowwise_data[0, :4].tolist() == [0x7E, 0x71, 0xE9, 0x7E]

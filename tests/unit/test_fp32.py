@@ -1,4 +1,4 @@
-"""fp32 arithmetic rules: true division and FMA32 emulation (NUMERICS.md §0.1, §0.2.2, §0.2.6)."""
+"""fp32 arithmetic rules: true division and FMA32 emulation (docs/numerics.md §0.1, §0.2.2, §0.2.6)."""
 
 from fractions import Fraction
 
@@ -18,7 +18,7 @@ def rn32(q: Fraction) -> float:
 
 
 def test_division_is_true_ieee_not_reciprocal_multiply():
-    # NUMERICS.md §0.2.2: RN(448/3) = 0x43155555; reciprocal-then-multiply gives ...56.
+    # docs/numerics.md §0.2.2: RN(448/3) = 0x43155555; reciprocal-then-multiply gives ...56.
     s = fp32.div(448.0, torch.tensor([3.0]))
     assert fp32.bits(s).item() == 0x43155555
     assert fp32.bits(fp32.div(1.0, s)).item() == 0x3BDB6DB7

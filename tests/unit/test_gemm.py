@@ -1,6 +1,6 @@
-"""reference.gemm: the three layouts, every method, bias/accumulate, the blockwise FMA order (NUMERICS.md §6).
+"""reference.gemm: the three layouts, every method, bias/accumulate, the blockwise FMA order (docs/numerics.md §6).
 
-Operands are hand-built QuantizedTensors (codes and scales placed by this file from the NUMERICS.md
+Operands are hand-built QuantizedTensors (codes and scales placed by this file from the docs/numerics.md
 layout text, independently of reference.layouts), so expected outputs come from an exact fp64 /
 rational oracle, never from the code under test.
 """
@@ -40,7 +40,7 @@ def enc(v: torch.Tensor, fmt) -> torch.Tensor:
 
 
 def pack(codes: torch.Tensor) -> torch.Tensor:
-    """NUMERICS.md §5.4: byte j = code[2j] | code[2j+1] << 4."""
+    """docs/numerics.md §5.4: byte j = code[2j] | code[2j+1] << 4."""
     return codes[..., 0::2] | (codes[..., 1::2] << 4)
 
 
@@ -71,7 +71,7 @@ def build_per_tensor(cfg, v, sinv):
         colwise_data=codes.t().contiguous(),
         colwise_scale=s.clone(),
         colwise_amax=amax.clone(),
-    )  # NUMERICS §1: data_T is the byte-exact transpose, same sinv
+    )  # docs/numerics.md §1: data_T is the byte-exact transpose, same sinv
     return q, v * sinv, v * sinv
 
 
@@ -197,7 +197,7 @@ def random_operand(cfg: QuantConfig, m: int, k: int, g: torch.Generator, amax: f
 
 
 def oracle_y(layout, la, lb):
-    """out[m, n] = sum_k A[m, k] B[n, k] from the logical copies (docs interfaces), exact in fp64 here."""
+    """out[m, n] = sum_k A[m, k] B[n, k] from the logical copies (docs/numerics.md §6), exact in fp64 here."""
     a_r, a_c = la
     b_r, b_c = lb
     if layout == "TN":
@@ -208,7 +208,7 @@ def oracle_y(layout, la, lb):
 
 
 def expected_out(y64, scheme, out_dtype, bias=None, c=None):
-    """NUMERICS.md §6 epilogues, for a Y that is exact in fp32 (guarded)."""
+    """docs/numerics.md §6 epilogues, for a Y that is exact in fp32 (guarded)."""
     y = y64.to(F32)
     assert torch.equal(y.double(), y64), "test bug: Y not exact in fp32"
     if scheme == "fp8_block":
@@ -236,7 +236,7 @@ PAIRS = {
     "nvfp4-1Dx2D": (QuantConfig("nvfp4"), QuantConfig("nvfp4", tile=(16, 16))),
     "nvfp4-1Dx1D": (QuantConfig("nvfp4"), QuantConfig("nvfp4")),
 }
-ALPHA = {(2688.0, 2688.0): 1.0, (2688.0, 21504.0): 8.0, (21504.0, 21504.0): 64.0}  # NUMERICS §8 / §5.8
+ALPHA = {(2688.0, 2688.0): 1.0, (2688.0, 21504.0): 8.0, (21504.0, 21504.0): 64.0}  # docs/numerics.md §8 / §5.8
 
 
 def logical_shapes(layout, m, n, k):
@@ -432,7 +432,7 @@ def test_bias_added_in_fp32_before_rn_out():
 
 
 def test_nvfp4_alpha_applied():
-    """NUMERICS §8: A_g,a = A_g,b = 21504 gives alpha = 64."""
+    """docs/numerics.md §8: A_g,a = A_g,b = 21504 gives alpha = 64."""
     cfg = QuantConfig("nvfp4")
     v = torch.zeros(16, 16, dtype=torch.float64)
     v[0, 0], v[0, 1] = 1.5, 3.0

@@ -1,4 +1,4 @@
-"""Random Hadamard Transform (reference/hadamard.py), NUMERICS.md §5.6 and its §8 rows.
+"""Random Hadamard Transform (reference/hadamard.py), docs/numerics.md §5.6 and its §8 rows.
 
 The oracle is a plain-Python loop: for each output, a Python float (IEEE fp64) accumulator starting
 at +0.0 adds v_i * sigma_i * H[i, j] / 4 in the order i = 0..15, then numpy rounds to fp32 and
@@ -14,7 +14,7 @@ import torch
 
 from reference import QuantConfig, SpecViolation, hadamard, quantize
 
-SIGMA = [+1, +1, +1, -1, +1, -1, -1, -1, -1, -1, -1, +1, -1, +1, -1, -1]  # NUMERICS.md §5.6
+SIGMA = [+1, +1, +1, -1, +1, -1, -1, -1, -1, -1, -1, +1, -1, +1, -1, -1]  # docs/numerics.md §5.6
 
 
 def h_entry(i: int, j: int) -> int:
@@ -68,24 +68,24 @@ def e(i: int) -> list[float]:
 
 
 def test_rht_e0():
-    """NUMERICS.md §8: e_0 -> 0.25 * 1."""
+    """docs/numerics.md §8: e_0 -> 0.25 * 1."""
     assert rht_of_col(e(0)) == [0.25] * 16
 
 
 def test_rht_e3():
-    """NUMERICS.md §8: e_3 -> -0.25 * H[3, :] = [-1/4, 1/4, 1/4, -1/4, ...]."""
+    """docs/numerics.md §8: e_3 -> -0.25 * H[3, :] = [-1/4, 1/4, 1/4, -1/4, ...]."""
     got = rht_of_col(e(3))
     assert got[:4] == [-0.25, 0.25, 0.25, -0.25]
     assert got == [-0.25 * h_entry(3, j) for j in range(16)]
 
 
 def test_rht_all_ones():
-    """NUMERICS.md §8: all-ones -> [-1,0,1,0,1,0,-1,0,1,2,1,0,1,0,1,-2]."""
+    """docs/numerics.md §8: all-ones -> [-1,0,1,0,1,0,-1,0,1,2,1,0,1,0,1,-2]."""
     assert rht_of_col([1.0] * 16) == [-1, 0, 1, 0, 1, 0, -1, 0, 1, 2, 1, 0, 1, 0, 1, -2]
 
 
 def test_rht_bf16_tie_to_even():
-    """NUMERICS.md §8: e_0 + 2^-8 e_1 -> even j: 0.25 (tie to even), odd j: 0.2490234375."""
+    """docs/numerics.md §8: e_0 + 2^-8 e_1 -> even j: 0.25 (tie to even), odd j: 0.2490234375."""
     v = e(0)
     v[1] = 2.0**-8
     got = rht_of_col(v)

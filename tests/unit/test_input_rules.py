@@ -1,4 +1,4 @@
-"""Documented input behaviour of reference.quantize (reference/quantization.py docstring, DESIGN.md §3)."""
+"""Documented input behaviour of reference.quantize (reference/quantization.py docstring, docs/design.md §3)."""
 
 import pytest
 import torch
@@ -84,7 +84,7 @@ def test_unsupported_dtypes(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_rht_needs_bfloat16(dtype):
-    with pytest.raises(SpecViolation, match=r"RHT needs a bfloat16 input \(NUMERICS.md §5.6\)"):
+    with pytest.raises(SpecViolation, match=r"RHT needs a bfloat16 input \(docs/numerics.md §5.6\)"):
         quantize(torch.randn(32, 32).to(dtype), ALL["nvfp4-rht"], colwise=True)
 
 

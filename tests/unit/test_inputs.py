@@ -2,7 +2,7 @@
 reference scale chain, exhaustive codes reproduced, exact-representable GEMM operands.
 
 Midpoints and code tables come from ml_dtypes (an independent implementation of the formats);
-scale multipliers are read from the reference's stored scales (NUMERICS.md §1-§5).
+scale multipliers are read from the reference's stored scales (docs/numerics.md §1-§5).
 """
 
 from __future__ import annotations
@@ -239,7 +239,7 @@ def test_ties_rht_rowwise_copy_still_on_midpoints():
     assert _on_midpoint_fraction(scaled_by_encode_factor(q, x, "rowwise"), "e2m1") >= 0.88
 
 
-# ---- exact-representable GEMM operands (NUMERICS.md §6) ------------------------------------------
+# ---- exact-representable GEMM operands (docs/numerics.md §6) ------------------------------------------
 
 
 def _low_exponent(t: torch.Tensor) -> torch.Tensor:

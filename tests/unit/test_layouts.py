@@ -1,4 +1,4 @@
-"""reference.layouts: cuBLASLt swizzle (NUMERICS.md §3 Layouts, §8 swizzle row), scale shapes (§8 layouts row)."""
+"""reference.layouts: cuBLASLt swizzle (docs/numerics.md §3 Layouts, §8 swizzle row), scale shapes (§8 layouts row)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from reference.types import QuantizedTensor, SpecViolation
 
 
 def _formula_offset(i: int, j: int, c: int) -> int:
-    """NUMERICS.md §3: (i//128 * (C/4) + j//4) * 512 + (i % 32) * 16 + ((i % 128) // 32) * 4 + j % 4."""
+    """docs/numerics.md §3: (i//128 * (C/4) + j//4) * 512 + (i % 32) * 16 + ((i % 128) // 32) * 4 + j % 4."""
     return (i // 128 * (c // 4) + j // 4) * 512 + (i % 32) * 16 + ((i % 128) // 32) * 4 + j % 4
 
 
@@ -110,7 +110,7 @@ def test_layouts_vector_nvfp4():
 
 def test_layouts_blockwise_2d_and_per_tensor():
     cfg = QuantConfig("fp8_block", tile=(128, 128))
-    # NUMERICS §4: [ceil(M/128), roundup(ceil(K/128), 4)]; colwise its transpose, padded on the fast dim.
+    # docs/numerics.md §4: [ceil(M/128), roundup(ceil(K/128), 4)]; colwise its transpose, padded on the fast dim.
     assert layouts.scale_padded_shape(cfg, "rowwise", 300, 520) == (3, 8)
     assert layouts.scale_valid_shape(cfg, "rowwise", 300, 520) == (3, 5)
     assert layouts.scale_padded_shape(cfg, "colwise", 300, 520) == (5, 4)
@@ -124,7 +124,7 @@ def test_layouts_blockwise_2d_and_per_tensor():
 
 
 def test_layouts_2d_tiles_keep_1d_storage():
-    # MXFP8 32x32 and NVFP4 16x16 store one entry per row/column like 1-D (NUMERICS §3, §5.5).
+    # MXFP8 32x32 and NVFP4 16x16 store one entry per row/column like 1-D (docs/numerics.md §3, §5.5).
     assert layouts.scale_padded_shape(QuantConfig("mxfp8", tile=(32, 32)), "rowwise", 64, 96) == (128, 4)
     assert layouts.scale_padded_shape(QuantConfig("nvfp4", tile=(16, 16)), "colwise", 32, 64) == (128, 4)
 
@@ -155,7 +155,7 @@ def test_swizzle_scales_mxfp8_rowwise_and_colwise_transposed():
     for i in range(m):
         for j in range(k // 32):
             assert int(flat_r[_formula_offset(i, j, c_r)]) == int(s_r[i, j])
-    # NUMERICS §3: columnwise T = S_c transposed, i = k, j = mb.
+    # docs/numerics.md §3: columnwise T = S_c transposed, i = k, j = mb.
     for kk in range(k):
         for mb in range(m // 32):
             assert int(flat_c[_formula_offset(kk, mb, c_c)]) == int(s_c[mb, kk])
@@ -244,7 +244,7 @@ GEOMETRY_CONFIGS = {
     "nvfp4-16x16": QuantConfig("nvfp4", tile=(16, 16)),
 }
 
-# Hand-derived from NUMERICS.md §1, §3, §4, §5.9 for a logical [64, 256] input:
+# Hand-derived from docs/numerics.md §1, §3, §4, §5.9 for a logical [64, 256] input:
 # (transposed, block, scale_block, scale index of data element (r, c) = (40, 200)).
 GEOMETRY_VECTORS = {
     ("fp8_current", "rowwise"): (False, (64, 256), None, None),

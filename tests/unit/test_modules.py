@@ -154,7 +154,7 @@ def test_weight_cache_reuses_the_cached_quantized_weight(recipe):
         assert not torch.equal(r[1].fprop, r[2].fprop)
     else:
         # Delayed: step 0 quantizes W with scale 1 and records amax 3.5 -> scale 128. Step 1 does
-        # not quantize W: its H[0] stays 0, so the update changes nothing (NUMERICS.md §2.3).
+        # not quantize W: its H[0] stays 0, so the update changes nothing (docs/numerics.md §2.3).
         assert r[0].scales["weight"].item() == 128.0
         assert r[1].scales["weight"].item() == 128.0
         assert r[1].histories["weight"].tolist() == r[0].histories["weight"].tolist() == [0.0, 0.0, 0.0, 3.5]

@@ -1,4 +1,4 @@
-"""MXFP8 (1x32, 32x32; E8M0 rules `ceil` and `floor`) against NUMERICS.md §3, §0.5 and §8.
+"""MXFP8 (1x32, 32x32; E8M0 rules `ceil` and `floor`) against docs/numerics.md §3, §0.5 and §8.
 
 Expected bytes are hand-derived in the comments (E4M3 code = s|EEEE|mmm, value (1 + m/8)·2^(E-7),
 subnormal m·2^-9) or come from an independent per-block Python loop: exact rational log2 for the
@@ -102,7 +102,7 @@ def test_exponent_449_data():
 
 
 def test_ceil_bit_rule_edge():
-    # NUMERICS §3/§7.14: the bit rule differs from the real ceil(log2(A/448)) at one amax.
+    # docs/numerics.md §3/§7.14: the bit rule differs from the real ceil(log2(A/448)) at one amax.
     # A = 0x04600001 = 1.75·2^-119 + 1 ulp: A/448 > 2^-127 (real ceil -> e = 1), but
     # RN(A·fl(1/448)) = 0x00400000 = 2^-127 exactly, and e8m0_up(2^-127) = 0. With P(0) = 2^127,
     # A·P = 448·(1 + 2^-23/1.75) lands a hair above max and is rounded back to 448: 0x7E.
@@ -280,7 +280,7 @@ def test_matches_oracle(case):
 
 
 def test_rules_differ_only_above_1_75():
-    # NUMERICS §3: ceil and floor agree whenever the significand of A is <= 1.75; above, ceil is
+    # docs/numerics.md §3: ceil and floor agree whenever the significand of A is <= 1.75; above, ceil is
     # one higher. One block per significand step 2^-10 of the binade [32, 64): A = sig·2^5,
     # floor = 5 - 8 + 127 = 124 for all, ceil = 124 for sig <= 1.75 and 125 above.
     sig = 1.0 + np.arange(0, 2**10) / 2**10  # (1024,)

@@ -1,5 +1,5 @@
 """CPU tests of native/_compile.py: defines from the formats rows, the option set, cache keys, the nvcc
-check, and that no source compiles through CuPy's own compiler (NUMERICS.md §0.3, DESIGN.md §2, §7)."""
+check, and that no source compiles through CuPy's own compiler (docs/numerics.md §0.3, docs/design.md §2, §7)."""
 
 from __future__ import annotations
 
@@ -55,13 +55,13 @@ def test_element_defines_come_from_the_row(config, fmt):
 
 
 def test_fp8_element_numbers_match_numerics_table():
-    # NUMERICS.md §0.4: E4M3 max 448 = 0x7E, NaN 0x7F; E5M2 max 57344 = 0x7B; emax 8 / 15 (§0.5 floor rule).
+    # docs/numerics.md §0.4: E4M3 max 448 = 0x7E, NaN 0x7F; E5M2 max 57344 = 0x7B; emax 8 / 15 (§0.5 floor rule).
     d4 = _compile.defines_for(QuantConfig("mxfp8"))
     d5 = _compile.defines_for(QuantConfig("mxfp8", element="e5m2"))
     assert (d4["ELEM_MAX"], d4["ELEM_MAX_CODE"], d4["ELEM_NAN_CODE"], d4["ELEM_EMAX"]) == (448.0, 0x7E, 0x7F, 8)
     assert (d5["ELEM_MAX"], d5["ELEM_MAX_CODE"], d5["ELEM_NAN_CODE"], d5["ELEM_EMAX"]) == (57344.0, 0x7B, 0x7F, 15)
     assert d4["ELEM_FP8_INTERP"] == "__NV_E4M3" and d5["ELEM_FP8_INTERP"] == "__NV_E5M2"
-    # UE8M0 scale row (NUMERICS §0.4): bias 127, max code 0xFE, NaN 0xFF.
+    # UE8M0 scale row (docs/numerics.md §0.4): bias 127, max code 0xFE, NaN 0xFF.
     assert (d4["SCALE_UE8M0"], d4["E8M0_BIAS"], d4["E8M0_MAX_CODE"], d4["E8M0_NAN_CODE"]) == (1, 127, 0xFE, 0xFF)
     assert d4["E8M0_BIAS"] == UE8M0.bias
 
@@ -69,7 +69,7 @@ def test_fp8_element_numbers_match_numerics_table():
 @pytest.mark.parametrize(
     "config, name, bits",
     [
-        (QuantConfig("mxfp8"), "ELEM_RECIP_MAX", 0x3B124925),  # NUMERICS §3 fl(1/448)
+        (QuantConfig("mxfp8"), "ELEM_RECIP_MAX", 0x3B124925),  # docs/numerics.md §3 fl(1/448)
         (QuantConfig("mxfp8", element="e5m2"), "ELEM_RECIP_MAX", 0x37924925),  # fl(1/57344)
         (QuantConfig("nvfp4"), "ELEM_RECIP_MAX", 0x3E2AAAAB),  # §5.2 fl(1/6)
         (QuantConfig("nvfp4"), "NVFP4_RECIP_GLOBAL_MAX", 0x39C30C31),  # §5.8 fl(1/2688)
@@ -90,7 +90,7 @@ def test_float_defines_are_exact_fp32_constants(config, name, bits):
 
 
 def test_delayed_defines():
-    # NUMERICS §2 step 1: S_max = fp8_max * 2^-margin (448 -> 0x43E00000, margin 1 -> 224, E5M2 57344).
+    # docs/numerics.md §2 step 1: S_max = fp8_max * 2^-margin (448 -> 0x43E00000, margin 1 -> 224, E5M2 57344).
     assert _compile.defines_for(QuantConfig("fp8_delayed"))["DELAYED_SCALE_MAX_BITS"] == 0x43E00000
     d = _compile.defines_for(QuantConfig("fp8_delayed", margin=1, amax_history_len=4, amax_compute_algo="most_recent"))
     assert (d["DELAYED_SCALE_MAX_BITS"], d["AMAX_HISTORY_LEN"], d["AMAX_ALGO_MAX"], d["MARGIN"]) == (0x43600000, 4, 0, 1)
@@ -175,7 +175,7 @@ def test_every_cu_file_names_known_schemes():
     assert _compile.file_schemes(_compile.CUDA_DIR / "fp8_per_tensor.cu") == ("fp8_current", "fp8_delayed")
 
 
-# ---- no CuPy-compiled kernels anywhere (NUMERICS §0.3) ----------------------------------------
+# ---- no CuPy-compiled kernels anywhere (docs/numerics.md §0.3) ----------------------------------------
 
 _FORBIDDEN_CALLS = {"RawKernel", "ElementwiseKernel", "ReductionKernel"}  # all compile through CuPy (-ftz=true)
 
@@ -203,7 +203,7 @@ def test_no_source_compiles_through_cupy():
             bad = _bad_calls(ast.parse(py.read_text(), filename=str(py)))
             if bad:
                 offenders[str(py.relative_to(ROOT))] = bad
-    assert not offenders, f"CuPy's compiler forces -ftz=true (NUMERICS §0.3): {offenders}"
+    assert not offenders, f"CuPy's compiler forces -ftz=true (docs/numerics.md §0.3): {offenders}"
 
 
 def test_the_scanner_catches_forbidden_calls():

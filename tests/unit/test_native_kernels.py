@@ -1,6 +1,6 @@
 """Kernel parameter declarations (native/kernels.py) against the CUDA sources, and the launch-time check.
 
-Source: DESIGN.md §2 (tensors cross as raw pointers through 8-byte slots, `native.launch`). The
+Source: docs/design.md §2 (tensors cross as raw pointers through 8-byte slots, `native.launch`). The
 sources are parsed here with a small preprocessor of our own: backslash continuations joined, comments
 dropped, the instantiation macros (NH_AMAX(f32, float), NVFP4_INSTANTIATE(...), ...) expanded with
 their arguments and `##` pasting, object-like macros (NVFP4_PAD_PARAMS) substituted in parameter lists.

@@ -1,7 +1,7 @@
 """The native launcher registry, and native's own swizzle, NVFP4 alpha and amax-history record against the golden.
 
-Source: DESIGN.md §1 (native never calls golden numerics for results it returns; its own versions are
-cross-checked against the reference in tests), NUMERICS.md §3 Layouts and §5.9 (swizzle), §5.8 (alpha),
+Source: docs/design.md §1 (native never calls golden numerics for results it returns; its own versions are
+cross-checked against the reference in tests), docs/numerics.md §3 Layouts and §5.9 (swizzle), §5.8 (alpha),
 §2 (H[0] <- fmax(H[0], amax)). Runs on the CPU: native's own code works on CPU tensors and numpy scalars.
 """
 
@@ -83,7 +83,7 @@ def test_swizzle_equals_the_reference_with_dirty_padding(config, shape):
 
 
 def test_swizzle_places_hand_checked_entries():
-    """NUMERICS §3 Layouts: (i, j) -> (i//128 * (C/4) + j//4) * 512 + (i % 32) * 16 + ((i % 128) // 32) * 4 + j % 4."""
+    """docs/numerics.md §3 Layouts: (i, j) -> (i//128 * (C/4) + j//4) * 512 + (i % 32) * 16 + ((i % 128) // 32) * 4 + j % 4."""
     rows, cols = 256, 8
     t = torch.arange(rows * cols, dtype=torch.int32).reshape(rows, cols)
     flat = swizzle.swizzled(t, (rows, cols), transposed=False)
@@ -148,7 +148,7 @@ def test_cublaslt_host_alpha_from_the_consumed_copies():
 @pytest.mark.parametrize("h0, amax", [(0.0, 3.5), (7.0, 3.5), (3.5, 7.0), (float("nan"), 2.0), (2.0, float("inf")),
                                       (float("inf"), 1.0), (0.0, 0.0), (1e-45, 0.0), (5.0, float("nan"))])
 def test_record_equals_the_reference(h0, amax):
-    """H[0] <- fmax(H[0], amax) (NUMERICS §2; fmax ignores NaN), the rest of the history untouched."""
+    """H[0] <- fmax(H[0], amax) (docs/numerics.md §2; fmax ignores NaN), the rest of the history untouched."""
     cfg = QuantConfig("fp8_delayed", amax_history_len=4)
     ours, gold = AmaxHistory(cfg), AmaxHistory(cfg)
     for st in (ours, gold):
@@ -163,7 +163,7 @@ def test_record_equals_the_reference(h0, amax):
 
 
 def test_cublaslt_rows_give_the_arch_and_version_reasons(monkeypatch):
-    """NUMERICS §6 table, through each launcher's CublasLtMode (the strings reports carry as skip reasons)."""
+    """docs/numerics.md §6 table, through each launcher's CublasLtMode (the strings reports carry as skip reasons)."""
     import importlib
 
     from native import cublaslt
@@ -195,7 +195,7 @@ def test_cublaslt_rows_give_the_arch_and_version_reasons(monkeypatch):
 
 
 def test_native_imports_contract_types_and_rules_never_golden_numerics():
-    """DESIGN.md §1: native -> reference.formats / types / geometry / spec only (and AmaxHistory, the
+    """docs/design.md §1: native -> reference.formats / types / geometry / spec only (and AmaxHistory, the
     fp8_delayed state type, and the default convention's name). A golden swizzle, alpha, amax-history update or cast imported here could never
     show up as a mismatch."""
     import ast

@@ -1,6 +1,6 @@
 """The same bad input raises the same exception type with the same message from native and reference.
 
-Source: DESIGN.md §3 (SpecViolation names what was expected and what was given), issue 13 item 3: native
+Source: docs/design.md §3 (SpecViolation names what was expected and what was given), issue 13 item 3: native
 checks its inputs with `reference.spec` before any device work, so these run on the CPU.
 """
 

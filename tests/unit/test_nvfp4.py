@@ -1,7 +1,7 @@
-"""NVFP4 golden reference (reference/nvfp4.py): NUMERICS.md §5 and its §8 rows, special values,
+"""NVFP4 golden reference (reference/nvfp4.py): docs/numerics.md §5 and its §8 rows, special values,
 layouts, 2-D transposition, dequantization, GEMM alpha, bad input, and an independent slow oracle.
 
-Expected bytes come from NUMERICS.md §8, from hand derivations written next to each case, and from
+Expected bytes come from docs/numerics.md §8, from hand derivations written next to each case, and from
 a per-block Python oracle (numpy fp32 scalar arithmetic for the scale chain, exact Fractions for
 the E2M1 rounding, ml_dtypes for the E4M3 cast, plain-Python Philox and RHT).
 """
@@ -171,7 +171,7 @@ def test_matches_independent_oracle(config, dtype, shape, specials):
         assert bits(amax.item()) == bits(a_g)
 
 
-# ---- NUMERICS.md §8 rows ------------------------------------------------------------------------
+# ---- docs/numerics.md §8 rows ------------------------------------------------------------------------
 
 
 def test_global_scale_rows():
@@ -550,7 +550,7 @@ def test_shape_not_multiple_of_16(shape):
 
 
 def test_rht_on_fp32_input():
-    with pytest.raises(SpecViolation, match=r"RHT needs a bfloat16 input \(NUMERICS.md §5.6\)"):
+    with pytest.raises(SpecViolation, match=r"RHT needs a bfloat16 input \(docs/numerics.md §5.6\)"):
         nvfp4.quantize_2d(torch.ones(16, 16), RHT, rowwise=False, colwise=True)
     with pytest.raises(SpecViolation, match="RHT needs a bfloat16"):
         quantize(torch.ones(16, 16, dtype=torch.float16), RHT, colwise=True)

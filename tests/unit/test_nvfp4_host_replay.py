@@ -1,6 +1,6 @@
 """The NVFP4 element rounding of native/cuda/nvfp4.cuh, compiled for the CPU, against the reference.
 
-Source: NUMERICS.md §0.5 e2m1_rn, §5.7 (SR rule). nvfp4.cuh's rounding code is __host__ __device__;
+Source: docs/numerics.md §0.5 e2m1_rn, §5.7 (SR rule). nvfp4.cuh's rounding code is __host__ __device__;
 the kernels run the device build and this test replays the same source on the host (nvcc, no GPU)
 over every bf16 bit pattern, every E2M1 midpoint and its fp32 neighbours, specials and random fp32
 patterns, with random SR bytes, and compares each code with reference.nvfp4.e2m1_rn and
@@ -140,7 +140,7 @@ def _rht_chunks() -> torch.Tensor:
 
 
 def test_rht16_host_replay_matches_reference_on_every_path(rht_replay, tmp_path):
-    """NUMERICS §5.6: rht16 (all three paths: exact fp32 / fp64 butterflies, ordered fp64 sums)
+    """docs/numerics.md §5.6: rht16 (all three paths: exact fp32 / fp64 butterflies, ordered fp64 sums)
     equals reference.hadamard on the same chunks, bit for bit (NaN: any NaN)."""
     chunks = _rht_chunks()
     src, dst = tmp_path / "in.bin", tmp_path / "out.bin"

@@ -1,4 +1,4 @@
-"""Per-tensor FP8 (fp8_current, fp8_delayed + AmaxHistory) against NUMERICS.md §1, §2 and §8.
+"""Per-tensor FP8 (fp8_current, fp8_delayed + AmaxHistory) against docs/numerics.md §1, §2 and §8.
 
 Expected bytes are hand-derived in the comments (E4M3 code = s|EEEE|mmm, value (1 + m/8)·2^(E-7),
 subnormal m·2^-9; E5M2 code = s|EEEEE|mm, value (1 + m/4)·2^(E-15)), or come from an independent
@@ -92,7 +92,7 @@ def test_current_amax_3_true_division():
 
 
 def test_current_multiplies_by_s_never_divides_by_sinv():
-    # NUMERICS §1: q = sat(RN(x·s)). x = 0x3FB92492 (1.4464285), s = 0x43155555 (amax 3):
+    # docs/numerics.md §1: q = sat(RN(x·s)). x = 0x3FB92492 (1.4464285), s = 0x43155555 (amax 3):
     # exact x·s = 215.9999876 -> RN 0x4357FFFF, below the midpoint 216 of 208/224 -> 208 = 1.625·2^7: 0x75.
     # RN(x / sinv) would be 216.0 exactly, a tie -> even 224: 0x76.
     q = current([3.0, f32(0x3FB92492)])
@@ -418,7 +418,7 @@ def test_delayed_state_config_mismatch():
 
 
 class OracleHistory:
-    """NUMERICS.md §2 written out with Python lists and numpy float32 scalars."""
+    """docs/numerics.md §2 written out with Python lists and numpy float32 scalars."""
 
     def __init__(self, cfg: QuantConfig):
         self.cfg = cfg

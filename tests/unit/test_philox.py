@@ -1,6 +1,6 @@
 """Philox4x32-10 (reference/philox.py): known answers and agreement with a plain-Python oracle.
 
-Source of the expected values: NUMERICS.md §8 (Random123 known answers; SR bits for seed 42).
+Source of the expected values: docs/numerics.md §8 (Random123 known answers; SR bits for seed 42).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def philox_py(counter: tuple[int, int, int, int], key: tuple[int, int]) -> tuple
 
 
 def sr_x0_py(g: int, seed: int, stream: int) -> int:
-    """x0 for group g under the NUMERICS.md §5.7 counter/key layout, by the oracle."""
+    """x0 for group g under the docs/numerics.md §5.7 counter/key layout, by the oracle."""
     return philox_py((g & MASK, g >> 32, stream & MASK, 0), (seed & MASK, seed >> 32))[0]
 
 
@@ -59,7 +59,7 @@ def test_oracle_matches_known_answers(counter, key, expected):
 
 
 def test_sr_bits_seed_42():
-    """NUMERICS.md §8: seed 42, stream 0, g = 0, 1, 2 and stream 1, g = 0."""
+    """docs/numerics.md §8: seed 42, stream 0, g = 0, 1, 2 and stream 1, g = 0."""
     x0 = philox.x0_of_groups(torch.arange(3), 42, 0)
     assert [int(v) for v in x0] == [0x9CEAF053, 0xFCDB2127, 0xD36C0225]
     assert int(philox.x0_of_groups(torch.tensor([0]), 42, 1)[0]) == 0x02933769

@@ -1,4 +1,4 @@
-"""reference.recipes: TE recipes -> QuantConfig per role (TE common/recipe/__init__.py defaults, NUMERICS.md §5.5)."""
+"""reference.recipes: TE recipes -> QuantConfig per role (TE common/recipe/__init__.py defaults, docs/numerics.md §5.5)."""
 
 from __future__ import annotations
 

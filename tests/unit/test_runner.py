@@ -1,7 +1,7 @@
 """The runner: golden vs candidate rows, accuracy rows, skips, errors that do not stop a sweep, failure artifacts.
 
 The third-party example adapter (examples/my_kernel_adapter.py) runs through the runner and passes on
-fp8_current cases; its deliberately broken variant (reciprocal-then-multiply scale, NUMERICS.md
+fp8_current cases; its deliberately broken variant (reciprocal-then-multiply scale, docs/numerics.md
 §0.2.2) fails with a located mismatch on the §8 vector amax = 3 (s = 0x43155555 vs 0x43155556).
 """
 
@@ -59,7 +59,7 @@ def test_example_adapter_passes_fp8_current_cases_through_the_runner(case):
 def test_broken_adapter_fails_with_a_located_mismatch_on_the_amax_3_vector():
     case = qcase(shape=(2, 32), in_dtype="float32", orientation="rowwise")
     x = torch.linspace(-1.0, 1.0, 64, dtype=torch.float32).reshape(2, 32)
-    x[1, 7] = 3.0  # NUMERICS §8: amax 3 -> s = 0x43155555; reciprocal-multiply gives 0x43155556
+    x[1, 7] = 3.0  # docs/numerics.md §8: amax 3 -> s = 0x43155555; reciprocal-multiply gives 0x43155556
     rows = runner.run_case(case, BROKEN, "cpu", inputs={"x": x})
     assert runner.case_verdict(rows) == "fail"
     scale = next(r for r in rows if r["tensor"] == "rowwise_scale")
@@ -252,7 +252,7 @@ def test_exact_gemm_mode_follows_numerics_section_6_for_accumulate():
     for scheme in ("fp8_current-e4m3", "fp8_block-e4m3-1x128", "mxfp8-e4m3-1x32", "nvfp4-e2m1-1x16"):
         assert _is_exact_gemm(Case.from_id(base.format(s=scheme, acc="", dist="exact_representable")))
         assert not _is_exact_gemm(Case.from_id(base.format(s=scheme, acc="", dist="normal")))
-    # With C: only the schemes whose accumulate order NUMERICS.md §6 defines stay bit-exact.
+    # With C: only the schemes whose accumulate order docs/numerics.md §6 defines stay bit-exact.
     assert _is_exact_gemm(Case.from_id(base.format(s="fp8_block-e4m3-1x128", acc="-acc", dist="exact_representable")))
     assert _is_exact_gemm(Case.from_id(base.format(s="nvfp4-e2m1-1x16", acc="-acc", dist="exact_representable")))
     assert not _is_exact_gemm(Case.from_id(base.format(s="fp8_current-e4m3", acc="-acc", dist="exact_representable")))

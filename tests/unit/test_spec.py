@@ -1,4 +1,4 @@
-"""reference.spec: one rule, one exception, one message (DESIGN.md §3; issue 13 item 3, issue 14 item 7)."""
+"""reference.spec: one rule, one exception, one message (docs/design.md §3; issue 13 item 3, issue 14 item 7)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_missing_copy_and_missing_scale_and_missing_nvfp4_amax():
         dequantize(q, "colwise")
     with pytest.raises(SpecViolation, match=r"q\.rowwise_scale is None"):
         dequantize(_tampered(q, rowwise_scale=None), "rowwise")
-    # NUMERICS §5.2: the NVFP4 global amax is consumed by dequantize (S_dec): it must be there.
+    # docs/numerics.md §5.2: the NVFP4 global amax is consumed by dequantize (S_dec): it must be there.
     with pytest.raises(SpecViolation, match=r"q\.rowwise_amax is None"):
         dequantize(_tampered(q, rowwise_amax=None), "rowwise")
     # A per-tensor amax is informational: absent is fine, present must be fp32 [1].

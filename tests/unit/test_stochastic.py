@@ -1,4 +1,4 @@
-"""Stochastic rounding to E2M1 and its random-bit assignment (reference/stochastic.py), NUMERICS.md §5.7.
+"""Stochastic rounding to E2M1 and its random-bit assignment (reference/stochastic.py), docs/numerics.md §5.7.
 
 Expected values: the §8 SR rows, an exact Fraction oracle of the §5.7 rule, and a plain-Python
 Philox oracle (tests/unit/test_philox.py) for the bit assignment.
@@ -25,7 +25,7 @@ def _step(v: Fraction) -> Fraction:
 
 
 def sr_oracle(y: float, r: int) -> int:
-    """NUMERICS.md §5.7 rule with exact Fractions; the one rounding point RN(a + u*step) in numpy fp32."""
+    """docs/numerics.md §5.7 rule with exact Fractions; the one rounding point RN(a + u*step) in numpy fp32."""
     y32 = np.float32(y)
     if np.isnan(y32):
         return 0x7
@@ -43,7 +43,7 @@ def sr_oracle(y: float, r: int) -> int:
     return GRID.index(q) | sign
 
 
-SR_ROWS = [  # NUMERICS.md §8 "SR (y, r)"
+SR_ROWS = [  # docs/numerics.md §8 "SR (y, r)"
     (0.3, 102, 0x0),
     (0.3, 103, 0x1),
     (5.0, 127, 0x6),
@@ -106,7 +106,7 @@ def test_sr_code_is_a_grid_neighbour():
 
 
 def test_seed_42_bytes():
-    """NUMERICS.md §8: seed 42, stream 0, g = 0 -> x0 0x9CEAF053, bytes 83, 240, 234, 156 (byte 0 first)."""
+    """docs/numerics.md §8: seed 42, stream 0, g = 0 -> x0 0x9CEAF053, bytes 83, 240, 234, 156 (byte 0 first)."""
     r = stochastic.random_bytes(8, 0, 1, 42, 0)
     assert r[0, :4].tolist() == [83, 240, 234, 156]
     assert r[0, 4:].tolist() == [0x27, 0x21, 0xDB, 0xFC]  # g = 1: x0 = 0xFCDB2127
@@ -172,7 +172,7 @@ def test_sr_is_a_pure_function_of_x_seed_stream():
 
 
 def test_sr_colwise_is_rowwise_of_transpose_with_next_stream():
-    """Colwise copy: L = k*M + m in the [K, M] source, stream + 1 (NUMERICS.md §5.7)."""
+    """Colwise copy: L = k*M + m in the [K, M] source, stream + 1 (docs/numerics.md §5.7)."""
     x = _x(48, 32, seed=1)
     col = quantize(x, SR, rowwise=False, colwise=True, rng=(99, 7))
     row_t = quantize(x.t().contiguous(), SR, rowwise=True, rng=(99, 8))
