@@ -87,6 +87,28 @@ for _fault in FAULTS.values():
     globals()[_fault] = Misbehaving(_fault, lambda x, f=_fault: f)
 
 
+def kill_cuda_context(device: torch.device) -> None:
+    """An out-of-bounds gather on the GPU: a device-side assert, a sticky error that leaves this process's CUDA
+    context unusable (every later CUDA call fails), as a kernel's illegal address does."""
+    t = torch.zeros(4, device=device)
+    t[torch.tensor([1 << 20], device=device)].sum().item()
+
+
+class CudaChaos(Misbehaving):
+    """The reference quantizer on CUDA that kills its CUDA context on the cases whose first dimension is 32."""
+
+    def __init__(self):
+        super().__init__("cuda_chaos", lambda x: None)
+
+    def quantize(self, x, config, **kw):
+        if int(x.shape[0]) == 32:
+            kill_cuda_context(x.device)
+        return reference.quantize(x, config, **kw)
+
+
+cuda_chaos = CudaChaos()
+
+
 class Nap:
     """The reference quantizer, slower per call (NAP_ENV seconds, default 0.15): a sweep long enough to be
     killed in the middle."""
