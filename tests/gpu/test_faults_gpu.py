@@ -41,4 +41,4 @@ def test_a_dead_cuda_context_is_one_error_row_and_the_sweep_goes_on(tmp_path):
     rest = df.drop(bad.index)
     # Every other pair, the reference on the same case included, ran in a live context and passed.
     assert set(rest["status"]) <= {"pass", "info"}, rest[["case_id", "backend", "tensor", "status", "reason"]]
-    assert len(set(zip(rest["case_id"], rest["backend"]))) == 5
+    assert len(set(zip(rest["case_id"], rest["backend"], strict=True))) == 5
