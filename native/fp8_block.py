@@ -14,9 +14,9 @@ from reference.formats import QuantConfig
 from reference.layouts import copy_geometry
 from reference.types import QuantizedTensor
 
-from .launch import device_index, grid_stride_blocks, launch, module_for
+from .launch import device_index, launch, module_for
 from .launchers import CublasLtMode, LtScale
-from .per_tensor import ELEMENTWISE_THREADS, SUFFIX, THREADS, n_tiles, vec_flags
+from .per_tensor import SUFFIX, THREADS, launch_dequantize, n_tiles, vec_flags
 
 CU_FILE = "fp8_block.cu"
 # NUMERICS: §6 table - VEC128_32F / BLK128x128_32F on sm_90 only, cuBLAS >= 12.9, TN only, aligned.
@@ -61,17 +61,7 @@ def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=
 
 def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:
     """x_hat = RN_out(RN(dec(q) * sinv)) as [M, K] (docs/numerics.md §4; the colwise copy is read transposed)."""
-    data = getattr(q, f"{orientation}_data").contiguous()
-    scale = getattr(q, f"{orientation}_scale").contiguous()
-    dev = data.device
-    index = device_index(dev)
-    m, k = q.m, q.k
-    out = torch.empty((m, k), dtype=dtype, device=dev)  # (M, K)
-    launch(module_for(CU_FILE, q.config, index), f"fp8_block_dequantize_{SUFFIX[dtype]}",
-           grid_stride_blocks(m * k, ELEMENTWISE_THREADS, index), ELEMENTWISE_THREADS,
-           (data, scale, np.int64(scale.shape[1]), np.int64(m), np.int64(k), int(orientation == "colwise"), out),
-           index)  # fmt: skip
-    return out
+    return launch_dequantize(CU_FILE, "fp8_block_dequantize", q, orientation, dtype, scale_ld=True)
 
 
 def lt_scale(view) -> LtScale:

@@ -15,9 +15,9 @@ from reference.layouts import copy_geometry, geometry_of
 from reference.types import QuantizedTensor
 
 from . import swizzle
-from .launch import device_index, grid_stride_blocks, launch, module_for
+from .launch import device_index, launch, module_for
 from .launchers import CublasLtMode, LtScale
-from .per_tensor import ELEMENTWISE_THREADS, SUFFIX, THREADS, n_tiles
+from .per_tensor import SUFFIX, THREADS, launch_dequantize, n_tiles
 
 CU_FILE = "mxfp8.cu"
 # NUMERICS: §6 table - VEC32_UE8M0 on sm_100+, cuBLAS >= 12.8; any layout (both copies are K-scaled).
@@ -69,17 +69,7 @@ def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=
 
 def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:
     """x_hat = RN_out(RN(D(e) * dec(q))) as [M, K] (docs/numerics.md §3; both copies are [M, K])."""
-    data = getattr(q, f"{orientation}_data").contiguous()
-    scale = getattr(q, f"{orientation}_scale").contiguous()
-    dev = data.device
-    index = device_index(dev)
-    m, k = q.m, q.k
-    out = torch.empty((m, k), dtype=dtype, device=dev)  # (M, K)
-    launch(module_for(CU_FILE, q.config, index), f"mxfp8_dequantize_{SUFFIX[dtype]}",
-           grid_stride_blocks(m * k, ELEMENTWISE_THREADS, index), ELEMENTWISE_THREADS,
-           (data, scale, np.int64(scale.shape[1]), np.int64(m), np.int64(k), int(orientation == "colwise"), out),
-           index)  # fmt: skip
-    return out
+    return launch_dequantize(CU_FILE, "mxfp8_dequantize", q, orientation, dtype, scale_ld=True)
 
 
 def lt_scale(view) -> LtScale:

@@ -140,18 +140,26 @@ def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=
     return out
 
 
-def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:
-    """x_hat = RN_out(RN(dec(q) * sinv)) as [M, K] (docs/numerics.md §1; the colwise copy is read transposed)."""
+def launch_dequantize(cu_file: str, kernel: str, q: QuantizedTensor, orientation: str, dtype: torch.dtype, *,
+                      scale_ld: bool) -> torch.Tensor:
+    """One grid-stride dequantize launch of `kernel`_<dtype> over a copy: arguments (data, scale, [scale row
+    stride,] M, K, colwise, out), out [M, K] in `dtype`. Shared by the per-tensor, fp8_block and mxfp8 launchers."""
     data = getattr(q, f"{orientation}_data").contiguous()
+    scale = getattr(q, f"{orientation}_scale").contiguous()
     dev = data.device
     index = device_index(dev)
-    scale = getattr(q, f"{orientation}_scale").contiguous()
     m, k = q.m, q.k
     out = torch.empty((m, k), dtype=dtype, device=dev)  # (M, K)
-    grid = grid_stride_blocks(m * k, ELEMENTWISE_THREADS, index)
-    launch(module_for(CU_FILE, q.config, index), f"per_tensor_dequantize_{SUFFIX[dtype]}", grid, ELEMENTWISE_THREADS,
-           (data, scale, np.int64(m), np.int64(k), int(orientation == "colwise"), out), index)  # fmt: skip
+    ld = (np.int64(scale.shape[1]),) if scale_ld else ()
+    launch(module_for(cu_file, q.config, index), f"{kernel}_{SUFFIX[dtype]}",
+           grid_stride_blocks(m * k, ELEMENTWISE_THREADS, index), ELEMENTWISE_THREADS,
+           (data, scale, *ld, np.int64(m), np.int64(k), int(orientation == "colwise"), out), index)  # fmt: skip
     return out
+
+
+def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:
+    """x_hat = RN_out(RN(dec(q) * sinv)) as [M, K] (docs/numerics.md §1; the colwise copy is read transposed)."""
+    return launch_dequantize(CU_FILE, "per_tensor_dequantize", q, orientation, dtype, scale_ld=False)
 
 
 def update_amax_history(state: AmaxHistory, reduced_amax: torch.Tensor | float | None = None) -> None:
