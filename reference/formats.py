@@ -86,7 +86,7 @@ INPUT_DTYPES = ("float32", "bfloat16", "float16")
 # Optional QuantConfig fields a scheme may take (Scheme.options); a scheme without an option keeps
 # that field at its default. "delayed" is the amax-history group (amax_history_len,
 # amax_compute_algo, margin), which also appears in the config id.
-OPTIONS = ("pow2_scales", "eps", "e8m0_rule", "rht", "stochastic", "delayed")
+OPTIONS = ("pow2_scales", "eps", "e8m0_rule", "rht", "stochastic", "delayed", "variant")
 GEMM_METHODS = ("exact", "blockwise_order", "block_sum")
 
 
@@ -117,6 +117,7 @@ class Scheme:
     global_amax: bool = False  # that amax is the second-level scale source (consumed by dequantize / GEMM)
     gemm_2d_x_2d: bool = True  # a GEMM of two 2-D-tiled operands is allowed (§6)
     round_before_accumulate: bool = False  # GEMM epilogue D = RN_out(C + RN_out(Y + bias)) (§6 blockwise)
+    given_amax: bool = False  # quantize(..., amax=A) replaces amax(X) (TE's quantize_with_amax; §1, §5.1)
     input_dtypes: tuple[str, ...] = INPUT_DTYPES
 
     @property
@@ -144,7 +145,7 @@ SCHEMES: dict[str, Scheme] = {
     for s in (
         # NUMERICS: §1 per-tensor current scaling, any shape.
         Scheme("fp8_current", ("e4m3", "e5m2"), "fp32", (None,), False, True, "per_tensor", ("exact",), False,
-               ("pow2_scales", "eps"), stores_amax=True),
+               ("pow2_scales", "eps"), stores_amax=True, given_amax=True),
         # NUMERICS: §2 delayed scaling, any shape.
         Scheme("fp8_delayed", ("e4m3", "e5m2"), "fp32", (None,), False, True, "per_tensor", ("exact",), False,
                ("delayed",), stores_amax=True),
@@ -160,7 +161,8 @@ SCHEMES: dict[str, Scheme] = {
                round_before_accumulate=True),
         # NUMERICS: §5 NVFP4; M and K multiples of 16; global amax per copy; §6 defines C accumulation.
         Scheme("nvfp4", ("e2m1",), "e4m3", ((1, 16), (16, 16)), False, False, "nvfp4", ("block_sum", "exact"), True,
-               ("rht", "stochastic"), swizzled_scales=True, stores_amax=True, global_amax=True),
+               ("rht", "stochastic", "variant"), swizzled_scales=True, stores_amax=True, global_amax=True,
+               given_amax=True),
     )
 }
 
@@ -171,8 +173,16 @@ RHT_SIZE = 16
 RHT_SIGN_MASK = 0xD7E8
 RHT_SCALE = 0.25
 
-# Variants docs/numerics.md §5.10 lists as optional; not implemented yet, rejected by QuantConfig.
-UNIMPLEMENTED_VARIANTS = ("4over6", "row_scaled")
+# NVFP4 variants (docs/numerics.md §5.10). One field spells the closed set TE offers: 4over6 alone,
+# row-scaled alone, and row-scaled combined with 4over6 (TE's kernel dispatch treats the pair as
+# one mode; two flags would admit nothing more and would split one id fragment in two).
+VARIANTS = ("4over6", "row_scaled", "row_scaled_4over6")
+FOUR_OVER_SIX_VARIANTS = ("4over6", "row_scaled_4over6")
+ROW_SCALED_VARIANTS = ("row_scaled", "row_scaled_4over6")
+# NUMERICS: §5.10 - the E4M3 maximum that sets S_enc = 6 * e4m3_max / A_g (256 only for 4over6).
+NVFP4_E4M3_MAXES = (448, 256)
+# NUMERICS: §5.10 - the 4over6 candidate error (mean absolute or squared error, every step RN).
+ERR_MODES = ("mae", "mse")
 
 
 class _Unset:
@@ -223,7 +233,9 @@ class QuantConfig:
     Fields left unset take the scheme's defaults (first allowed element and tile, the scheme's
     pow2 default); options a scheme does not take (`Scheme.options`) must keep their defaults.
     `amax_history_len`, `amax_compute_algo` and `margin` belong to fp8_delayed; `variant` names
-    optional NVFP4 variants (docs/numerics.md §5.10), none implemented yet. Numbers are never bools.
+    optional NVFP4 variants (docs/numerics.md §5.10: "4over6", "row_scaled", "row_scaled_4over6"),
+    with `e4m3_max` (448, or 256 for 4over6) and `err_mode` ("mae" / "mse", 4over6 only). Numbers
+    are never bools.
 
     Ranges: `amax_history_len` in [1, 65536] (a history is a real buffer; TE's are 1..1024);
     `margin` in [-64, 64]: S_max = fp8_max * 2^-margin (docs/numerics.md §2) stays a normal fp32 with
@@ -243,6 +255,8 @@ class QuantConfig:
     amax_compute_algo: str = "max"
     margin: int = 0
     variant: str | None = None
+    e4m3_max: int = 448
+    err_mode: str = "mae"
     convention: str = conventions.DEFAULT  # reference/conventions.py; "te" keeps every id unchanged
 
     def __post_init__(self) -> None:
@@ -267,23 +281,13 @@ class QuantConfig:
         for flag in ("rht", "stochastic", "pow2_scales"):
             if not isinstance(getattr(self, flag), bool):
                 raise _bad(flag, getattr(self, flag), "must be a bool")
-        if self.variant is not None:
-            if self.variant in UNIMPLEMENTED_VARIANTS:
-                raise _bad("variant", self.variant, "NVFP4 variant (docs/numerics.md §5.10) is not implemented yet")
-            raise _bad("variant", self.variant, f"expected None (known, unimplemented: {UNIMPLEMENTED_VARIANTS})")
+        self._validate_variant(sch)
         if self.rht and "rht" not in sch.options:
             raise _bad("rht", self.rht, f"the Random Hadamard Transform exists only for {_takers('rht')} (docs/numerics.md §5.6)")
         if self.stochastic and "stochastic" not in sch.options:
             raise _bad("stochastic", self.stochastic, f"stochastic rounding exists only for {_takers('stochastic')} (docs/numerics.md §5.7)")
         if self.rht and self.is_2d:
             raise _bad("rht", self.rht, f"RHT is never applied to 2-D ({self.tile[0]}x{self.tile[1]}, weight) tiles (docs/numerics.md §5.6)")
-        if self.stochastic and self.is_2d:
-            raise _bad(
-                "stochastic",
-                self.stochastic,
-                f"{self.tile[0]}x{self.tile[1]} (weight) tiles round to nearest: their colwise copy is the exact "
-                "transpose (docs/numerics.md §5.5)",
-            )
         if self.pow2_scales != sch.pow2_default and "pow2_scales" not in sch.options:
             if sch.pow2_default:
                 raise _bad("pow2_scales", self.pow2_scales,
@@ -310,6 +314,45 @@ class QuantConfig:
             raise _bad("margin", self.margin, f"must be in [{lo}, {hi}]: fp8_max * 2^-margin must stay a normal fp32 "
                        "(margin 10**6 gives S_max = 0, scale 0 and an all-NaN output; docs/numerics.md §2)")
         conventions.check(self)
+
+    def _validate_variant(self, sch: Scheme) -> None:
+        """NUMERICS: §5.10 - the variants and TE's exclusions (no RHT or SR; row-scaled 1-D only)."""
+        if not _is_int(self.e4m3_max) or self.e4m3_max not in NVFP4_E4M3_MAXES:
+            raise _bad("e4m3_max", self.e4m3_max, f"expected an int in {NVFP4_E4M3_MAXES} (docs/numerics.md §5.10)")
+        if self.err_mode not in ERR_MODES:
+            raise _bad("err_mode", self.err_mode, f"expected one of {ERR_MODES} (docs/numerics.md §5.10)")
+        if self.variant is None:
+            if self.e4m3_max != 448 or self.err_mode != "mae":
+                which = "e4m3_max" if self.e4m3_max != 448 else "err_mode"
+                raise _bad(which, getattr(self, which), "applies to the 4over6 variants only (docs/numerics.md §5.10)")
+            return
+        if self.variant not in VARIANTS:
+            raise _bad("variant", self.variant, f"expected None or one of {VARIANTS} (docs/numerics.md §5.10)")
+        if "variant" not in sch.options:
+            raise _bad("variant", self.variant, f"variants exist only for {_takers('variant')} (docs/numerics.md §5.10)")
+        if self.variant not in FOUR_OVER_SIX_VARIANTS and (self.e4m3_max != 448 or self.err_mode != "mae"):
+            which = "e4m3_max" if self.e4m3_max != 448 else "err_mode"
+            raise _bad(which, getattr(self, which), "applies to the 4over6 variants only (docs/numerics.md §5.10)")
+        if self.rht:
+            raise _bad("rht", self.rht, f"variant {self.variant!r} takes no RHT (TE's check; docs/numerics.md §5.10)")
+        if self.stochastic:
+            raise _bad("stochastic", self.stochastic,
+                       f"variant {self.variant!r} takes no stochastic rounding (TE's check; docs/numerics.md §5.10)")
+        if self.variant in ROW_SCALED_VARIANTS and self.is_2d:
+            raise _bad("tile", self.tile, f"variant {self.variant!r} is 1-D only (TE's check; docs/numerics.md §5.10)")
+        if self.convention != conventions.DEFAULT:
+            raise _bad("convention", self.convention, f"variant {self.variant!r} is defined for convention "
+                       f"{conventions.DEFAULT!r} only (docs/numerics.md §5.10)")
+
+    @property
+    def four_over_six(self) -> bool:
+        """The 4over6 candidate selection is on (docs/numerics.md §5.10)."""
+        return self.variant in FOUR_OVER_SIX_VARIANTS
+
+    @property
+    def row_scaled(self) -> bool:
+        """Each row (rowwise) / column (colwise) has its own global amax (docs/numerics.md §5.10)."""
+        return self.variant in ROW_SCALED_VARIANTS
 
     # ---- derived facts -----------------------------------------------------------------------
     @property
@@ -342,6 +385,12 @@ class QuantConfig:
             parts.append("rht")
         if self.stochastic:
             parts.append("sr")
+        if self.variant is not None:
+            parts.append(self.variant)
+        if self.e4m3_max != 448:
+            parts.append(f"e{self.e4m3_max}")
+        if self.err_mode != "mae":
+            parts.append(self.err_mode)
         if self.pow2_scales != self.scheme_row.pow2_default:
             parts.append("pow2" if self.pow2_scales else "fp32scale")
         if self.e8m0_rule != "ceil":

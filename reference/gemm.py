@@ -73,7 +73,8 @@ class Operand:
 
     `values` (R, K) fp64 are the exact decoded elements; `scale` (R, nb) fp32 the exact block decode
     scales (None for per-tensor); `global_scale` the per-tensor sinv (fp32 [1]); `amax` the NVFP4
-    global amax of the consumed copy; `rht` whether that copy is in the Hadamard domain.
+    global amax of the consumed copy ([1], or [R] when row-scaled); `rht` whether that copy is in the
+    Hadamard domain; `e4m3_max` the NVFP4 copy's E4M3 maximum (448, or 256 for 4over6, §5.10).
     """
 
     name: str
@@ -85,6 +86,8 @@ class Operand:
     global_scale: torch.Tensor | None
     amax: torch.Tensor | None
     rht: bool
+    e4m3_max: int = 448
+    row_scaled: bool = False
 
     @property
     def rows(self) -> int:
@@ -128,7 +131,8 @@ def operand(q: QuantizedTensor, orientation: str, *, name: str = "a", layout: st
             s = s.repeat_interleave(cfg.block, dim=0)[: vals.shape[0]]  # NUMERICS: §4 2-D: one sinv per tile
         sc = s
     # NUMERICS: §5.2 the NVFP4 global amax (alpha, §5.8) travels with the operand.
-    amax = getattr(q, f"{orientation}_amax").reshape(1).to(torch.float32) if row.global_amax else None
+    # NUMERICS: §5.10 row-scaled - one amax per consumed row ([M] or [K]).
+    amax = getattr(q, f"{orientation}_amax").reshape(-1).to(torch.float32) if row.global_amax else None
     vals = vals.to(torch.float64).contiguous()
     return Operand(
         name=name,
@@ -140,6 +144,8 @@ def operand(q: QuantizedTensor, orientation: str, *, name: str = "a", layout: st
         global_scale=gscale,
         amax=amax,
         rht=cfg.rht and orientation == "colwise",  # NUMERICS: §5.6 RHT only on the colwise copy
+        e4m3_max=cfg.e4m3_max,
+        row_scaled=cfg.row_scaled,
     )
 
 
@@ -172,7 +178,11 @@ def _dequantized(op: Operand) -> torch.Tensor:
 def _alpha(oa: Operand, ob: Operand, scheme: str) -> torch.Tensor:
     """The global-amax alpha of the two consumed copies (docs/numerics.md §5.8; the scheme module's gemm_alpha)."""
     gemm_alpha = SCHEMES[scheme].reference_module().gemm_alpha  # the scheme module owns §5.8
-    return gemm_alpha(oa.amax, ob.amax).reshape(()).to(torch.float32)
+    if oa.row_scaled or ob.row_scaled:
+        # NUMERICS: §5.10 row-scaled GEMM - TE runs the per-tensor GEMM with both amaxes set to 1.
+        one = torch.ones(1, dtype=torch.float32, device=oa.amax.device)
+        return gemm_alpha(one, one, oa.e4m3_max, ob.e4m3_max).reshape(()).to(torch.float32)
+    return gemm_alpha(oa.amax, ob.amax, oa.e4m3_max, ob.e4m3_max).reshape(()).to(torch.float32)
 
 
 def _global_factor(oa: Operand, ob: Operand, scheme: str) -> torch.Tensor | None:
@@ -350,7 +360,35 @@ def gemm(
         y = _block_sum(oa, ob, scheme)
     else:
         y = _blockwise_order(oa, ob)
+    if oa.row_scaled or ob.row_scaled:
+        return _row_scaled_output(y, oa, ob, out_dtype, bias, c)
     return _epilogue(y, scheme, out_dtype, bias, c)
+
+
+def _row_scaled_output(
+    y: torch.Tensor, oa: Operand, ob: Operand, out_dtype: torch.dtype, bias: torch.Tensor | None,
+    c: torch.Tensor | None,
+) -> torch.Tensor:
+    """The row-scaled NVFP4 GEMM output in the order of TE's kernel path (pytorch/cpp_extensions/gemm.py).
+
+    NUMERICS: §5.10 row-scaled GEMM - y32 = RN(alpha_1 * sum) (fp32 GEMM output, amaxes set to 1);
+    one vector side: y = RN(y32 * RN(A_a[m] * A_b[n])); both: y = RN(RN(y32 * A_a[m]) * A_b[n]);
+    then RN(y + bias) in fp32, RN_out, and with C: D = RN_out(RN(C + RN_out(y))).
+    """
+    y32 = y.to(torch.float32)  # NUMERICS: §5.10 - one rounding of the fp64 reference sum to fp32
+    ra = oa.amax.reshape(-1, 1)  # (M or 1, 1)
+    rb = ob.amax.reshape(1, -1)  # (1, N or 1)
+    if oa.row_scaled and ob.row_scaled:
+        y32 = (y32 * ra) * rb  # NUMERICS: §5.10 - two fp32 multiplies, a's rows first
+    else:
+        y32 = y32 * (ra * rb)  # NUMERICS: §5.10 - the two amaxes folded into one fp32 factor first
+    if bias is not None:
+        y32 = y32 + bias[None, :]  # NUMERICS: §5.10 - bias added in fp32 after the scales
+    z = round_out(y32, out_dtype)
+    if c is not None:
+        # NUMERICS: §5.10 - TE adds the rounded output into C (out.add_): one fp32 add, then RN_out.
+        z = round_out(c.to(torch.float32) + z.to(torch.float32), out_dtype)
+    return z
 
 
 # ---- exact-representable mode -----------------------------------------------------------------

@@ -164,8 +164,11 @@ class CopyGeometry:
 
     @property
     def amax_shape(self) -> tuple[int, ...] | None:
-        """(1,) where the copy carries its fp32 amax, else None."""
-        return (1,) if self.scheme.stores_amax else None
+        """(1,) where the copy carries its fp32 amax, else None; a row-scaled NVFP4 copy carries one
+        amax per row of the copy: [M] rowwise, [K] colwise (NUMERICS: §5.10 row-scaled)."""
+        if not self.scheme.stores_amax:
+            return None
+        return (self.rows,) if self.config.row_scaled else (1,)
 
     def scale_index(self, r, c):
         """(i, j) into the compact scale tensor for data position(s) (r, c) (ints or tensors); None for per-tensor."""

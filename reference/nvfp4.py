@@ -46,14 +46,21 @@ def _roundup(n: int, a: int) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def global_scale(a_g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(S_enc, S_dec) from the global amax A_g (fp32, any shape).
+def global_range(e4m3_max: float = E4M3.max_finite) -> float:
+    """6 * e4m3_max: 2688 by default, 1536 for 4over6 with e4m3_max = 256 (exact; NUMERICS: §5.1, §5.10)."""
+    return E2M1.max_finite * e4m3_max
 
-    NUMERICS: §5.1 - S_enc = fmin(RN(2688 / A_g), FLT_MAX) (true division); A_g = 0 or S_enc = 0
-    (A_g = +inf) -> 1; A_g = NaN -> FLT_MAX through fmin; S_dec = RN(1 / S_enc).
+
+def global_scale(a_g: torch.Tensor, e4m3_max: float = E4M3.max_finite) -> tuple[torch.Tensor, torch.Tensor]:
+    """(S_enc, S_dec) from the global amax A_g (fp32, any shape; row-scaled: one per row).
+
+    NUMERICS: §5.1 - S_enc = fmin(RN(6 * e4m3_max / A_g), FLT_MAX) (true division; 2688 unless a
+    4over6 variant sets e4m3_max = 256, §5.10); A_g = 0 or S_enc = 0 (A_g = +inf) -> 1 (TE's kernel
+    `compute_global_encode_scaling_factor_FP4`, per row when row-scaled); A_g = NaN -> FLT_MAX
+    through fmin; S_dec = RN(1 / S_enc).
     """
     a_g = a_g.to(torch.float32)
-    s_enc = torch.fmin(fp32.div(GLOBAL_RANGE, a_g, like=a_g), fp32.scalar(FLT_MAX, a_g))
+    s_enc = torch.fmin(fp32.div(global_range(e4m3_max), a_g, like=a_g), fp32.scalar(FLT_MAX, a_g))
     s_enc = torch.where((a_g == 0) | (s_enc == 0), torch.ones_like(s_enc), s_enc)
     s_dec = fp32.div(1.0, s_enc, like=s_enc)
     return s_enc, s_dec
@@ -208,14 +215,19 @@ def _scale_buffer(rows: int, cols: int, blk: int, device) -> torch.Tensor:
     return torch.zeros(shape, dtype=torch.uint8, device=device)
 
 
-def _copy_chain(a_g: torch.Tensor):
-    """A function a_b -> (s_blk uint8, f fp32) for one copy with global amax a_g (docs/numerics.md §5.1-§5.3)."""
-    s_enc, s_dec = global_scale(a_g)
+def _copy_chain(a_g: torch.Tensor, config: QuantConfig):
+    """A function (a_b, r0, r1) -> (s_blk uint8, f fp32) for one copy (docs/numerics.md §5.1-§5.3).
+
+    a_g is the copy's global amax, shaped to broadcast against the block amaxes: (1, 1), or
+    row-scaled (rows, 1) (rowwise: sliced to the chunk's rows r0:r1) or (1, K) (colwise).
+    """
+    s_enc, s_dec = global_scale(a_g, config.e4m3_max)
     mult = block_multiplier(s_enc)
 
-    def chain(a_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        _, s_blk = block_scale(a_b, mult)
-        return s_blk, encode_factor(s_blk, s_dec)
+    def chain(a_b: torch.Tensor, r0: int = 0, r1: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        m_c, s_c = (mult[r0:r1], s_dec[r0:r1]) if mult.shape[0] > 1 else (mult, s_dec)
+        _, s_blk = block_scale(a_b, m_c)
+        return s_blk, encode_factor(s_blk, s_c)
 
     return chain
 
@@ -231,11 +243,11 @@ def _quantize_rowwise(
     """Rowwise copy NVFP4(X), blocks along K, from the block amaxes a_b_all (M, K/16) (docs/numerics.md §5.4, §5.9)."""
     m_rows, k = x2d.shape
     blk = config.block
-    chain = _copy_chain(a_g)
+    chain = _copy_chain(a_g.reshape(-1, 1), config)  # NUMERICS: §5.10 row-scaled: A_g [M], one per row
     data = torch.empty((m_rows, k // 2), dtype=torch.uint8, device=x2d.device)
     scale = _scale_buffer(m_rows, k, blk, x2d.device)
     for r0, r1 in _chunks(m_rows, k, blk):
-        s_blk, f = chain(a_b_all[r0:r1])  # (R, K/16)
+        s_blk, f = chain(a_b_all[r0:r1], r0, r1)  # (R, K/16)
         scale[r0:r1, : k // blk] = s_blk
         # NUMERICS: §5.4 - y = RN(x * f): one fp32 multiply.
         y = x2d[r0:r1].to(torch.float32).reshape(r1 - r0, k // blk, blk) * f[:, :, None]  # (R, K/16, 16)
@@ -257,7 +269,7 @@ def _quantize_colwise(
     """
     m_rows, k = src.shape
     blk = config.block
-    chain = _copy_chain(a_g)
+    chain = _copy_chain(a_g.reshape(1, -1), config)  # NUMERICS: §5.10 row-scaled: A_g [K], one per copy row
     data = torch.empty((k, m_rows // 2), dtype=torch.uint8, device=src.device)
     scale = _scale_buffer(k, m_rows, blk, src.device)
     for r0, r1 in _chunks(m_rows, k, blk):
@@ -324,6 +336,112 @@ def _rht_pass(x2d: torch.Tensor, blk: int) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 # --------------------------------------------------------------------------------------------
+# 4over6 (docs/numerics.md §5.10; TE common/cast/nvfp4/quantize_4over6_nvfp4.cuh)
+# --------------------------------------------------------------------------------------------
+
+# NUMERICS: §5.10 - map-to-4 expands the block scale by 1.5 (exact constant, one RN multiply).
+MAP4_EXPAND = 1.5
+
+
+def candidate_scales(a_b: torch.Tensor, s_enc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(map4, map6) E4M3 scale bits of the two 4over6 candidates from block amaxes and S_enc.
+
+    NUMERICS: §5.10 - base = RN(RN(A_b / 6) * S_enc) (a true division, unlike §5.2);
+    map4 = sat_e4m3(fmin(RN(1.5 * base), 448)), map6 = sat_e4m3(fmin(base, 448)).
+    """
+    base = fp32.div(a_b.to(torch.float32), E2M1.max_finite) * s_enc
+    cap = fp32.scalar(E4M3.max_finite, base)
+    map4 = casts.saturating_cast(torch.fmin(base * MAP4_EXPAND, cap), E4M3)
+    map6 = casts.saturating_cast(torch.fmin(base, cap), E4M3)
+    return map4, map6
+
+
+def candidate_error(codes: torch.Tensor, s_blk: torch.Tensor, x: torch.Tensor, a_g: torch.Tensor,
+                    config: QuantConfig) -> torch.Tensor:
+    """fp32 (..., nb) error of one candidate per 16-element block; codes and x (..., nb, 16), s_blk (..., nb).
+
+    NUMERICS: §5.10 - for elements 0..15 in order, every step RN: val = RN(RN(RN(v * sf) * A_g) /
+    (6 * e4m3_max)) (true division), d = RN(val - x), err = RN(err + |d|) (mae) or RN(err + RN(d * d)) (mse).
+    """
+    v = casts.decode(codes, E2M1)  # (..., nb, 16)
+    sf = casts.decode(s_blk, E4M3)[..., None]
+    val = fp32.div((v * sf) * a_g, global_range(config.e4m3_max))
+    d = val - x
+    e = d.abs() if config.err_mode == "mae" else d * d
+    err = torch.zeros_like(e[..., 0])
+    for i in range(e.shape[-1]):  # NUMERICS: §5.10 - sequential sum over the block's elements
+        err = err + e[..., i]
+    return err
+
+
+def tile_error_sum(err: torch.Tensor, tile_rows: int) -> torch.Tensor:
+    """(R/16, nb) sum of the 16 row errors of each 16x16 tile from (R, nb), as TE's warp reduction.
+
+    NUMERICS: §5.10 - a tree with offsets 8, 4, 2, 1: row j + row j+8, then + 4, + 2, + 1, each RN.
+    """
+    e = err.reshape(err.shape[0] // tile_rows, tile_rows, err.shape[1])
+    while e.shape[1] > 1:
+        h = e.shape[1] // 2
+        e = e[:, :h] + e[:, h:]
+    return e[:, 0]
+
+
+def _four_over_six_copy(src: torch.Tensor, a_g: torch.Tensor, config: QuantConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed data [R, C/2], scales [roundup(R, 128), roundup(C/16, 4)]) of the copy whose source is src [R, C].
+
+    The copy is quantized from its own source (X, or X^T for the colwise copy), blocks along C;
+    a_g is fp32 [1], or [R] when row-scaled. NUMERICS: §5.10 - with 16x16 tiles the candidate is
+    chosen per tile from the tree sum of its 16 row errors, so the colwise copy (its errors
+    summed over the rows of the transposed tile) is not the transpose of the rowwise copy.
+    """
+    rows, cols = src.shape
+    blk, tile_rows = config.block, config.tile[0]
+    data = torch.empty((rows, cols // 2), dtype=torch.uint8, device=src.device)
+    scale = _scale_buffer(rows, cols, blk, src.device)
+    g_all = a_g.to(torch.float32).reshape(-1, 1)  # (1 or R, 1)
+    s_enc_all, s_dec_all = global_scale(g_all, config.e4m3_max)
+    for r0, r1 in _chunks(rows, cols, max(blk, tile_rows)):
+        n = r1 - r0
+        sl = (lambda t: t[r0:r1]) if g_all.shape[0] > 1 else (lambda t: t)  # noqa: E731
+        g, s_enc, s_dec = sl(g_all), sl(s_enc_all), sl(s_dec_all)  # (n or 1, 1)
+        x = src[r0:r1].to(torch.float32).reshape(n, cols // blk, blk)  # (n, C/16, 16)
+        a_b = _row_blocks_amax(src[r0:r1], blk)  # (n, C/16)
+        if config.is_2d:
+            a_b = _tile_amax(a_b, tile_rows).repeat_interleave(tile_rows, dim=0)
+        picks = []
+        for s_blk in candidate_scales(a_b, s_enc):
+            f = encode_factor(s_blk, s_dec)  # NUMERICS: §5.3 per candidate
+            codes = e2m1_rn(x * f[:, :, None])  # NUMERICS: §5.4 y = RN(x * f)
+            err = candidate_error(codes, s_blk, x, g[:, :, None], config)  # (n, C/16)
+            if config.is_2d:
+                err = tile_error_sum(err, tile_rows).repeat_interleave(tile_rows, dim=0)
+            picks.append((s_blk, codes, err))
+        (s4, c4, e4), (s6, c6, e6) = picks
+        pick4 = e4 < e6  # NUMERICS: §5.10 - map4 iff err4 < err6; ties and NaN go to map6
+        scale[r0:r1, : cols // blk] = torch.where(pick4, s4, s6)
+        codes = torch.where(pick4[:, :, None], c4, c6).reshape(n, cols)
+        data[r0:r1] = casts.pack_nibbles(codes)
+    return data, scale
+
+
+def _quantize_four_over_six(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool,
+                            given: torch.Tensor | None) -> dict:
+    """Both copies under a 4over6 variant (docs/numerics.md §5.10); each copy from its own source."""
+    out: dict = {}
+    if config.row_scaled:
+        a_g = _row_blocks_amax(x2d, config.block).amax(dim=1)  # NUMERICS: §5.10 A_g [M]: amax of each row
+    else:
+        a_g = given if given is not None else _amax_pass(x2d, config, rows=True, cols=False)["g"]
+    if rowwise:
+        data, scale = _four_over_six_copy(x2d, a_g, config)
+        out.update(rowwise_data=data, rowwise_scale=scale, rowwise_amax=a_g.clone())
+    if colwise:
+        data, scale = _four_over_six_copy(x2d.t().contiguous(), a_g, config)
+        out.update(colwise_data=data, colwise_scale=scale, colwise_amax=a_g.clone())
+    return out
+
+
+# --------------------------------------------------------------------------------------------
 # Convention torchao_nvfp4 (docs/numerics.md §10.5)
 # --------------------------------------------------------------------------------------------
 
@@ -384,14 +502,28 @@ def _quantize_torchao(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, 
 
 
 def quantize_2d(
-    x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, rng: SRSeed | None = None, state=None
+    x2d: torch.Tensor,
+    config: QuantConfig,
+    *,
+    rowwise: bool,
+    colwise: bool,
+    rng: SRSeed | None = None,
+    state=None,
+    amax: torch.Tensor | None = None,
 ) -> dict:
     """NVFP4 copies of a 2-D [M, K] input as QuantizedTensor fields (docs/numerics.md §5, layouts §5.9).
 
-    Without RHT both copies use A_g = amax(X); with RHT the columnwise copy quantizes the bf16
-    RHT(X^T) with A_g = its amax. SR bytes: rowwise stream, columnwise stream + 1. `state` is unused.
+    Without RHT both copies use A_g = amax(X), or the given `amax` (TE's quantize_with_amax, §5.1);
+    with RHT the columnwise copy quantizes the bf16 RHT(X^T) with A_g = its amax. Row-scaled
+    variants use A_g = the amax of each row [M] (rowwise) and of each column [K] (colwise), §5.10.
+    SR bytes: rowwise stream, columnwise stream + 1. `state` is unused.
     """
     _check(x2d, config)
+    if config.variant == "row_scaled_4over6" and colwise:
+        raise SpecViolation(
+            f"{config.id}: row-scaled 4over6 has no columnwise copy (TE's check: the 4over6 kernel does not "
+            "consume per-column amaxes; docs/numerics.md §5.10); quantize with colwise=False"
+        )
     if not (rowwise or colwise):
         raise SpecViolation("quantize needs rowwise=True or colwise=True; both were False")
     seed = SRSeed.coerce(rng) if config.stochastic else None
@@ -399,17 +531,25 @@ def quantize_2d(
         raise SpecViolation(f"{config.id}: stochastic rounding needs rng=(seed, stream) (docs/numerics.md §5.7)")
     if config.convention != "te":
         return _quantize_torchao(x2d, config, rowwise=rowwise, colwise=colwise)
+    given = None if amax is None else amax.to(device=x2d.device, dtype=torch.float32).reshape(1)
+    if config.four_over_six:
+        return _quantize_four_over_six(x2d, config, rowwise=rowwise, colwise=colwise, given=given)
     out: dict = {}
     amax_x = _amax_pass(x2d, config, rows=rowwise, cols=colwise and not config.rht)
+    a_g = given if given is not None else amax_x["g"]
     if rowwise:
-        out.update(_quantize_rowwise(x2d, amax_x["rows"], amax_x["g"], config, seed))
+        # NUMERICS: §5.10 row-scaled - A_g [M] = amax of each row = max of its block amaxes (exact).
+        a_row = amax_x["rows"].amax(dim=1) if config.row_scaled else a_g
+        out.update(_quantize_rowwise(x2d, amax_x["rows"], a_row, config, seed))
     if colwise:
         if config.rht:
             h, a_b, a_g = _rht_pass(x2d, config.block)
             out.update(_quantize_colwise(h, a_b, a_g, config, seed))
             del h
         else:
-            out.update(_quantize_colwise(x2d, amax_x["cols"], amax_x["g"], config, seed))
+            # NUMERICS: §5.10 row-scaled - A_g [K] = amax of each column of X (each row of the copy).
+            a_col = amax_x["cols"].amax(dim=0) if config.row_scaled else a_g
+            out.update(_quantize_colwise(x2d, amax_x["cols"], a_col, config, seed))
     return out
 
 
@@ -467,10 +607,11 @@ def scale_chain(x2d: torch.Tensor, config: QuantConfig, orientation: str) -> dic
 # --------------------------------------------------------------------------------------------
 
 
-def decode_factor(s_blk: torch.Tensor, a_g: torch.Tensor) -> torch.Tensor:
-    """g = RN(RN(float(s_blk) * A_g) * fl(1/2688)) (NUMERICS: §5.8 - TE's decode, not the encode inverse)."""
+def decode_factor(s_blk: torch.Tensor, a_g: torch.Tensor, e4m3_max: float = E4M3.max_finite) -> torch.Tensor:
+    """g = RN(RN(float(s_blk) * A_g) * fl(1/(6 * e4m3_max))) (NUMERICS: §5.8 - TE's decode, not the
+    encode inverse; fl(1/2688) by default, fl(1/1536) for 4over6 with e4m3_max = 256, §5.10)."""
     p = casts.decode(s_blk, E4M3) * a_g.to(torch.float32)
-    return p * fp32.scalar(INV_GLOBAL_RANGE, p)
+    return p * fp32.scalar(fp32.reciprocal_const(global_range(e4m3_max)), p)
 
 
 def dequantize(q, orientation: str, dtype: torch.dtype) -> torch.Tensor:
@@ -484,12 +625,20 @@ def dequantize(q, orientation: str, dtype: torch.dtype) -> torch.Tensor:
     blk = q.config.block
     rows, cols = data.shape[0], data.shape[1] * 2
     v = casts.decode(casts.unpack_nibbles(data), E2M1).reshape(rows, cols // blk, blk)  # (rows, cols/16, 16)
-    g = decode_factor(scale[:rows, : cols // blk], a_g.reshape(()).to(data.device))  # (rows, cols/16)
+    # NUMERICS: §5.10 row-scaled - one A_g per row of the copy.
+    a_g = a_g.reshape(-1, 1) if q.config.row_scaled else a_g.reshape(())
+    g = decode_factor(scale[:rows, : cols // blk], a_g.to(data.device), q.config.e4m3_max)  # (rows, cols/16)
     xh = (v * g.unsqueeze(-1)).reshape(rows, cols).to(dtype)  # NUMERICS: §5.8 - one fp32 RN, then RN_out
     return xh if orientation == "rowwise" else xh.t().contiguous()
 
 
-def gemm_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor) -> torch.Tensor:
-    """alpha = RN(RN(A_g,a * A_g,b) * fl(1/7225344)), fp32 (NUMERICS: §5.8 - the kernel multiplies, never divides)."""
+def gemm_alpha(amax_a: torch.Tensor, amax_b: torch.Tensor, e4m3_max_a: float = E4M3.max_finite,
+               e4m3_max_b: float = E4M3.max_finite) -> torch.Tensor:
+    """alpha = RN(RN(A_g,a * A_g,b) * fl(1/(36 * e4m3_max_a * e4m3_max_b))), fp32.
+
+    NUMERICS: §5.8 - the kernel multiplies, never divides; fl(1/7225344) unless a 4over6 operand
+    has e4m3_max = 256 (§5.10, TE common/recipe/nvfp4.cu: each operand's own e4m3 max).
+    """
     p = amax_a.to(torch.float32) * amax_b.to(torch.float32)
-    return p * fp32.scalar(INV_ALPHA_RANGE, p)
+    inv = fp32.reciprocal_const(global_range(e4m3_max_a) * global_range(e4m3_max_b))
+    return p * fp32.scalar(inv, p)

@@ -132,12 +132,13 @@ def _cast(y: torch.Tensor, config: QuantConfig) -> torch.Tensor:
     return casts.saturating_cast(y, config.element_format)
 
 
-def _scales(x2d: torch.Tensor, config: QuantConfig, state: AmaxHistory | None):
-    """(a, s, sinv) as fp32 [1] tensors on x's device: the tensor amax, the encode and decode scale."""
+def _scales(x2d: torch.Tensor, config: QuantConfig, state: AmaxHistory | None, given: torch.Tensor | None = None):
+    """(a, s, sinv) as fp32 [1] tensors on x's device: the tensor amax (or the given one), the encode and decode scale."""
     fmt = config.element_format
     if config.convention == "torchao_float8":
         return _torchao_scales(x2d, config)
-    a = tensor_amax(x2d)
+    # NUMERICS: §1 - a given amax (TE's quantize_with_amax) replaces amax(X) in compute_scale.
+    a = tensor_amax(x2d) if given is None else given.to(device=x2d.device, dtype=torch.float32).reshape(1)
     if config.scheme == "fp8_current":
         if state is not None:
             raise ValueError(f"{config.id}: state is only for fp8_delayed (got {type(state).__name__})")
@@ -160,14 +161,17 @@ def _scales(x2d: torch.Tensor, config: QuantConfig, state: AmaxHistory | None):
     return a, s, sinv
 
 
-def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, rng=None, state=None) -> dict:
+def quantize_2d(
+    x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, rng=None, state=None, amax=None
+) -> dict:
     """Per-tensor FP8 quantization of a contiguous [M, K] tensor (docs/numerics.md §1, §2).
 
     fp8_delayed reads `state.scale` and updates `state.history[0]`; with state=None a fresh
     AmaxHistory is used (scale 1.0) and discarded. `rng` is unused (no stochastic rounding here).
+    `amax` (fp8_current only) is a given tensor amax used instead of amax(X).
     """
     m, k = x2d.shape
-    a, s, sinv = _scales(x2d, config, state)
+    a, s, sinv = _scales(x2d, config, state, amax)
     dev = x2d.device
     data = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None  # (M, K)
     data_t = torch.empty((k, m), dtype=torch.uint8, device=dev) if colwise else None  # (K, M)

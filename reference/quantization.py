@@ -13,10 +13,10 @@ from __future__ import annotations
 import torch
 
 from .formats import SCHEMES, QuantConfig
-from .spec import DTYPE_NAMES, check_dequantize, check_quantize
+from .spec import DTYPE_NAMES, check_dequantize, check_given_amax, check_quantize, reduce_amax
 from .types import QuantizedTensor, SRSeed
 
-__all__ = ["DTYPE_NAMES", "check_input", "dequantize", "quantize", "scheme_module"]
+__all__ = ["DTYPE_NAMES", "check_input", "dequantize", "quantize", "reduce_amax", "scheme_module"]
 
 
 def scheme_module(scheme: str):
@@ -37,15 +37,19 @@ def quantize(
     colwise: bool = False,
     rng: SRSeed | tuple[int, int] | int | None = None,
     state=None,
+    amax: torch.Tensor | None = None,
 ) -> QuantizedTensor:
     """Quantize `x_hp` by `config` (golden reference; same bits on CPU and CUDA).
 
     `rng` is the stochastic-rounding (seed, stream) pair (required when config.stochastic);
-    `state` is the fp8_delayed `AmaxHistory` (scale source and amax sink; a fresh one if None).
+    `state` is the fp8_delayed `AmaxHistory` (scale source and amax sink; a fresh one if None);
+    `amax` a given tensor amax (fp32 [] or [1], >= 0) used instead of amax(X) (TE's
+    quantize_with_amax; fp8_current and nvfp4; `reduce_amax` makes one from shard amaxes).
     """
     x2d, seed = check_quantize(x_hp, config, rowwise=rowwise, colwise=colwise, rng=rng)
+    extra = {} if amax is None else {"amax": check_given_amax(amax, config)}
     fields = scheme_module(config.scheme).quantize_2d(
-        x2d, config, rowwise=rowwise, colwise=colwise, rng=seed, state=state
+        x2d, config, rowwise=rowwise, colwise=colwise, rng=seed, state=state, **extra
     )
     return QuantizedTensor(config=config, shape=tuple(x_hp.shape), hp_dtype=DTYPE_NAMES[x_hp.dtype], **fields)
 

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from .formats import ORIENTATIONS, QuantConfig
+from .formats import ORIENTATIONS, SCHEMES, QuantConfig
 from .layouts import copy_geometry, gemm_layout
 from .types import QuantizedTensor, SpecViolation, SRSeed
 
@@ -112,6 +112,55 @@ def check_quantize(
         raise SpecViolation(f"{config.id}: stochastic rounding needs rng=(seed, stream) (docs/numerics.md §5.7)")
     # NUMERICS: §0.1 - leading dims flatten into M; a 1-D input is [1, K].
     return x.reshape(-1, x.shape[-1]).contiguous(), seed
+
+
+def check_given_amax(amax: object, config: QuantConfig) -> torch.Tensor:
+    """Validate a given amax (TE's quantize_with_amax; docs/numerics.md §1, §5.1): a float32 tensor of
+    shape [] or [1], >= 0 (+inf allowed, NaN not), for a scheme that takes one and a copy that uses
+    amax(X). Returns it as fp32 [1]."""
+    if not config.scheme_row.given_amax:
+        takers = ", ".join(s.name for s in SCHEMES.values() if s.given_amax)
+        raise SpecViolation(f"{config.id}: a given amax exists only for {takers} (docs/numerics.md §1, §5.1)",
+                            rule="amax")
+    if config.convention != "te":
+        raise SpecViolation(f"{config.id}: a given amax is defined for convention 'te' only", rule="amax")
+    if config.rht:
+        raise SpecViolation(f"{config.id}: a given amax does not apply with RHT: the columnwise A_g is the "
+                            "post-RHT amax (docs/numerics.md §5.6)", rule="amax")
+    if config.row_scaled:
+        raise SpecViolation(f"{config.id}: row-scaled NVFP4 takes no given or reduced amax: its A_g is one "
+                            "amax per row (TE's check; docs/numerics.md §5.10)", rule="amax")
+    if not isinstance(amax, torch.Tensor):
+        raise SpecViolation(f"amax must be a torch.Tensor, got {type(amax).__name__}", rule="amax")
+    if tuple(amax.shape) not in ((), (1,)):
+        raise SpecViolation(f"amax has shape {tuple(amax.shape)}, expected [] or [1] (one tensor amax)", rule="amax")
+    if amax.dtype != torch.float32:
+        raise SpecViolation(f"amax has dtype {amax.dtype}, expected torch.float32", rule="amax")
+    v = float(amax.reshape(()))
+    if math.isnan(v) or v < 0 or (v == 0 and math.copysign(1.0, v) < 0):
+        raise SpecViolation(f"amax = {v!r} is invalid: an amax is >= +0 (NaN and negatives are not amaxes; "
+                            "docs/numerics.md §0.1)", rule="amax")
+    return amax.reshape(1)
+
+
+def reduce_amax(shard_amaxes) -> torch.Tensor:
+    """The amax of a tensor sharded over ranks: the max of the shards' amaxes (TE's with_amax_reduction).
+
+    NUMERICS: §0.1 - amax is exact in any order, so max over shards = amax of the whole tensor.
+    Each shard amax is checked as a given amax would be (shape [] or [1], fp32, >= 0).
+    """
+    items = list(shard_amaxes)
+    if not items:
+        raise SpecViolation("reduce_amax needs at least one shard amax, got none", rule="amax")
+    for i, a in enumerate(items):
+        if not isinstance(a, torch.Tensor) or a.dtype != torch.float32 or tuple(a.shape) not in ((), (1,)):
+            got = (tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else type(a).__name__
+            raise SpecViolation(f"shard amax {i} must be a float32 tensor of shape [] or [1], got {got}", rule="amax")
+        v = float(a.reshape(()))
+        if math.isnan(v) or v < 0:
+            raise SpecViolation(f"shard amax {i} = {v!r} is invalid: an amax is >= 0", rule="amax")
+    dev = items[0].device
+    return torch.stack([a.reshape(()).to(dev) for a in items]).amax().reshape(1)
 
 
 def _tensor_field(q: QuantizedTensor, fld: str, name: str, shape: tuple[int, ...], dtype: torch.dtype,
