@@ -402,8 +402,8 @@ def _four_over_six_copy(src: torch.Tensor, a_g: torch.Tensor, config: QuantConfi
     s_enc_all, s_dec_all = global_scale(g_all, config.e4m3_max)
     for r0, r1 in _chunks(rows, cols, max(blk, tile_rows)):
         n = r1 - r0
-        sl = (lambda t: t[r0:r1]) if g_all.shape[0] > 1 else (lambda t: t)  # noqa: E731
-        g, s_enc, s_dec = sl(g_all), sl(s_enc_all), sl(s_dec_all)  # (n or 1, 1)
+        rs = slice(r0, r1) if g_all.shape[0] > 1 else slice(None)  # row-scaled: the chunk's rows
+        g, s_enc, s_dec = g_all[rs], s_enc_all[rs], s_dec_all[rs]  # (n or 1, 1)
         x = src[r0:r1].to(torch.float32).reshape(n, cols // blk, blk)  # (n, C/16, 16)
         a_b = _row_blocks_amax(src[r0:r1], blk)  # (n, C/16)
         if config.is_2d:
