@@ -70,13 +70,16 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 from reference.formats import (
     AMAX_ALGOS,
     E8M0_RULES,
+    ERR_MODES,
     FORMATS,
     INPUT_DTYPES,
+    NVFP4_E4M3_MAXES,
     SCHEME_NAMES,
+    VARIANTS,
     QuantConfig,
 )
 from reference.layouts import GEMM_LAYOUTS
-from reference.spec import gemm_rule, quantize_rule
+from reference.spec import copies_rule, gemm_rule, quantize_rule
 from reference.types import SpecViolation
 
 
@@ -135,8 +138,11 @@ CONFIG_KEYS = (
     "amax_history_len",
     "amax_compute_algo",
     "margin",
+    "variant",
+    "e4m3_max",
+    "err_mode",
 )
-B_OVERRIDABLE = ("element", "tile", "rht", "stochastic", "pow2_scales", "e8m0_rule")
+B_OVERRIDABLE = ("element", "tile", "rht", "stochastic", "pow2_scales", "e8m0_rule", "variant", "e4m3_max", "err_mode")
 B_KEYS = tuple(f"b_{k}" for k in B_OVERRIDABLE)
 GRID_KEYS = (
     ("op",)
@@ -284,6 +290,12 @@ def _config_from_match(m: re.Match, p: str) -> QuantConfig:
         kw["e8m0_rule"] = g("rule")
     if g("eps") is not None:
         kw["eps"] = float(g("eps"))
+    if g("variant") is not None:
+        kw["variant"] = g("variant")
+    if g("e4m3") is not None:
+        kw["e4m3_max"] = int(g("e4m3"))
+    if g("err") is not None:
+        kw["err_mode"] = g("err")
     if g("hl") is not None:
         kw["amax_history_len"] = int(g("hl"))
         kw["amax_compute_algo"] = g("algo")
@@ -298,6 +310,9 @@ def _cfg_re(p: str) -> str:
     return (
         rf"(?P<{p}scheme>{alt(SCHEME_NAMES)})-(?P<{p}element>{alt(elements)})"
         rf"(?:-(?P<{p}tile>\d+x\d+))?(?P<{p}rht>-rht)?(?P<{p}sr>-sr)?"
+        rf"(?:-(?P<{p}variant>{alt(sorted(VARIANTS, key=len, reverse=True))}))?"
+        rf"(?:-e(?P<{p}e4m3>{alt(str(e) for e in NVFP4_E4M3_MAXES if e != 448)}))?"
+        rf"(?:-(?P<{p}err>{alt(e for e in ERR_MODES if e != 'mae')}))?"
         rf"(?:-(?P<{p}pow2>pow2|fp32scale))?(?:-(?P<{p}rule>{alt(rules)}))?"
         rf"(?:-eps(?P<{p}eps>[0-9.]+(?:e[+-]?\d+)?))?"
         rf"(?:-h(?P<{p}hl>\d+)-(?P<{p}algo>{alt(AMAX_ALGOS)})-m(?P<{p}margin>-?\d+))?"
@@ -371,10 +386,13 @@ def spec_violation(case: Case) -> str | None:
     try:
         if case.op != "gemm":
             quantize_rule(case.config, case.shape, case.in_dtype)
+            copies_rule(case.config, rowwise=case.orientation != "colwise", colwise=case.orientation != "rowwise")
             return None
         shapes = case.operand_shapes
-        for name, cfg in (("a", case.config), ("b", case.b_config)):
+        lay = GEMM_LAYOUTS[case.layout]
+        for name, cfg, copy in (("a", case.config, lay.a), ("b", case.b_config, lay.b)):
             quantize_rule(cfg, shapes[name], case.in_dtype, what=f"operand {name}")
+            copies_rule(cfg, rowwise=copy == "rowwise", colwise=copy == "colwise")
         gemm_rule(case.config, case.b_config, case.layout)
     except SpecViolation as e:
         return f"{e.rule}: {e}"
@@ -467,6 +485,22 @@ def _tile(v: Any) -> Any:
     raise _FieldError(f"{v!r} is not a tile: expected [r, c], 'RxC', 'none' or 'default'")
 
 
+def _variant(v: Any) -> Any:
+    """A QuantConfig variant (docs/numerics.md §5.10), or "none"."""
+    if v == "none":
+        return None
+    return _choice("variant", VARIANTS)(v)
+
+
+def _choice_int(name: str, allowed: tuple[int, ...]) -> Any:
+    def norm(v: Any) -> int:
+        if isinstance(v, bool) or v not in allowed:
+            raise _FieldError(f"{v!r} is not one of {allowed}")
+        return v
+
+    return norm
+
+
 def _pow2(v: Any) -> Any:
     return _DEFAULT if v == _DEFAULT else _bool(v)
 
@@ -500,6 +534,12 @@ _NORMALIZERS: dict[str, Any] = {
     "amax_history_len": _int(1),
     "amax_compute_algo": _choice("amax_compute_algo", AMAX_ALGOS),
     "margin": _int(),
+    "variant": _variant,
+    "e4m3_max": _choice_int("e4m3_max", NVFP4_E4M3_MAXES),
+    "err_mode": _choice("err_mode", ERR_MODES),
+    "b_variant": _variant,
+    "b_e4m3_max": _choice_int("b_e4m3_max", NVFP4_E4M3_MAXES),
+    "b_err_mode": _choice("b_err_mode", ERR_MODES),
     "b_element": _element,
     "b_tile": _tile,
     "b_rht": _bool,

@@ -16,7 +16,7 @@ import torch
 
 from reference.conventions import DEFAULT as TE_CONVENTION
 from reference.formats import QuantConfig
-from reference.spec import DTYPE_NAMES, check_dequantize, check_quantize
+from reference.spec import DTYPE_NAMES, check_dequantize, check_given_amax, check_quantize
 from reference.types import QuantizedTensor, SpecViolation, SRSeed, Unsupported
 
 from .launchers import launcher
@@ -40,6 +40,12 @@ def supports(op: str, config: QuantConfig, device) -> tuple[bool, str]:
         return False, f"config must be a QuantConfig, got {type(config).__name__}"
     if config.convention != TE_CONVENTION:
         return False, f"native implements the {TE_CONVENTION!r} convention only, not {config.convention!r}"
+    if config.variant is not None:
+        return False, (f"native has no kernel for the NVFP4 variant {config.variant!r} yet "
+                       "(docs/numerics.md §5.10; the reference is the golden)")
+    if config.stochastic and config.is_2d:
+        return False, ("native has not been validated for stochastic rounding on 16x16 tiles "
+                       "(docs/numerics.md §5.7 colwise random bits); run it on a GPU before lifting this")
     try:
         dev = torch.device(device)
     except (TypeError, RuntimeError) as e:
@@ -87,13 +93,20 @@ def quantize(
     colwise: bool = False,
     rng: SRSeed | tuple[int, int] | int | None = None,
     state=None,
+    amax: torch.Tensor | None = None,
 ) -> QuantizedTensor:
     """Quantize a CUDA tensor by `config` with the native kernels; same result as `reference.quantize`.
+
+    A given `amax` (reference.quantize's TE quantize_with_amax) has no kernel yet: Unsupported.
 
     Raises SpecViolation for input that breaks the spec (`reference.spec.check_quantize`, plus: x must be
     on a CUDA device) and Unsupported when this machine cannot run the kernels.
     """
     x2d, seed = check_quantize(x_hp, config, rowwise=rowwise, colwise=colwise, rng=rng)
+    if amax is not None:
+        check_given_amax(amax, config)
+        raise Unsupported(f"native quantize of {config.id}: a given amax has no kernel yet (the kernel would read "
+                          "X once, skipping its amax pass; docs/numerics.md §5.1)")
     if not x2d.is_cuda:
         raise SpecViolation(
             f"{config.id}: the native backend quantizes CUDA tensors; x is on {x2d.device} "

@@ -519,11 +519,6 @@ def quantize_2d(
     SR bytes: rowwise stream, columnwise stream + 1. `state` is unused.
     """
     _check(x2d, config)
-    if config.variant == "row_scaled_4over6" and colwise:
-        raise SpecViolation(
-            f"{config.id}: row-scaled 4over6 has no columnwise copy (TE's check: the 4over6 kernel does not "
-            "consume per-column amaxes; docs/numerics.md §5.10); quantize with colwise=False"
-        )
     if not (rowwise or colwise):
         raise SpecViolation("quantize needs rowwise=True or colwise=True; both were False")
     seed = SRSeed.coerce(rng) if config.stochastic else None

@@ -57,6 +57,17 @@ def quantize_rule(config: QuantConfig, shape: tuple[int, ...], dtype: str, *, wh
                 )
 
 
+def copies_rule(config: QuantConfig, *, rowwise: bool, colwise: bool) -> None:
+    """The copies a config can produce; SpecViolation if a requested one does not exist."""
+    if colwise and config.variant == "row_scaled_4over6":
+        # NUMERICS: §5.10 - TE's check: the 4over6 kernel does not consume per-column amaxes.
+        raise SpecViolation(
+            f"{config.id}: row-scaled 4over6 has no columnwise copy (TE's check; docs/numerics.md §5.10); "
+            "quantize with colwise=False",
+            rule="copies",
+        )
+
+
 def gemm_rule(a: QuantConfig, b: QuantConfig, layout: str) -> None:
     """The GEMM rules that depend only on the two configs and the layout; SpecViolation if broken."""
     lay = gemm_layout(layout)
@@ -107,6 +118,7 @@ def check_quantize(
     if not (rowwise or colwise):
         raise SpecViolation("quantize needs rowwise=True or colwise=True; both were False")
     quantize_rule(config, tuple(x.shape), dtype_name(x.dtype))
+    copies_rule(config, rowwise=rowwise, colwise=colwise)
     seed = SRSeed.coerce(rng)
     if config.stochastic and seed is None:
         raise SpecViolation(f"{config.id}: stochastic rounding needs rng=(seed, stream) (docs/numerics.md §5.7)")
