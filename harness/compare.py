@@ -321,7 +321,9 @@ def _multiplier(q: QuantizedTensor, cp: _Copy, src: torch.Tensor, r: torch.Tenso
         return casts.e8m0_multiplier(scale[i, j]), notes  # NUMERICS: §3 P(e) = 2^(127 - e)
     if row.global_amax:
         mod = row.reference_module()  # two-level scaling: the scheme module owns §5.2-§5.3
-        s_enc, s_dec = mod.global_scale(getattr(q, f"{cp.o}_amax").to("cpu").reshape(()))
+        a_g = getattr(q, f"{cp.o}_amax").to("cpu").reshape(-1)
+        a_g = a_g[r] if cfg.row_scaled else a_g.reshape(())  # NUMERICS: §5.10 row-scaled: A_g of the row
+        s_enc, s_dec = mod.global_scale(a_g, cfg.e4m3_max)
         return mod.encode_factor(scale[i, j], s_dec), notes  # NUMERICS: §5.3
     # fp8_block: s is not stored; recompute it from the block amax (NUMERICS: §4, v_inf = input max).
     from reference.scaling import compute_scale  # noqa: PLC0415
@@ -340,8 +342,9 @@ def _chain(q: QuantizedTensor, cp: _Copy, r: int, c: int, src: torch.Tensor, gol
     amax = getattr(q, f"{cp.o}_amax")
     out: dict[str, Any] = {}
     if amax is not None:
-        out["amax"] = float(amax.reshape(-1)[0])
-        out["amax_bits"] = _f32_hex(amax.reshape(-1)[0].to(torch.float32))
+        amax = amax.reshape(-1)[r if cfg.row_scaled else 0].reshape(1)  # NUMERICS: §5.10 the row's A_g
+        out["amax"] = float(amax[0])
+        out["amax_bits"] = _f32_hex(amax[0].to(torch.float32))
     if scale is None:
         return out
     scale = scale.to("cpu")
@@ -363,7 +366,7 @@ def _chain(q: QuantizedTensor, cp: _Copy, r: int, c: int, src: torch.Tensor, gol
         nvfp4 = row.reference_module()  # two-level scaling (docs/numerics.md §5.1-§5.3)
         out.update(s_blk=_hex(int(v)), s_blk_value=float(casts.decode(v.reshape(1), _scale_format(cfg))[0]))
         if amax is not None:
-            s_enc, s_dec = nvfp4.global_scale(amax.to("cpu").reshape(()))
+            s_enc, s_dec = nvfp4.global_scale(amax.to("cpu").reshape(()), cfg.e4m3_max)
             out.update(S_enc=float(s_enc), S_dec=float(s_dec),
                        f=float(nvfp4.encode_factor(v.reshape(1), s_dec.reshape(1))[0]))
         if golden:

@@ -572,6 +572,9 @@ def scale_chain(x2d: torch.Tensor, config: QuantConfig, orientation: str) -> dic
     NUMERICS: §5.1-§5.3, §5.5, §5.6.
     """
     _check(x2d, config)
+    if config.variant is not None:
+        raise SpecViolation(f"{config.id}: scale_chain shows the plain chain of §5.1-§5.3, not the "
+                            f"{config.variant} variant (docs/numerics.md §5.10)")
     src = copy_source(x2d, config, orientation)
     blk, tile_rows = config.block, config.tile[0]
     if orientation == "colwise" and config.rht:

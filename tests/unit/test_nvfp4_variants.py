@@ -423,3 +423,30 @@ def test_reduce_amax_checks_shards():
         reduce_amax([])
     with pytest.raises(SpecViolation, match="shard amax 1"):
         reduce_amax([torch.tensor([1.0]), torch.tensor([float("nan")])])
+
+
+# ---- the harness compare handles the vector amax ------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["row_scaled", "4over6"])
+def test_compare_locates_a_mismatch_in_a_variant_copy(variant):
+    from dataclasses import replace
+
+    from harness.compare import compare_quantized
+
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(32, 64, generator=g).to(torch.bfloat16)
+    golden = quantize(x, QuantConfig("nvfp4", variant=variant), rowwise=True)
+    assert all(r.status == "pass" for r in compare_quantized(golden, golden, x))
+    n_amax = golden.rowwise_amax.numel()
+    data = golden.rowwise_data.clone()
+    data[17, 5] ^= 0x01  # one flipped code in row 17
+    amax = golden.rowwise_amax.clone()
+    amax[-1] = amax[-1] * 2  # and the last row's amax (the only one without row-scaling)
+    res = {r.tensor: r for r in compare_quantized(golden, replace(golden, rowwise_data=data, rowwise_amax=amax), x)}
+    assert res["rowwise_data"].status == "fail" and res["rowwise_data"].n_mismatch == 1
+    assert res["rowwise_data"].first_mismatch["row"] == 17
+    assert res["rowwise_amax"].status == "fail" and res["rowwise_amax"].first_mismatch["index"] == [n_amax - 1]
+    if variant == "row_scaled":
+        assert n_amax == 32
+        assert res["rowwise_data"].first_mismatch["golden_chain"]["amax"] == float(golden.rowwise_amax[17])
