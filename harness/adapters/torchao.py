@@ -151,7 +151,8 @@ class TorchaoNVFP4(_Adapter):
     conventions = ("te", "torchao_nvfp4")
 
     def _supports(self, config):
-        if config.scheme != "nvfp4" or config.tile != (1, 16) or config.rht or config.stochastic:
+        if (config.scheme != "nvfp4" or config.tile != (1, 16) or config.rht or config.stochastic
+                or config.variant is not None):
             return False, f"{self.name}: torchao's NVFP4 cast is 1x16, round-to-nearest, no RHT; not {config.id}"
         return True, ""
 
