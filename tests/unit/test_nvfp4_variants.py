@@ -450,3 +450,32 @@ def test_compare_locates_a_mismatch_in_a_variant_copy(variant):
     if variant == "row_scaled":
         assert n_amax == 32
         assert res["rowwise_data"].first_mismatch["golden_chain"]["amax"] == float(golden.rowwise_amax[17])
+
+
+# ---- native: no kernels yet ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["quantize", "dequantize", "gemm"])
+@pytest.mark.parametrize(
+    "kwargs,fragment",
+    [
+        (dict(variant="4over6"), "variant '4over6'"),
+        (dict(variant="row_scaled"), "variant 'row_scaled'"),
+        (dict(variant="row_scaled_4over6", e4m3_max=256), "variant 'row_scaled_4over6'"),
+        (dict(tile=(16, 16), stochastic=True), "16x16"),
+    ],
+)
+def test_native_supports_refuses_variants(op, kwargs, fragment):
+    native = pytest.importorskip("native")
+    ok, why = native.supports(op, QuantConfig("nvfp4", **kwargs), "cuda")
+    assert not ok and fragment in why
+
+
+def test_native_quantize_refuses_a_given_amax():
+    native = pytest.importorskip("native")
+    from reference.types import Unsupported
+
+    with pytest.raises(Unsupported, match="given amax"):
+        native.quantize(torch.ones(16, 16), QuantConfig("nvfp4"), amax=torch.tensor([1.0]))
+    with pytest.raises(SpecViolation, match=">= \\+0"):
+        native.quantize(torch.ones(16, 16), QuantConfig("nvfp4"), amax=torch.tensor([-1.0]))
