@@ -7,14 +7,29 @@ mismatch), §6 (GEMM modes). Scales are compared on their valid region only
 (`reference.layouts.scale_valid_shape`); padding is compared separately and is informational
 unless the candidate claims to zero-fill it (`candidate.extra["zero_fills_padding"]`).
 
-Mismatch classes, in priority order for one element:
-  nan_sign              both codes are NaN encodings (0x7F vs 0xFF, ...)
-  layout_transposition  the whole candidate equals the golden transposed or the other orientation
-  block_scale_cascade   the element's scale (or a global scale/amax it depends on) differs too
-  scale_off_by_one      (scale tensors) codes one step apart: E8M0/E4M3 ±1, fp32 1 ulp or x2
-  tie_flip              the scaled input is exactly a rounding midpoint and the codes are adjacent
-  padding               (scale tensors) padding differs and the candidate claims zero padding
-  other                 anything else
+Mismatch classes, in priority order for one element (the causes `other` used to hide are tested by
+`harness.classify`; every class is listed with its count and examples per input pattern in
+`TensorResult.examples`):
+  nan_sign                both codes are NaN encodings (0x7F vs 0xFF, ...)
+  layout_transposition    the whole candidate is the golden in another layout (transposed, the other
+                          orientation, FP4 nibbles swapped); `TensorResult.layout` says which
+  nonfinite_policy        a NaN/Inf input (or one in the block, with its scale differing), or exactly
+                          one side non-finite: NaN/Inf propagated vs ignored/saturated
+  scale_floor             (scale tensors) the block amax is zero, or the candidate's decode scale is over
+                          four times the golden's: a floor / eps clamp on the scale
+  scale_rule              (scale tensors) the candidate's entry is the one another scale rule gives (the
+                          other E8M0 rule, or an applicable convention of docs/numerics.md §10)
+  block_scale_cascade     the element's scale (or a global scale/amax it depends on) differs too
+  scale_off_by_one        (scale tensors) codes one step apart: E8M0/E4M3 ±1, fp32 1 ulp or x2
+  subnormal_flush         the candidate is zero where the golden code (or output) is subnormal, or the
+                          input is subnormal
+  tie_flip                the scaled input is exactly a rounding midpoint and the codes are adjacent
+  encode_factor_rounding  the scaled input lies within a few ulps of the midpoint of the two adjacent
+                          codes (or the candidate's reported chain puts it off a tie): the candidate's
+                          encode factor rounded differently
+  decode_factor_rounding  (dequantized outputs) finite and at most 2 ulps of the output dtype apart
+  padding                 (scale tensors) padding differs and the candidate claims zero padding
+  other                   anything else
 """
 
 from __future__ import annotations
@@ -31,17 +46,24 @@ from reference.formats import FLT_MAX, INPUT_DTYPE_MAX, UE8M0, QuantConfig
 from reference.layouts import copy_geometry
 from reference.types import QuantizedTensor
 
-from . import tolerance
+from . import classify, tolerance
 
 MISMATCH_CLASSES = (
     "nan_sign",
     "layout_transposition",
+    "nonfinite_policy",
+    "scale_floor",
+    "scale_rule",
     "block_scale_cascade",
     "scale_off_by_one",
+    "subnormal_flush",
     "tie_flip",
+    "encode_factor_rounding",
+    "decode_factor_rounding",
     "padding",
     "other",
 )
+IMPLIED = "implied by the contract: recomputed from the candidate's stored scale and amax"
 ULP_BUCKETS = ("0", "0*", "1", "2", "3-4", "5-16", "17+", "nan")  # "0*": same value, other bits (±0)
 _BLOCK_WINDOW = 32  # input values shown around a mismatch (per-tensor schemes: a window of the row)
 
@@ -62,6 +84,9 @@ class TensorResult:
     sqnr_db: float = math.inf
     ulp_hist: dict = field(default_factory=dict)
     detail: dict = field(default_factory=dict)
+    # {class: {"count", "patterns": {pattern: {"count", "examples": [...]}}}} (harness.classify.examples)
+    examples: dict = field(default_factory=dict)
+    layout: str | None = None  # the candidate's layout where it is not the golden's (classify.layout_finding)
 
     @property
     def mismatch_frac(self) -> float:
@@ -75,7 +100,7 @@ class TensorResult:
 # ----------------------------------------------------------------------------------------------
 
 
-def metrics(approx: torch.Tensor, truth: torch.Tensor) -> dict:
+def metrics(approx: torch.Tensor, truth: torch.Tensor, *, count_nonfinite: bool = False) -> dict:
     """max_abs, max_rel, rmse, sqnr_db of `approx` against `truth` (fp64), plus counts.
 
     Computed on truth's device (approx is moved there). Non-finite values never raise: positions
@@ -83,6 +108,11 @@ def metrics(approx: torch.Tensor, truth: torch.Tensor) -> dict:
     `n_nonfinite_mismatch` counts those where the two sides disagree (NaN vs number, +Inf vs -Inf,
     ...). max_rel skips truth == 0. sqnr_db = 10 log10(Σ truth² / Σ err²): +inf for zero error,
     -inf for zero signal with non-zero error.
+
+    count_nonfinite (conformance comparisons): a position where the two sides disagree on being
+    non-finite is an unbounded error, so then max_abs = max_rel = rmse = +inf and sqnr_db = -inf;
+    a failing row never reads max_abs=0, sqnr_db=inf. Accuracy rows (against the truth) keep the
+    default, where saturating an Inf input is the contract.
     """
     t = truth.detach().to(torch.float64).reshape(-1)
     a = approx.detach().to(device=t.device, dtype=torch.float64).reshape(-1)
@@ -97,6 +127,9 @@ def metrics(approx: torch.Tensor, truth: torch.Tensor) -> dict:
         a, t = a[fin], t[fin]
     if a.numel() == 0:
         out.update(max_abs=math.nan, max_rel=math.nan, rmse=math.nan, sqnr_db=math.nan)
+        return out
+    if count_nonfinite and out["n_nonfinite_mismatch"]:
+        out.update(max_abs=math.inf, max_rel=math.inf, rmse=math.inf, sqnr_db=-math.inf)
         return out
     err = a - t
     sig = float((t * t).sum())
@@ -397,7 +430,8 @@ def _codes(q: QuantizedTensor, name: str) -> torch.Tensor:
     return t
 
 
-def _result(tensor: str, n: int, classes: dict, first: dict | None, met: dict, hist: dict, detail: dict) -> TensorResult:
+def _result(tensor: str, n: int, classes: dict, first: dict | None, met: dict, hist: dict, detail: dict,
+            examples: dict | None = None, layout: str | None = None) -> TensorResult:
     n_mis = sum(v for k, v in classes.items())
     return TensorResult(
         tensor=tensor,
@@ -412,6 +446,8 @@ def _result(tensor: str, n: int, classes: dict, first: dict | None, met: dict, h
         sqnr_db=met.get("sqnr_db", math.inf),
         ulp_hist=hist,
         detail=detail,
+        examples=examples or {},
+        layout=layout,
     )
 
 
@@ -478,35 +514,153 @@ def _compare_data(golden, candidate, name, cp: _Copy) -> TensorResult:
     n_mis = pos.shape[0]
     rr, cc = pos[:, 0], pos[:, 1]
     gm, cm = g[rr, cc].to(torch.int64), c[rr, cc].to(torch.int64)  # only the mismatching codes
-    met = metrics(casts.decode(c, fmt), casts.decode(g, fmt))
+    met = metrics(casts.decode(c, fmt), casts.decode(g, fmt), count_nonfinite=True)
     hist = ulp_hist_codes(gm, cm, fmt)
     hist["0"] += n - n_mis
     swap = _layout_swap(golden, candidate, name, c, g)
     src = cp.src
+    if fmt.bits == 4 and classify.nibbles_swapped(getattr(golden, name).to("cpu"), getattr(candidate, name).to("cpu")):
+        swap = "golden with its nibbles swapped (element 2j in the high nibble; NUMERICS: §5.4 puts it low)"
     if swap:
         first = _locate(golden, candidate, name, cp, src, int(rr[0]), int(cc[0]), "layout_transposition", None)
         detail["layout"] = f"candidate equals the {swap}"
-        return _result(name, n, {"layout_transposition": n_mis}, first, met, hist, detail)
-    # Per mismatching element (priority: nan_sign > block_scale_cascade > tie_flip > other).
-    nan_both = _is_nan_code(gm, fmt) & _is_nan_code(cm, fmt)
-    chain_diff = _chain_differs(golden, candidate, cp, rr, cc)
-    mult, _ = _multiplier(golden, cp, src, rr, cc)
-    y = src[rr, cc] * mult  # NUMERICS: §1-§5 one fp32 multiply x * (encode factor)
-    same_sign = (gm & fmt.sign_mask) == (cm & fmt.sign_mask)
-    adjacent = same_sign & ((gm & ~fmt.sign_mask) - (cm & ~fmt.sign_mask)).abs().eq(1) & ~_is_nan_code(cm, fmt)
-    # A tie flip: y is a midpoint and the candidate is the other of its two neighbours.
-    y64 = y.to(torch.float64)
-    other_side = (casts.decode(cm, fmt).to(torch.float64) - y64).abs() == (casts.decode(gm, fmt).to(torch.float64) - y64).abs()
-    tie = is_midpoint(y, fmt) & adjacent & other_side
-    cls = torch.full((n_mis,), MISMATCH_CLASSES.index("other"), dtype=torch.int64)
-    cls = torch.where(tie, MISMATCH_CLASSES.index("tie_flip"), cls)
-    if chain_diff is not None:
-        cls = torch.where(chain_diff, MISMATCH_CLASSES.index("block_scale_cascade"), cls)
-    cls = torch.where(nan_both, MISMATCH_CLASSES.index("nan_sign"), cls)
+        ex = classify.whole("layout_transposition", n_mis, "layout", {k: first[k] for k in ("index", "golden", "candidate")})
+        return _result(name, n, {"layout_transposition": n_mis}, first, met, hist, detail, ex, f"data is the {swap}")
+    cls, pat, pat_names, y, rules = _classify_data(golden, candidate, cp, src, rr, cc, gm, cm)
     counts = torch.bincount(cls, minlength=len(MISMATCH_CLASSES))
     classes = {k: int(counts[i]) for i, k in enumerate(MISMATCH_CLASSES)}
     first = _locate(golden, candidate, name, cp, src, int(rr[0]), int(cc[0]), MISMATCH_CLASSES[int(cls[0])], float(y[0]))
-    return _result(name, n, classes, first, met, hist, detail)
+
+    def example(i: int) -> dict:
+        r, c_ = int(rr[i]), int(cc[i])
+        m, k = cp.logical(r, c_)
+        ex = {"index": [r, c_], "row": m, "col": k, "block": cp.block_of(r, c_)[0],
+              "golden": _hex(int(gm[i]), 1 if fmt.bits == 4 else 2), "candidate": _hex(int(cm[i]), 1 if fmt.bits == 4 else 2),
+              "input": float(src[r, c_]), "scaled": float(y[i]),
+              "golden_scale": _scale_entry(golden, cp, r, c_), "candidate_scale": _scale_entry(candidate, cp, r, c_)}
+        reported = _reported(candidate, cp, r, c_)
+        if reported:
+            ex["candidate_reported_chain"] = reported
+        return ex
+
+    ex = classify.examples(cls, MISMATCH_CLASSES, pat, pat_names, example)
+    return _result(name, n, classes, first, met, hist, detail, ex)
+
+
+def _classify_data(golden, candidate, cp: _Copy, src, rr, cc, gm, cm):
+    """Class and input pattern of each mismatching data element (codes gm, cm at data positions rr, cc).
+
+    Priority: nan_sign > nonfinite_policy > block_scale_cascade > subnormal_flush > tie_flip >
+    encode_factor_rounding > other.
+    """
+    fmt = golden.config.element_format
+    mag_mask = ~fmt.sign_mask if fmt.signed else (1 << fmt.bits) - 1
+    nan_both = _is_nan_code(gm, fmt) & _is_nan_code(cm, fmt)
+    chain_diff = _chain_differs(golden, candidate, cp, rr, cc)
+    diff_scale = chain_diff if chain_diff is not None else torch.zeros(rr.shape, dtype=torch.bool)
+    mult, _ = _multiplier(golden, cp, src, rr, cc)
+    x = src[rr, cc]
+    y = x * mult  # NUMERICS: §1-§5 one fp32 multiply x * (encode factor)
+    gval, cval = casts.decode(gm, fmt), casts.decode(cm, fmt)
+    same_sign = (gm & fmt.sign_mask) == (cm & fmt.sign_mask) if fmt.signed else torch.ones_like(nan_both)
+    adjacent = same_sign & ((gm & mag_mask) - (cm & mag_mask)).abs().eq(1) & ~_is_nan_code(cm, fmt)
+    # A tie flip: y is a midpoint and the candidate is the other of its two neighbours.
+    y64 = y.to(torch.float64)
+    other_side = (cval.to(torch.float64) - y64).abs() == (gval.to(torch.float64) - y64).abs()
+    mid = is_midpoint(y, fmt)
+    tie = mid & adjacent & other_side
+    near = classify.near_midpoint(y, gval, cval) & adjacent & ~mid
+    # The candidate's own chain (extra["<o>_chain"]), where it reports one: its scaled value off a tie.
+    yc = _reported_scaled(candidate, cp, src, rr, cc)
+    if yc is not None:
+        yc64 = yc.to(torch.float64)
+        toward_c = (cval.to(torch.float64) - yc64).abs() < (gval.to(torch.float64) - yc64).abs()
+        near = near | (tie & toward_c & ~is_midpoint(yc, fmt))
+        tie = tie & ~near
+    nf_blk, sub_blk = classify.block_flags(src, cp.br, cp.bc, cp.hp_dtype)
+    bi, bj = rr // cp.br, cc // cp.bc
+    blk_nf, blk_sub = nf_blk[bi, bj], sub_blk[bi, bj]
+    one_side = torch.isfinite(gval) != torch.isfinite(cval)
+    nonfinite = ~torch.isfinite(x) | one_side | (blk_nf & diff_scale)
+    g_mag, c_mag = gm & mag_mask, cm & mag_mask
+    g_sub = (g_mag != 0) & ((g_mag >> fmt.man_bits) == 0)  # NUMERICS: §0.4 exponent field 0: subnormal
+    tiny = classify._TINY.get(cp.hp_dtype, classify._TINY["float32"])
+    x_sub = (x.abs() > 0) & (x.abs() < tiny)
+    flush = (c_mag == 0) & (g_mag != 0) & (g_sub | x_sub)
+    idx = MISMATCH_CLASSES.index
+    cls = torch.full(rr.shape, idx("other"), dtype=torch.int64)
+    cls = torch.where(near, idx("encode_factor_rounding"), cls)
+    cls = torch.where(tie, idx("tie_flip"), cls)
+    cls = torch.where(flush, idx("subnormal_flush"), cls)
+    cls = torch.where(diff_scale, idx("block_scale_cascade"), cls)
+    cls = torch.where(nonfinite, idx("nonfinite_policy"), cls)
+    cls = torch.where(nan_both, idx("nan_sign"), cls)
+    pat, names = classify.pattern(blk_nf, blk_sub, diff_scale, mid | near | classify.near_midpoint(y, gval, cval))
+    return cls, pat, names, y, None
+
+
+def _scale_entry(q: QuantizedTensor, cp: _Copy, r: int, c: int) -> str | None:
+    """The stored scale entry element (r, c) uses: its byte (E8M0, E4M3) or fp32 bits."""
+    scale = getattr(q, f"{cp.o}_scale")
+    if scale is None:
+        return None
+    scale = scale.to("cpu")
+    if q.config.tile is None:
+        return _f32_hex(scale.reshape(-1)[0].to(torch.float32))
+    i, j = (int(t) for t in cp.scale_index(torch.tensor(r), torch.tensor(c)))
+    if scale.dim() != 2 or i >= scale.shape[0] or j >= scale.shape[1]:
+        return "out of range"
+    v = scale[i, j]
+    return _f32_hex(v.to(torch.float32)) if v.is_floating_point() else _hex(int(v))
+
+
+def _reported_chain(q: QuantizedTensor, cp: _Copy) -> dict:
+    chain = q.extra.get(f"{cp.o}_chain") if isinstance(q.extra, dict) else None
+    return chain if isinstance(chain, dict) else {}
+
+
+def _reported_at(t: Any, cp: _Copy, r: torch.Tensor, c: torch.Tensor) -> torch.Tensor | None:
+    """A reported chain value at data positions (r, c): a scalar, one per element (the data shape)
+    or one per scale entry (indexed like the stored scale)."""
+    if not isinstance(t, torch.Tensor):
+        try:
+            return torch.full(r.shape, float(t), dtype=torch.float64)
+        except (TypeError, ValueError):
+            return None
+    t = t.detach().to("cpu")
+    if t.numel() == 1:
+        return t.reshape(()).expand(r.shape)
+    if t.dim() == 2 and tuple(t.shape) == (cp.rows, cp.cols):
+        return t[r, c]
+    if t.dim() == 2 and cp.cfg.tile is not None:
+        i, j = cp.scale_index(r, c)
+        if int(i.max()) < t.shape[0] and int(j.max()) < t.shape[1]:
+            return t[i, j]
+    return None
+
+
+def _reported(q: QuantizedTensor, cp: _Copy, r: int, c: int) -> dict:
+    """The candidate's own chain values behind element (r, c) (docs/adapters.md §2 `extra`)."""
+    out = {}
+    for k, v in _reported_chain(q, cp).items():
+        at = _reported_at(v, cp, torch.tensor([r]), torch.tensor([c]))
+        if at is not None:
+            out[k] = float(at.reshape(-1)[0])
+    return out
+
+
+def _reported_scaled(q: QuantizedTensor, cp: _Copy, src, r: torch.Tensor, c: torch.Tensor) -> torch.Tensor | None:
+    """The candidate's scaled values at (r, c) from its reported chain: `scaled` itself, or the input
+    times its `encode_factor`, or divided by its `decode_scale` (a true division), fp32."""
+    chain = _reported_chain(q, cp)
+    for key, make in (("scaled", lambda v: v),
+                      ("encode_factor", lambda v: src[r, c] * v.to(torch.float32)),
+                      ("decode_scale", lambda v: src[r, c] / v.to(torch.float32))):
+        if key in chain:
+            v = _reported_at(chain[key], cp, r, c)
+            if v is not None:
+                return make(v).to(torch.float32)
+    return None
 
 
 def _chain_differs(golden, candidate, cp: _Copy, r: torch.Tensor, c: torch.Tensor) -> torch.Tensor | None:
@@ -556,8 +710,11 @@ def _locate(golden, candidate, name, cp: _Copy, src, r: int, c: int, cls: str, y
         "input": float(src[r, c]),
         "input_block": cp.input_block(src, r, c),
         "golden_chain": _chain(golden, cp, r, c, src, True),
-        "candidate_chain": _chain(candidate, cp, r, c, src, False),
+        "candidate_chain": {"source": IMPLIED, **_chain(candidate, cp, r, c, src, False)},
     }
+    reported = _reported(candidate, cp, r, c)
+    if reported:
+        out["candidate_reported_chain"] = {"source": f"the candidate's extra['{cp.o}_chain']", **reported}
     if y is not None:
         out["scaled"] = y
     return out
@@ -596,7 +753,11 @@ def _compare_scale(golden, candidate, name, cp: _Copy, strict_padding: bool) -> 
                 swap = "golden transposed"
         cls = "layout_transposition" if swap else "other"
         why = f"candidate shape {tuple(c_full.shape)} does not cover the valid region {valid} (golden padded {tuple(g_full.shape)})"
-        return TensorResult(name, "fail", n, n, {cls: n}, {"field": name, "reason": why}, detail={"reason": why})
+        if swap:
+            why += " (it holds the golden's scales transposed)"
+        return TensorResult(name, "fail", n, n, {cls: n}, {"field": name, "reason": why}, detail={"reason": why},
+                            examples=classify.whole(cls, n, "shape", {"reason": why}),
+                            layout="scales are the golden's transposed" if swap else None)
     detail: dict[str, Any] = {"valid_shape": list(valid)}
     if c_full.dtype != g_full.dtype:
         detail["dtype"] = f"candidate {c_full.dtype} != golden {g_full.dtype}"
@@ -622,33 +783,100 @@ def _compare_scale(golden, candidate, name, cp: _Copy, strict_padding: bool) -> 
         (lambda t: casts.e8m0_decode(t)) if sfmt is UE8M0 else (lambda t: casts.decode(t, sfmt)))
     n_mis = int(mism.sum())
     if n_mis:
-        met = metrics(dec(c), dec(g))
+        met = metrics(dec(c), dec(g), count_nonfinite=True)
         hist = ulp_hist_float(g, c) if sfmt is None else ulp_hist_codes(g, c, sfmt)
     else:
         met, hist = _identical(n)
-    first = None
+    first, ex, layout = None, {}, None
     if n_mis:
         if g.dim() == 2 and c_full.dim() == 2 and g.shape[0] != g.shape[1] and c_full.shape[0] >= g.shape[1] \
                 and c_full.shape[1] >= g.shape[0] and torch.equal(as_bits(c_full[: g.shape[1], : g.shape[0]]), as_bits(g.t())):
             classes["layout_transposition"] = n_mis
             cls_t = torch.full(g.shape, MISMATCH_CLASSES.index("layout_transposition"))
+            layout = "scales are the golden's transposed"
+            pos = mism.reshape(-1).nonzero()[0, 0]
+            idx = [int(t) for t in torch.unravel_index(pos, g.shape)]
+            ex = classify.whole("layout_transposition", n_mis, "layout", {"index": idx})
         else:
-            if sfmt is None:
-                nan_both = torch.isnan(g) & torch.isnan(c)
-            else:
-                nan_both = _is_nan_code(g.to(torch.int64), sfmt) & _is_nan_code(c.to(torch.int64), sfmt)
-            step = _scale_step_apart(g, c, sfmt)
-            cls_t = torch.full(g.shape, MISMATCH_CLASSES.index("other"))
-            cls_t = torch.where(step, MISMATCH_CLASSES.index("scale_off_by_one"), cls_t)
-            cls_t = torch.where(nan_both, MISMATCH_CLASSES.index("nan_sign"), cls_t)
-            counts = torch.bincount(cls_t[mism].reshape(-1), minlength=len(MISMATCH_CLASSES))
+            cls_t, pat_t, pat_names, rule_names = _classify_scale(golden, candidate, cp, g, c, sfmt, as_bits, dec)
+            sel = mism.reshape(-1)
+            counts = torch.bincount(cls_t.reshape(-1)[sel], minlength=len(MISMATCH_CLASSES))
             for i, k in enumerate(MISMATCH_CLASSES):
                 classes[k] += int(counts[i])
-        pos = mism.reshape(-1).nonzero()[0, 0]
-        idx = [int(t) for t in torch.unravel_index(pos, g.shape)]
-        first = {"field": name, "class": MISMATCH_CLASSES[int(cls_t.reshape(-1)[pos])], "index": idx}
-        first.update(_scale_context(golden, candidate, cp, cp.src, idx, g, c, sfmt))
-    return _result(name, n, classes, first or first_pad, met, hist, detail)
+            flat = sel.nonzero().reshape(-1)
+            show = (lambda t, p: _f32_hex(t.reshape(-1)[p])) if sfmt is None else (lambda t, p: _hex(int(t.reshape(-1)[p])))
+
+            def example(k: int) -> dict:
+                p = int(flat[k])
+                i, j = (int(t) for t in torch.unravel_index(torch.tensor(p), g.shape))
+                e = {"index": [i, j], "golden": show(g, p), "candidate": show(c, p),
+                     "golden_value": float(dec(g).reshape(-1)[p]), "candidate_value": float(dec(c).reshape(-1)[p])}
+                if cp.cfg.tile is not None:
+                    r0, _, c0, _ = cp.scale_block(i, j)
+                    e.update(row=cp.logical(r0, c0)[0], col=cp.logical(r0, c0)[1],
+                             block_amax=float(_block_amax(cp.src, cp.br, cp.bc)[r0 // cp.br, c0 // cp.bc]))
+                if rule_names[p]:
+                    e["rule"] = rule_names[p]
+                return e
+
+            ex = classify.examples(cls_t.reshape(-1)[sel], MISMATCH_CLASSES, pat_t.reshape(-1)[sel], pat_names, example)
+            pos = flat[0]
+        if first is None:
+            idx = [int(t) for t in torch.unravel_index(pos, g.shape)]
+            first = {"field": name, "class": MISMATCH_CLASSES[int(cls_t.reshape(-1)[pos])], "index": idx}
+            first.update(_scale_context(golden, candidate, cp, cp.src, idx, g, c, sfmt))
+    return _result(name, n, classes, first or first_pad, met, hist, detail, ex, layout)
+
+
+def _classify_scale(golden, candidate, cp: _Copy, g, c, sfmt, as_bits, dec):
+    """Class and input pattern of every entry of the valid scale region (used where they differ), and
+    the other rule each entry matches ('' where none).
+
+    Priority: nan_sign > nonfinite_policy > scale_floor > scale_rule > scale_off_by_one > subnormal_flush > other.
+    """
+    if sfmt is None:
+        nan_both = torch.isnan(g) & torch.isnan(c)
+    else:
+        nan_both = _is_nan_code(g.to(torch.int64), sfmt) & _is_nan_code(c.to(torch.int64), sfmt)
+    step = _scale_step_apart(g, c, sfmt)
+    gd, cd = dec(g).to(torch.float64), dec(c).to(torch.float64)
+    # The input block behind each scale entry.
+    nf_blk, sub_blk = classify.block_flags(cp.src, cp.br, cp.bc, cp.hp_dtype)
+    amax_blk = _block_amax(cp.src, cp.br, cp.bc)
+    if cp.cfg.tile is None:
+        e_nf, e_sub = nf_blk.reshape(-1)[:1].expand(g.shape), sub_blk.reshape(-1)[:1].expand(g.shape)
+        e_amax = amax_blk.reshape(-1)[:1].expand(g.shape)
+    else:
+        ii, jj = torch.meshgrid(torch.arange(g.shape[0]), torch.arange(g.shape[1]), indexing="ij")
+        blocks = [cp.scale_block(int(i), int(j)) for i, j in zip(ii.reshape(-1), jj.reshape(-1), strict=True)]
+        bi = torch.tensor([b[0] // cp.br for b in blocks], dtype=torch.int64).reshape(g.shape)
+        bj = torch.tensor([b[2] // cp.bc for b in blocks], dtype=torch.int64).reshape(g.shape)
+        e_nf, e_sub, e_amax = nf_blk[bi, bj], sub_blk[bi, bj], amax_blk[bi, bj]
+    nonfinite = e_nf | (torch.isfinite(gd) != torch.isfinite(cd))
+    # NUMERICS: §1 step 2 (eps), §3 (E8M0 of a zero block), §10.5 (the 2^-6 clamp): a scale floor shows as a
+    # zero block, or a decode scale over four times the golden's (a rounding rule moves it by at most x2).
+    fin = torch.isfinite(gd) & torch.isfinite(cd)
+    floor = (e_amax == 0) | (fin & (cd > 4 * gd))
+    mism = as_bits(g) != as_bits(c)
+    rule = torch.zeros(g.shape, dtype=torch.bool)
+    rule_names = [""] * g.numel()
+    if bool((mism & ~floor & ~nonfinite & ~nan_both).any()):
+        hp_shape = tuple(cp.x2d.shape)
+        rules = classify.rule_scales(cp.x2d, hp_shape, cp.cfg, cp.o)
+        rule, rule_names = classify.scale_rule_matches(c, g, rules, as_bits)
+    zero_c = cd == 0
+    g_sub = (gd > 0) & (gd < (sfmt.min_normal if sfmt is not None and sfmt is not UE8M0 else classify._TINY["float32"]))
+    flush = zero_c & (g_sub | e_sub)
+    idx = MISMATCH_CLASSES.index
+    cls = torch.full(g.shape, idx("other"), dtype=torch.int64)
+    cls = torch.where(flush, idx("subnormal_flush"), cls)
+    cls = torch.where(step, idx("scale_off_by_one"), cls)
+    cls = torch.where(rule, idx("scale_rule"), cls)
+    cls = torch.where(floor, idx("scale_floor"), cls)
+    cls = torch.where(nonfinite, idx("nonfinite_policy"), cls)
+    cls = torch.where(nan_both, idx("nan_sign"), cls)
+    pat, names = classify.pattern(e_nf, e_sub, None, None)
+    return cls, pat, names, rule_names
 
 
 def _scale_context(golden, candidate, cp: _Copy, src, idx, g, c, sfmt) -> dict:
@@ -793,7 +1021,7 @@ def compare_output(golden_out: torch.Tensor, candidate_out: torch.Tensor, tensor
         }
         if bound is not None:
             first["bound"] = float(b.reshape(-1)[pos])
-    met = metrics(c, g)
+    met = metrics(c, g, count_nonfinite=True)
     return _result(tensor, n, classes, first, met, ulp_hist_float(g, cg), detail)
 
 

@@ -177,16 +177,36 @@ def test_other_on_plain_input():
 
 def test_mxfp8_scale_off_by_one_located():
     x, g = _golden(Q("mxfp8"), (64, 96))
+    amax = x.to(torch.float32).abs().reshape(64, 3, 32).amax(dim=2)
+    mant, _ = torch.frexp(amax)  # amax = mant * 2^e, mant in [0.5, 1)
+    # A block whose amax significand lies in (1.75, 1.9375): TE's ceil(log2(amax/448)) equals torchao's
+    # ceil(log2 amax) - 8 there, floor is one lower and torchao's EVEN does not carry, so +1 is no rule's scale.
+    r, kb = (int(t) for t in ((mant * 2 > 1.75) & (mant * 2 < 1.9375)).nonzero()[0])
     cand = _clone(g)
-    cand.rowwise_scale[17, 2] += 1
+    cand.rowwise_scale[r, kb] += 1
     res = _by_name(compare_quantized(g, cand, x))
     tr = res["rowwise_scale"]
     assert tr.mismatch_classes == {"scale_off_by_one": 1} and tr.n == 64 * 3
     fm = tr.first_mismatch
-    assert fm["index"] == [17, 2] and fm["row"] == 17 and fm["col"] == 64 and fm["block"] == [17, 2]
-    assert fm["golden"] == f"0x{int(g.rowwise_scale[17, 2]):02X}"
+    assert fm["index"] == [r, kb] and fm["row"] == r and fm["col"] == 32 * kb and fm["block"] == [r, kb]
+    assert fm["golden"] == f"0x{int(g.rowwise_scale[r, kb]):02X}"
     assert len(fm["input_block"]["values"]) == 32
     assert res["rowwise_data"].status == "pass"  # codes unchanged
+
+
+def test_mxfp8_scale_one_up_that_is_torchao_ceil_is_scale_rule():
+    x, g = _golden(Q("mxfp8"), (64, 96))
+    assert float(x[17, 64:96].to(torch.float32).abs().max()) == 1.71875
+    # TE ceil: ceil(log2(1.71875 / 448)) = ceil(-8.03) = -8 -> 0x77; torchao CEIL (docs/numerics.md §10.3):
+    # ceil(log2 1.71875) - 8 = -7 -> 0x78.
+    assert int(g.rowwise_scale[17, 2]) == 0x77
+    cand = _clone(g)
+    cand.rowwise_scale[17, 2] = 0x78
+    tr = _by_name(compare_quantized(g, cand, x))["rowwise_scale"]
+    assert tr.mismatch_classes == {"scale_rule": 1}
+    (ex,) = tr.examples["scale_rule"]["patterns"]["finite_block"]["examples"]
+    assert ex["rule"] == "convention=torchao_ceil" and ex["golden"] == "0x77" and ex["candidate"] == "0x78"
+    assert ex["block_amax"] == 1.71875 and ex["index"] == [17, 2]
 
 
 def test_mxfp8_block_scale_cascade():
