@@ -808,11 +808,11 @@ def _compare_scale(golden, candidate, name, cp: _Copy, strict_padding: bool) -> 
 
             def example(k: int) -> dict:
                 p = int(flat[k])
-                i, j = (int(t) for t in torch.unravel_index(torch.tensor(p), g.shape))
-                e = {"index": [i, j], "golden": show(g, p), "candidate": show(c, p),
+                ix = [int(t) for t in torch.unravel_index(torch.tensor(p), g.shape)]
+                e = {"index": ix, "golden": show(g, p), "candidate": show(c, p),
                      "golden_value": float(dec(g).reshape(-1)[p]), "candidate_value": float(dec(c).reshape(-1)[p])}
                 if cp.cfg.tile is not None:
-                    r0, _, c0, _ = cp.scale_block(i, j)
+                    r0, _, c0, _ = cp.scale_block(*ix)
                     e.update(row=cp.logical(r0, c0)[0], col=cp.logical(r0, c0)[1],
                              block_amax=float(_block_amax(cp.src, cp.br, cp.bc)[r0 // cp.br, c0 // cp.bc]))
                 if rule_names[p]:
@@ -909,15 +909,27 @@ def _compare_amax(golden, candidate, name) -> TensorResult:
     gb, cb = fp32.bits(g), fp32.bits(c)
     mism = gb != cb
     classes = {}
-    first = None
+    first, ex = None, {}
     if bool(mism.any()):
         nan_both = torch.isnan(g) & torch.isnan(c)
-        classes = {"nan_sign": int((mism & nan_both).sum()), "other": int((mism & ~nan_both).sum())}
-        i = int(mism.nonzero()[0, 0])
-        first = {"field": name, "class": "nan_sign" if bool(nan_both[i]) else "other", "index": [i],
-                 "golden": float(g[i]), "candidate": float(c[i]),
-                 "golden_bits": _f32_hex(g[i]), "candidate_bits": _f32_hex(c[i])}
-    return _result(name, n, classes, first, metrics(c, g), ulp_hist_float(g.to(torch.float32), c.to(torch.float32)), {})
+        nonfinite = ~nan_both & (torch.isfinite(g) != torch.isfinite(c))  # NaN/Inf propagated vs ignored
+        idx = MISMATCH_CLASSES.index
+        cls = torch.where(nan_both, idx("nan_sign"), torch.where(nonfinite, idx("nonfinite_policy"), idx("other")))
+        counts = torch.bincount(cls[mism], minlength=len(MISMATCH_CLASSES))
+        classes = {k: int(counts[i]) for i, k in enumerate(MISMATCH_CLASSES) if int(counts[i])}
+        pos = mism.nonzero().reshape(-1)
+
+        def example(k: int) -> dict:
+            i = int(pos[k])
+            return {"index": [i], "golden": float(g[i]), "candidate": float(c[i]),
+                    "golden_bits": _f32_hex(g[i]), "candidate_bits": _f32_hex(c[i])}
+
+        i = int(pos[0])
+        first = {"field": name, "class": MISMATCH_CLASSES[int(cls[i])], **example(0)}
+        pat = torch.zeros(pos.shape, dtype=torch.int64)
+        ex = classify.examples(cls[pos], MISMATCH_CLASSES, pat, ["amax"], example)
+    return _result(name, n, classes, first, metrics(c, g, count_nonfinite=True),
+                   ulp_hist_float(g.to(torch.float32), c.to(torch.float32)), {}, ex)
 
 
 def compare_quantized(golden: QuantizedTensor, candidate: QuantizedTensor, x: torch.Tensor, *,
@@ -1000,29 +1012,96 @@ def compare_output(golden_out: torch.Tensor, candidate_out: torch.Tensor, tensor
         mism = torch.ones_like(mism)
     n_mis = int(mism.sum())
     classes: dict[str, int] = {}
-    first = None
+    first, ex, layout = None, {}, None
     if n_mis:
+        pos_all = mism.reshape(-1).nonzero().reshape(-1)
+        gf, cf = g.reshape(-1)[pos_all], cg.reshape(-1)[pos_all]
         if g.dim() == 2 and g.shape[0] == g.shape[1] and not torch.equal(gb, cb) and torch.equal(cb, gb.t()):
-            classes["layout_transposition"] = n_mis
-            cls = "layout_transposition"
+            cls = torch.full(pos_all.shape, MISMATCH_CLASSES.index("layout_transposition"))
+            layout = "output is the golden's transposed"
         else:
-            classes["other"] = n_mis
-            cls = None
-        pos = int(mism.reshape(-1).nonzero()[0, 0])
-        idx = [int(t) for t in torch.unravel_index(torch.tensor(pos), g.shape)]
-        og, _ = _ordered_float(g.reshape(-1)[pos : pos + 1])
-        oc, _ = _ordered_float(cg.reshape(-1)[pos : pos + 1])
-        first = {
-            "index": idx,
-            "class": cls or "other",
-            "golden": float(g.reshape(-1)[pos]),
-            "candidate": float(c.reshape(-1)[pos]),
-            "ulps": int((og - oc).abs()[0]),
-        }
-        if bound is not None:
-            first["bound"] = float(b.reshape(-1)[pos])
+            cls = _classify_output(gf, cf, "dtype" in detail)
+        counts = torch.bincount(cls, minlength=len(MISMATCH_CLASSES))
+        classes = {k: int(counts[i]) for i, k in enumerate(MISMATCH_CLASSES) if int(counts[i])}
+        og, _ = _ordered_float(gf)
+        oc, _ = _ordered_float(cf)
+
+        def example(k: int) -> dict:
+            p = int(pos_all[k])
+            e = {"index": [int(t) for t in torch.unravel_index(torch.tensor(p), g.shape)],
+                 "golden": float(gf[k]), "candidate": float(c.reshape(-1)[p]), "ulps": int((og[k] - oc[k]).abs())}
+            if bound is not None:
+                e["bound"] = float(b.reshape(-1)[p])
+            return e
+
+        first = {"class": MISMATCH_CLASSES[int(cls[0])], **example(0)}
+        g_sub = (gf != 0) & (gf.abs() < torch.finfo(g.dtype).tiny) if g.is_floating_point() else torch.zeros_like(cls, dtype=torch.bool)
+        nonfin = ~torch.isfinite(gf) | ~torch.isfinite(cf)
+        pat = torch.where(nonfin, 2, torch.where(g_sub, 1, 0))
+        ex = classify.examples(cls, MISMATCH_CLASSES, pat, ["finite", "subnormal", "nonfinite"], example)
     met = metrics(c, g, count_nonfinite=True)
-    return _result(tensor, n, classes, first, met, ulp_hist_float(g, cg), detail)
+    return _result(tensor, n, classes, first, met, ulp_hist_float(g, cg), detail, ex, layout)
+
+
+def _classify_output(gf: torch.Tensor, cf: torch.Tensor, dtype_differs: bool) -> torch.Tensor:
+    """Classes of mismatching float outputs (golden gf, candidate cf in the golden's dtype).
+
+    nonfinite_policy: exactly one side NaN, or Inf against a number / the other Inf;
+    subnormal_flush: the candidate is zero where the golden is subnormal in its dtype;
+    decode_factor_rounding: both finite and at most 2 ulps apart (NUMERICS: §5.8 the decode factor
+    and its product order are the contract, one rounding apart when taken in another order); other.
+    """
+    idx = MISMATCH_CLASSES.index
+    cls = torch.full(gf.shape, idx("other"), dtype=torch.int64)
+    if dtype_differs:
+        return cls
+    fin = torch.isfinite(gf) & torch.isfinite(cf)
+    og, _ = _ordered_float(gf)
+    oc, _ = _ordered_float(cf)
+    close = fin & ((og - oc).abs() <= 2) & (gf != 0) & (cf != 0)
+    tiny = torch.finfo(gf.dtype).tiny
+    flush = (cf == 0) & (gf != 0) & (gf.abs() < tiny)
+    cls = torch.where(close, idx("decode_factor_rounding"), cls)
+    cls = torch.where(flush, idx("subnormal_flush"), cls)
+    return torch.where(~fin, idx("nonfinite_policy"), cls)
+
+
+def compare_dequantized(golden_q: QuantizedTensor, orientation: str, golden_out: torch.Tensor,
+                        candidate_out: torch.Tensor, tensor: str) -> TensorResult:
+    """A dequantized copy against the golden's, bit for bit (compare_output), with every example (and
+    the first mismatch) showing the code, the scale byte and the decode chain behind it.
+
+    Source: docs/numerics.md §1-§5 (decode: value(code) x decode scale; §5.8 for NVFP4's two levels).
+    """
+    tr = compare_output(golden_out, candidate_out, tensor)
+    if tr.status == "pass" or tr.layout or golden_out.shape != candidate_out.shape:
+        return tr
+    q = golden_q
+    x2d = torch.zeros(q.shape[0] if len(q.shape) == 2 else math.prod(q.shape[:-1]), q.shape[-1])
+    cp = _Copy(q.config, orientation, x2d, q.hp_dtype)
+    codes = _codes(q, f"{orientation}_data")
+    fmt = q.config.element_format
+
+    def enrich(e: dict) -> None:
+        idx = e.get("index")
+        if not idx or len(idx) != 2:
+            return
+        m, k = idx
+        r, c = (k, m) if cp.transposed else (m, k)
+        code = int(codes[r, c])
+        e["code"] = _hex(code, 1 if fmt.bits == 4 else 2)
+        e["code_value"] = float(casts.decode(torch.tensor([code], dtype=torch.uint8), fmt)[0])
+        e["scale"] = _scale_entry(q, cp, r, c)
+        ch = _chain(q, cp, r, c, x2d if not cp.transposed else x2d.t(), False)  # stored values only
+        e["decode_chain"] = {k: v for k, v in ch.items() if k not in ("block_amax", "scale_chain_error", "A_g", "m", "A_b", "d")}
+
+    for cls in tr.examples.values():
+        for p in cls["patterns"].values():
+            for e in p["examples"]:
+                enrich(e)
+    if tr.first_mismatch:
+        enrich(tr.first_mismatch)
+    return tr
 
 
 def compare_gemm(golden_out: torch.Tensor, candidate_out: torch.Tensor, truth: torch.Tensor | None, case,

@@ -224,13 +224,13 @@ def _dequantize_from_golden(case, g: Golden) -> Output:
 
 
 def _dequantize_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
-    from .compare import compare_output  # noqa: PLC0415
+    from .compare import compare_dequantized  # noqa: PLC0415
 
     rows = []
     for o, y in out.values.items():
         truth = _accuracy_truth(case, g.on_device["x"], o)
         # Dequantized outputs are compared bit for bit (a NaN matches any NaN, compare_output).
-        rows.append(result_row(base, compare_output(g.dequantized[o], y, f"dequant_{o}")))
+        rows.append(result_row(base, compare_dequantized(g.quantized, o, g.dequantized[o], y, f"dequant_{o}")))
         rows.append(accuracy_row(base, f"accuracy_{o}", y.to(torch.float32), truth))
     return rows
 

@@ -44,6 +44,7 @@ COLUMNS: tuple[str, ...] = (
     "sqnr_db",
     "mismatch_classes",
     "first_mismatch",
+    "mismatch_examples",
     "ulp_hist",
     # the case, spelled out (docs/design.md §2 names)
     "element",
@@ -74,10 +75,11 @@ COLUMNS: tuple[str, ...] = (
 # Row statuses, best first. `info` rows carry accuracy measurements and have no verdict.
 STATUSES = ("pass", "info", "skip", "fail", "error")
 _RANK = {"pass": 0, "info": 0, "skip": 1, "fail": 2, "error": 3}
-JSON_COLUMNS = ("mismatch_classes", "first_mismatch", "ulp_hist")
+JSON_COLUMNS = ("mismatch_classes", "first_mismatch", "mismatch_examples", "ulp_hist")
 TIME_COLUMNS = ("wall_ms", "inputs_ms", "golden_ms", "check_ms")
-# Columns added after the first schema: empty when reading an older report, added when resuming one.
-LATER_COLUMNS = ("inputs_ms", "golden_ms", "check_ms")
+# Columns added after the first schema, in the order they were added: empty when reading an older report,
+# added when resuming one.
+LATER_COLUMNS = ("inputs_ms", "golden_ms", "check_ms", "mismatch_examples")
 NUMERIC_COLUMNS = ("n", "n_mismatch", "mismatch_frac", "max_abs", "max_rel", "rmse", "sqnr_db", *TIME_COLUMNS)
 INT_COLUMNS = ("n", "n_mismatch")
 TEXT_COLUMNS = tuple(c for c in COLUMNS if c not in NUMERIC_COLUMNS)
@@ -169,8 +171,9 @@ LOCK = ".lock"
 
 
 def _headers() -> tuple[tuple[str, ...], ...]:
-    """The accepted headers: the current COLUMNS, and the first schema (without LATER_COLUMNS)."""
-    return COLUMNS, tuple(c for c in COLUMNS if c not in LATER_COLUMNS)
+    """The accepted headers: the current COLUMNS and each older schema (COLUMNS without the
+    LATER_COLUMNS added after it; LATER_COLUMNS is in the order they were added)."""
+    return COLUMNS, *(tuple(c for c in COLUMNS if c not in LATER_COLUMNS[i:]) for i in range(len(LATER_COLUMNS)))
 
 
 def check_results(path: str | os.PathLike, *, allow_cut_end: bool = False) -> int:

@@ -130,6 +130,7 @@ def result_row(base: Mapping, tr: Any, kind: str = "conformance") -> Row:
         sqnr_db=_num(getattr(tr, "sqnr_db", None)),
         mismatch_classes=getattr(tr, "mismatch_classes", None) or {},
         first_mismatch=getattr(tr, "first_mismatch", None),
+        mismatch_examples=getattr(tr, "examples", None) or {},
         ulp_hist=getattr(tr, "ulp_hist", None) or {},
     )
 
