@@ -1,0 +1,317 @@
+"""harness.compare / harness.classify: each divergence injected into a reference-derived candidate is named
+with its class, an example and the input pattern; layouts are reported; every class is listed.
+
+Expected values are hand-computed from docs/numerics.md (§0.5 casts, §1 scale rule, §3 E8M0, §4 blockwise,
+§5.4 packing, §10 conventions) with numpy / ml_dtypes as the oracle, not with the code under test.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+import reference
+from harness.classify import class_counts, layout_finding
+from harness.compare import MISMATCH_CLASSES, compare_dequantized, compare_output, compare_quantized
+from reference.conventions import with_convention
+from reference.formats import QuantConfig as Q
+from reference.types import QuantizedTensor
+
+
+def _clone(q: QuantizedTensor) -> QuantizedTensor:
+    kw = {n: (None if getattr(q, n) is None else getattr(q, n).clone()) for n in QuantizedTensor.TENSOR_FIELDS}
+    return QuantizedTensor(q.config, q.shape, q.hp_dtype, extra=dict(q.extra), **kw)
+
+
+def _by_name(results):
+    return {r.tensor: r for r in results}
+
+
+def _f32(bits: int) -> float:
+    return float(np.array([bits], dtype=np.uint32).view(np.float32)[0])
+
+
+def _e4m3(v: np.ndarray) -> np.ndarray:
+    """Saturating RNE cast to E4M3 codes (ml_dtypes, after clamping to ±448: NUMERICS §0.5)."""
+    return np.clip(v, -448, 448).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+
+
+def _examples(tr, cls):
+    return [e for p in tr.examples[cls]["patterns"].values() for e in p["examples"]]
+
+
+# ---- encode-factor rounding ------------------------------------------------------------------------
+
+
+def _encode_factor_case():
+    """fp8_block 1x128 (no pow2): amax A = 0x3FD1BA56, x = 0x3F5937D9 (docs/numerics.md §10.7)."""
+    a, v = _f32(0x3FD1BA56), _f32(0x3F5937D9)
+    x = torch.zeros(1, 128)
+    x[0, 0], x[0, 1] = a, v
+    cfg = Q("fp8_block", pow2_scales=False)
+    return x, cfg, reference.quantize(x, cfg)
+
+
+def test_encode_factor_rounding_one_ulp_off_a_midpoint():
+    x, cfg, g = _encode_factor_case()
+    s = np.float32(448) / np.float32(_f32(0x3FD1BA56))  # NUMERICS: §1 s = RN(fp8_max / amax)
+    y = np.float32(_f32(0x3F5937D9)) * s
+    assert y == np.float32(232.00002) and y != 232  # 1 ulp above the 224|240 midpoint
+    assert int(g.rowwise_data[0, 1]) == 0x77  # 240: the golden rounds up
+    # The candidate's encode factor rounded one ulp lower (another operation order): y' < 232 -> 224.
+    s_c = np.nextafter(s, np.float32(0))
+    cand = _clone(g)
+    cand.rowwise_data = torch.from_numpy(_e4m3(x.numpy() * s_c).copy())
+    assert int(cand.rowwise_data[0, 1]) == 0x76
+    res = _by_name(compare_quantized(g, cand, x))
+    assert res["rowwise_scale"].status == "pass"
+    tr = res["rowwise_data"]
+    assert tr.mismatch_classes == {"encode_factor_rounding": 1}
+    assert list(tr.examples["encode_factor_rounding"]["patterns"]) == ["finite_block/same_scale/near_midpoint"]
+    (ex,) = _examples(tr, "encode_factor_rounding")
+    assert ex["index"] == [0, 1] and ex["golden"] == "0x77" and ex["candidate"] == "0x76"
+    assert ex["scaled"] == float(y) and ex["golden_scale"] == ex["candidate_scale"]
+    assert tr.first_mismatch["candidate_chain"]["source"].startswith("implied by the contract")
+
+
+def test_exact_tie_is_tie_flip_unless_the_candidate_reports_its_scaled_value():
+    # mxfp8 block with amax 448: E8M0 ceil(log2(448/448)) = 0 -> 127, multiplier 1; 232 is the midpoint of
+    # 224 (0x76, even) and 240 (0x77): RNE gives 0x76.
+    x = torch.zeros(32, 32)
+    x[0, 0], x[0, 1] = 448.0, 232.0
+    cfg = Q("mxfp8")
+    g = reference.quantize(x, cfg)
+    assert int(g.rowwise_scale[0, 0]) == 127 and int(g.rowwise_data[0, 1]) == 0x76
+    cand = _clone(g)
+    cand.rowwise_data[0, 1] = 0x77
+    tr = _by_name(compare_quantized(g, cand, x))["rowwise_data"]
+    assert tr.mismatch_classes == {"tie_flip": 1}
+    assert list(tr.examples["tie_flip"]["patterns"]) == ["finite_block/same_scale/near_midpoint"]
+    # The adapter returns its own scaled values: 232.00002 was off the tie, so its encode factor differed.
+    scaled = x.clone()
+    scaled[0, 1] = float(np.float32(232.00002))
+    cand.extra["rowwise_chain"] = {"scaled": scaled}
+    tr = _by_name(compare_quantized(g, cand, x))["rowwise_data"]
+    assert tr.mismatch_classes == {"encode_factor_rounding": 1}
+    (ex,) = _examples(tr, "encode_factor_rounding")
+    assert ex["candidate_reported_chain"] == {"scaled": float(np.float32(232.00002))}
+    assert tr.first_mismatch["candidate_reported_chain"]["scaled"] == float(np.float32(232.00002))
+
+
+# ---- eps floor ---------------------------------------------------------------------------------------
+
+
+def test_eps_floor_on_tiny_blocks():
+    x = torch.zeros(2, 256)
+    x[:, :128] = 1e-8  # block 0 of each row is tiny; block 1 normal
+    x[:, 128:] = torch.linspace(-3, 3, 128)
+    cfg = Q("fp8_block", pow2_scales=False)
+    g = reference.quantize(x, cfg)
+    cand = reference.quantize(x, Q("fp8_block", pow2_scales=False, eps=1e-4))  # max(amax, 1e-4) / 448
+    res = _by_name(compare_quantized(g, cand, x))
+    sc = res["rowwise_scale"]
+    assert sc.mismatch_classes == {"scale_floor": 2}  # entries [kb=0, m=0] and [0, 1]
+    exs = _examples(sc, "scale_floor")
+    assert [e["index"] for e in exs] == [[0, 0], [0, 1]]
+    a = float(np.float32(1e-8))
+    assert exs[0]["block_amax"] == a
+    assert math.isclose(exs[0]["golden_value"], a / 448, rel_tol=1e-6)
+    assert math.isclose(exs[0]["candidate_value"], 1e-4 / 448, rel_tol=1e-6)
+    data = res["rowwise_data"]
+    assert data.mismatch_classes == {"block_scale_cascade": 256}  # both tiny blocks, every element
+    assert list(data.examples["block_scale_cascade"]["patterns"]) == ["finite_block/diff_scale/off_midpoint"]
+
+
+def test_all_zero_block_scale_is_scale_floor():
+    x = torch.zeros(32, 32)
+    cfg = Q("mxfp8")
+    g = reference.quantize(x, cfg)
+    cand = _clone(g)
+    cand.rowwise_scale[0, 0] = 127  # a floor of 2^0 instead of the golden's zero-block scale
+    assert int(g.rowwise_scale[0, 0]) != 127
+    tr = _by_name(compare_quantized(g, cand, x))["rowwise_scale"]
+    assert tr.mismatch_classes == {"scale_floor": 1}
+    assert _examples(tr, "scale_floor")[0]["block_amax"] == 0.0
+
+
+# ---- subnormal flush -------------------------------------------------------------------------------
+
+
+def test_subnormal_code_flushed_to_zero():
+    # fp8_current, amax 448 -> s = 1; 2^-8 is the E4M3 subnormal 0x02 (§0.4), -2^-9 is 0x81.
+    x = torch.tensor([[448.0, 2.0**-8, -(2.0**-9), 1.0]])
+    g = reference.quantize(x, Q("fp8_current"))
+    assert g.rowwise_data.tolist() == [[0x7E, 0x02, 0x81, 0x38]]
+    cand = _clone(g)
+    cand.rowwise_data[0, 1], cand.rowwise_data[0, 2] = 0x00, 0x80  # a flush-to-zero kernel
+    tr = _by_name(compare_quantized(g, cand, x))["rowwise_data"]
+    assert tr.mismatch_classes == {"subnormal_flush": 2}
+    exs = _examples(tr, "subnormal_flush")
+    assert [(e["index"], e["golden"], e["candidate"]) for e in exs] == [([0, 1], "0x02", "0x00"), ([0, 2], "0x81", "0x80")]
+    assert list(tr.examples["subnormal_flush"]["patterns"]) == ["finite_block/same_scale/off_midpoint"]
+
+
+def test_subnormal_input_flushed_before_scaling():
+    # A bf16 block of subnormal inputs: E8M0 scales it up to normal codes; the candidate flushed the input.
+    x = torch.full((32, 32), 2.0**-130, dtype=torch.bfloat16)
+    x[0, 0] = 2.0**-129
+    g = reference.quantize(x, Q("mxfp8"))
+    assert int(g.rowwise_data[0, 1]) != 0
+    cand = _clone(g)
+    cand.rowwise_data[0, 1:] = 0  # row 0 of the rowwise copy
+    tr = _by_name(compare_quantized(g, cand, x))["rowwise_data"]
+    assert tr.mismatch_classes == {"subnormal_flush": 31}
+    assert list(tr.examples["subnormal_flush"]["patterns"]) == ["subnormal_block/same_scale/off_midpoint"]
+    assert len(_examples(tr, "subnormal_flush")) == 3  # up to three per pattern
+    assert _examples(tr, "subnormal_flush")[0]["input"] == 2.0**-130
+
+
+# ---- non-finite policy ------------------------------------------------------------------------------
+
+
+def test_nan_block_policy_of_ocp_mx():
+    # Every block's amax is 448, so ceil and floor agree (§3) and only the NaN block differs: `te` ignores
+    # the NaN (amax 448, finite codes, NaN -> 0x7F); ocp_mx (§10.2) makes the block NaN: scale 0xFF, all 0x7F.
+    x = torch.linspace(-400, 400, 64 * 96).reshape(64, 96)
+    x[:, ::32] = 448.0
+    x[5, 40] = float("nan")
+    cfg = Q("mxfp8")
+    g = reference.quantize(x, cfg)
+    cand = reference.quantize(x, with_convention(cfg, "ocp_mx"))
+    res = _by_name(compare_quantized(g, cand, x))
+    sc = res["rowwise_scale"]
+    assert sc.mismatch_classes == {"nonfinite_policy": 1}
+    (ex,) = _examples(sc, "nonfinite_policy")
+    assert ex["index"] == [5, 1] and ex["candidate"] == "0xFF" and ex["golden"] == "0x7F"
+    assert list(sc.examples["nonfinite_policy"]["patterns"]) == ["nonfinite_block"]
+    data = res["rowwise_data"]
+    assert data.mismatch_classes == {"nonfinite_policy": 31}  # the NaN itself is 0x7F on both sides
+    ex = _examples(data, "nonfinite_policy")[0]
+    assert ex["index"] == [5, 32] and ex["candidate"] == "0x7F" and ex["golden"] == "0x7E"
+    assert set(data.examples["nonfinite_policy"]["patterns"]) <= {
+        "nonfinite_block/diff_scale/off_midpoint", "nonfinite_block/diff_scale/near_midpoint"}
+    # A failing row never reads max_abs = 0, sqnr = inf: the NaN the golden does not have counts.
+    assert data.max_abs == math.inf and data.sqnr_db == -math.inf
+
+
+def test_inf_saturated_vs_propagated():
+    x = torch.tensor([[1.0, float("inf"), -2.0, 3.0]])
+    g = reference.quantize(x, Q("fp8_current"))
+    assert int(g.rowwise_data[0, 1]) == 0x7E  # §1: Inf saturates to 448
+    cand = _clone(g)
+    cand.rowwise_data[0, 1] = 0x7F  # a kernel that propagates it as NaN
+    tr = _by_name(compare_quantized(g, cand, x))["rowwise_data"]
+    assert tr.mismatch_classes == {"nonfinite_policy": 1}
+    assert list(tr.examples["nonfinite_policy"]["patterns"]) == ["nonfinite_block/same_scale/off_midpoint"]
+    assert tr.max_abs == math.inf
+
+
+# ---- layouts ------------------------------------------------------------------------------------
+
+
+def test_transposed_scales_are_named():
+    x = torch.linspace(-2, 2, 64 * 256).reshape(64, 256)
+    g = reference.quantize(x, Q("fp8_block"))
+    assert g.rowwise_scale.shape == (2, 64)
+    cand = _clone(g)
+    cand.rowwise_scale = g.rowwise_scale.t().contiguous()  # [m, kb] instead of TE's [kb, m]
+    res = compare_quantized(g, cand, x)
+    tr = _by_name(res)["rowwise_scale"]
+    assert tr.mismatch_classes == {"layout_transposition": tr.n}
+    assert tr.layout == "scales are the golden's transposed"
+    assert layout_finding(res) == "rowwise_scale: scales are the golden's transposed"
+    assert class_counts(res) == {"rowwise_scale": {"layout_transposition": 128}}
+    assert "transposed" in tr.first_mismatch["reason"]
+
+
+def test_transposed_data_and_swapped_nibbles_are_named():
+    x = torch.linspace(-2, 2, 128 * 128).reshape(128, 128)
+    g = reference.quantize(x, Q("fp8_block"))
+    cand = _clone(g)
+    cand.rowwise_data = g.rowwise_data.t().contiguous()
+    assert layout_finding(compare_quantized(g, cand, x)) == "rowwise_data: data is the golden transposed"
+    x = torch.linspace(-5, 6, 32 * 64).reshape(32, 64)
+    g = reference.quantize(x, Q("nvfp4"))
+    cand = _clone(g)
+    b = g.rowwise_data.to(torch.int32)
+    cand.rowwise_data = (((b & 0x0F) << 4) | (b >> 4)).to(torch.uint8)  # element 2j in the high nibble
+    tr = _by_name(compare_quantized(g, cand, x))["rowwise_data"]
+    assert tr.mismatch_classes.keys() == {"layout_transposition"} and "nibbles swapped" in tr.layout
+    assert layout_finding(tr).startswith("rowwise_data: data is the golden with its nibbles swapped")
+
+
+def test_no_layout_finding_for_a_plain_mismatch():
+    x = torch.linspace(-2, 2, 64 * 96).reshape(64, 96)
+    g = reference.quantize(x, Q("mxfp8"))
+    cand = _clone(g)
+    cand.rowwise_data[3, 3] ^= 0x20
+    res = compare_quantized(g, cand, x)
+    assert layout_finding(res) is None and class_counts(res) == {"rowwise_data": {"other": 1}}
+
+
+# ---- scale rounding rule ------------------------------------------------------------------------------
+
+
+def test_e8m0_floor_instead_of_ceil_is_scale_rule():
+    x = torch.linspace(-3, 3, 64 * 96).reshape(64, 96)
+    g = reference.quantize(x, Q("mxfp8"))
+    cand = reference.quantize(x, Q("mxfp8", e8m0_rule="floor"))
+    res = _by_name(compare_quantized(g, cand, x))
+    sc = res["rowwise_scale"]
+    # Hand count: floor(log2 amax) - 8 (§3 floor, emax(E4M3) = 8) vs ceil(log2(amax / 448)) = ceil(log2 amax
+    # - 8.807): they differ exactly when amax's significand exceeds 1.75 = 448 / 2^8.
+    amax = x.abs().reshape(64, 3, 32).amax(dim=2)
+    sig = amax / torch.exp2(torch.floor(torch.log2(amax)))
+    differ = int((sig > 1.75).sum())
+    assert sc.mismatch_classes == {"scale_rule": differ} and differ > 0
+    for ex in _examples(sc, "scale_rule"):
+        assert ex["rule"] == "e8m0_rule=floor"
+        assert int(ex["golden"], 16) == int(ex["candidate"], 16) + 1
+    assert res["rowwise_data"].mismatch_classes.keys() == {"block_scale_cascade"}
+
+
+# ---- dequantized outputs --------------------------------------------------------------------------------
+
+
+def test_dequantize_mismatch_shows_code_scale_and_decode_chain():
+    x = torch.linspace(-3, 3, 64 * 96).reshape(64, 96)
+    q = reference.quantize(x, Q("mxfp8"))
+    gold = reference.dequantize(q, "rowwise", torch.float32)
+    cand = gold.clone()
+    cand[3, 5] = float("nan")  # a NaN where the golden is finite
+    cand[7, 40] = torch.nextafter(gold[7, 40], torch.tensor(math.inf))  # one ulp off
+    tr = compare_dequantized(q, "rowwise", gold, cand, "dequant_rowwise")
+    assert tr.mismatch_classes == {"nonfinite_policy": 1, "decode_factor_rounding": 1}
+    assert tr.max_abs == math.inf and tr.sqnr_db == -math.inf  # never max_abs=0, sqnr=inf
+    (ex,) = _examples(tr, "decode_factor_rounding")
+    code, e = int(q.rowwise_data[7, 40]), int(q.rowwise_scale[7, 1])
+    assert ex["index"] == [7, 40] and ex["ulps"] == 1
+    assert ex["code"] == f"0x{code:02X}" and ex["scale"] == f"0x{e:02X}"
+    value = float(np.array([code], dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)[0])
+    assert ex["code_value"] == value
+    assert ex["decode_chain"]["e8m0"] == e and ex["decode_chain"]["decode"] == 2.0 ** (e - 127)
+    assert ex["golden"] == value * 2.0 ** (e - 127)  # NUMERICS: §3 x = value(code) * 2^(e - 127)
+    assert tr.first_mismatch["code"] == f"0x{int(q.rowwise_data[3, 5]):02X}"
+
+
+def test_output_subnormal_flush_and_transposed_output():
+    gold = torch.tensor([[1.0, 1e-40], [3.0, 4.0]])
+    cand = gold.clone()
+    cand[0, 1] = 0.0
+    tr = compare_output(gold, cand, "out")
+    assert tr.mismatch_classes == {"subnormal_flush": 1}
+    assert list(tr.examples["subnormal_flush"]["patterns"]) == ["subnormal"]
+    tr = compare_output(gold, gold.t().contiguous(), "out")
+    assert tr.mismatch_classes == {"layout_transposition": 2} and tr.layout == "output is the golden's transposed"
+
+
+@pytest.mark.parametrize("cls", MISMATCH_CLASSES)
+def test_every_class_is_documented(cls):
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "reports" / "README.md").read_text()
+    assert f"| `{cls}` |" in text
