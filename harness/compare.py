@@ -580,8 +580,8 @@ def _classify_data(golden, candidate, cp: _Copy, src, rr, cc, gm, cm):
     nf_blk, sub_blk = classify.block_flags(src, cp.br, cp.bc, cp.hp_dtype)
     bi, bj = rr // cp.br, cc // cp.bc
     blk_nf, blk_sub = nf_blk[bi, bj], sub_blk[bi, bj]
-    one_side = torch.isfinite(gval) != torch.isfinite(cval)
-    nonfinite = ~torch.isfinite(x) | one_side | (blk_nf & diff_scale)
+    either = ~torch.isfinite(gval) | ~torch.isfinite(cval)  # NaN vs number, Inf vs NaN (both NaN: nan_sign)
+    nonfinite = ~torch.isfinite(x) | either | (blk_nf & diff_scale)
     g_mag, c_mag = gm & mag_mask, cm & mag_mask
     g_sub = (g_mag != 0) & ((g_mag >> fmt.man_bits) == 0)  # NUMERICS: §0.4 exponent field 0: subnormal
     tiny = classify._TINY.get(cp.hp_dtype, classify._TINY["float32"])
@@ -852,7 +852,7 @@ def _classify_scale(golden, candidate, cp: _Copy, g, c, sfmt, as_bits, dec):
         bi = torch.tensor([b[0] // cp.br for b in blocks], dtype=torch.int64).reshape(g.shape)
         bj = torch.tensor([b[2] // cp.bc for b in blocks], dtype=torch.int64).reshape(g.shape)
         e_nf, e_sub, e_amax = nf_blk[bi, bj], sub_blk[bi, bj], amax_blk[bi, bj]
-    nonfinite = e_nf | (torch.isfinite(gd) != torch.isfinite(cd))
+    nonfinite = e_nf | ~torch.isfinite(gd) | ~torch.isfinite(cd)
     # NUMERICS: §1 step 2 (eps), §3 (E8M0 of a zero block), §10.5 (the 2^-6 clamp): a scale floor shows as a
     # zero block, or a decode scale over four times the golden's (a rounding rule moves it by at most x2).
     fin = torch.isfinite(gd) & torch.isfinite(cd)
@@ -912,7 +912,7 @@ def _compare_amax(golden, candidate, name) -> TensorResult:
     first, ex = None, {}
     if bool(mism.any()):
         nan_both = torch.isnan(g) & torch.isnan(c)
-        nonfinite = ~nan_both & (torch.isfinite(g) != torch.isfinite(c))  # NaN/Inf propagated vs ignored
+        nonfinite = ~nan_both & (~torch.isfinite(g) | ~torch.isfinite(c))  # NaN/Inf propagated vs ignored
         idx = MISMATCH_CLASSES.index
         cls = torch.where(nan_both, idx("nan_sign"), torch.where(nonfinite, idx("nonfinite_policy"), idx("other")))
         counts = torch.bincount(cls[mism], minlength=len(MISMATCH_CLASSES))

@@ -315,3 +315,39 @@ def test_every_class_is_documented(cls):
 
     text = (Path(__file__).resolve().parents[2] / "reports" / "README.md").read_text()
     assert f"| `{cls}` |" in text
+
+
+def test_amax_nan_propagated_vs_inf_is_nonfinite_policy():
+    # te's amax ignores NaN (§7.2): an Inf input gives +Inf; a NaN-propagating candidate stores NaN.
+    x = torch.tensor([[1.0, float("inf"), float("nan"), 3.0]])
+    g = reference.quantize(x, Q("fp8_current"))
+    assert float(g.rowwise_amax.reshape(-1)[0]) == math.inf
+    cand = _clone(g)
+    cand.rowwise_amax = torch.full_like(g.rowwise_amax, float("nan"))
+    tr = _by_name(compare_quantized(g, cand, x))["rowwise_amax"]
+    assert tr.mismatch_classes == {"nonfinite_policy": 1}
+    (ex,) = _examples(tr, "nonfinite_policy")
+    assert ex["golden_bits"] == "0x7F800000" and math.isnan(ex["candidate"])
+
+
+def test_torchao_nvfp4_encode_factor_order_is_not_a_tie_flip():
+    # torchao computes f = RN(RN(1/pts) / s_blk), te RN(1 / RN(s_blk * S_dec)) (docs/numerics.md §10.5): on
+    # normal inputs the scales agree and the codes differ only where x*f lies next to a midpoint.
+    from harness.cases import Case
+    from harness.inputs import generate
+
+    cfg = Q("nvfp4")
+    x = generate(Case("quantize", cfg, (128, 256), "bfloat16", "normal", 0, "rowwise"))["x"]
+    g = reference.quantize(x, cfg)
+    cand = reference.quantize(x, with_convention(cfg, "torchao_nvfp4"))
+    res = _by_name(compare_quantized(g, cand, x))
+    assert res["rowwise_scale"].status == "pass" and res["rowwise_amax"].status == "pass"
+    tr = res["rowwise_data"]
+    assert set(tr.mismatch_classes) == {"encode_factor_rounding"} and tr.n_mismatch > 0
+    e2m1 = ml_dtypes.float4_e2m1fn
+    for ex in _examples(tr, "encode_factor_rounding"):
+        gv, cv = (float(np.array([int(ex[k], 16)], dtype=np.uint8).view(e2m1)[0]) for k in ("golden", "candidate"))
+        mid = (gv + cv) / 2
+        ulp = float(np.spacing(np.float32(abs(ex["scaled"]))))
+        assert 0 < abs(ex["scaled"] - mid) <= 4 * ulp  # near, not on, the midpoint
+        assert ex["golden_scale"] == ex["candidate_scale"]
