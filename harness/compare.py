@@ -95,6 +95,9 @@ class TensorResult:
     mismatch_fraction = mismatch_frac
 
 
+layout_finding = classify.layout_finding  # the API the runner reads: layout_finding(results) -> str | None
+class_counts = classify.class_counts  # {tensor: {class: count}}
+
 # ----------------------------------------------------------------------------------------------
 # Metrics
 # ----------------------------------------------------------------------------------------------
@@ -523,7 +526,7 @@ def _compare_data(golden, candidate, name, cp: _Copy) -> TensorResult:
         swap = "golden with its nibbles swapped (element 2j in the high nibble; NUMERICS: §5.4 puts it low)"
     if swap:
         first = _locate(golden, candidate, name, cp, src, int(rr[0]), int(cc[0]), "layout_transposition", None)
-        detail["layout"] = f"candidate equals the {swap}"
+        detail["layout"] = detail["reason"] = f"candidate equals the {swap}"
         ex = classify.whole("layout_transposition", n_mis, "layout", {k: first[k] for k in ("index", "golden", "candidate")})
         return _result(name, n, {"layout_transposition": n_mis}, first, met, hist, detail, ex, f"data is the {swap}")
     cls, pat, pat_names, y, rules = _classify_data(golden, candidate, cp, src, rr, cc, gm, cm)
@@ -793,7 +796,7 @@ def _compare_scale(golden, candidate, name, cp: _Copy, strict_padding: bool) -> 
                 and c_full.shape[1] >= g.shape[0] and torch.equal(as_bits(c_full[: g.shape[1], : g.shape[0]]), as_bits(g.t())):
             classes["layout_transposition"] = n_mis
             cls_t = torch.full(g.shape, MISMATCH_CLASSES.index("layout_transposition"))
-            layout = "scales are the golden's transposed"
+            layout = detail["reason"] = "scales are the golden's transposed"
             pos = mism.reshape(-1).nonzero()[0, 0]
             idx = [int(t) for t in torch.unravel_index(pos, g.shape)]
             ex = classify.whole("layout_transposition", n_mis, "layout", {"index": idx})
@@ -805,16 +808,18 @@ def _compare_scale(golden, candidate, name, cp: _Copy, strict_padding: bool) -> 
                 classes[k] += int(counts[i])
             flat = sel.nonzero().reshape(-1)
             show = (lambda t, p: _f32_hex(t.reshape(-1)[p])) if sfmt is None else (lambda t, p: _hex(int(t.reshape(-1)[p])))
+            blk_amax = functools.cache(lambda: _block_amax(cp.src, cp.br, cp.bc))
+            g_dec, c_dec = dec(g).reshape(-1), dec(c).reshape(-1)
 
             def example(k: int) -> dict:
                 p = int(flat[k])
                 ix = [int(t) for t in torch.unravel_index(torch.tensor(p), g.shape)]
                 e = {"index": ix, "golden": show(g, p), "candidate": show(c, p),
-                     "golden_value": float(dec(g).reshape(-1)[p]), "candidate_value": float(dec(c).reshape(-1)[p])}
+                     "golden_value": float(g_dec[p]), "candidate_value": float(c_dec[p])}
                 if cp.cfg.tile is not None:
                     r0, _, c0, _ = cp.scale_block(*ix)
                     e.update(row=cp.logical(r0, c0)[0], col=cp.logical(r0, c0)[1],
-                             block_amax=float(_block_amax(cp.src, cp.br, cp.bc)[r0 // cp.br, c0 // cp.bc]))
+                             block_amax=float(blk_amax()[r0 // cp.br, c0 // cp.bc]))
                 if rule_names[p]:
                     e["rule"] = rule_names[p]
                 return e
@@ -848,9 +853,9 @@ def _classify_scale(golden, candidate, cp: _Copy, g, c, sfmt, as_bits, dec):
         e_amax = amax_blk.reshape(-1)[:1].expand(g.shape)
     else:
         ii, jj = torch.meshgrid(torch.arange(g.shape[0]), torch.arange(g.shape[1]), indexing="ij")
-        blocks = [cp.scale_block(int(i), int(j)) for i, j in zip(ii.reshape(-1), jj.reshape(-1), strict=True)]
-        bi = torch.tensor([b[0] // cp.br for b in blocks], dtype=torch.int64).reshape(g.shape)
-        bj = torch.tensor([b[2] // cp.bc for b in blocks], dtype=torch.int64).reshape(g.shape)
+        sr, sc = cp.geom.scale_block or (cp.rows, cp.cols)  # the data origin of each entry, as CopyGeometry.scale_region
+        rb, cb = (jj, ii) if cp.geom.block_major else (ii, jj)
+        bi, bj = (rb * sr) // cp.br, (cb * sc) // cp.bc
         e_nf, e_sub, e_amax = nf_blk[bi, bj], sub_blk[bi, bj], amax_blk[bi, bj]
     nonfinite = e_nf | ~torch.isfinite(gd) | ~torch.isfinite(cd)
     # NUMERICS: §1 step 2 (eps), §3 (E8M0 of a zero block), §10.5 (the 2^-6 clamp): a scale floor shows as a
@@ -888,7 +893,7 @@ def _scale_context(golden, candidate, cp: _Copy, src, idx, g, c, sfmt) -> dict:
     if golden.config.tile is None:
         out["input_block"] = cp.input_block(src, 0, 0)
         out["golden_chain"] = _chain(golden, cp, 0, 0, src, True)
-        out["candidate_chain"] = _chain(candidate, cp, 0, 0, src, False)
+        out["candidate_chain"] = {"source": IMPLIED, **_chain(candidate, cp, 0, 0, src, False)}
         return out
     i, j = idx
     r0, r1, c0, c1 = cp.scale_block(i, j)
@@ -896,7 +901,10 @@ def _scale_context(golden, candidate, cp: _Copy, src, idx, g, c, sfmt) -> dict:
     out.update(row=m, col=k, block=[r0 // cp.br, c0 // cp.bc], data_rows=[r0, r1], data_cols=[c0, c1])
     out["input_block"] = cp.input_block(src, r0, c0)
     out["golden_chain"] = _chain(golden, cp, r0, c0, src, True)
-    out["candidate_chain"] = _chain(candidate, cp, r0, c0, src, False)
+    out["candidate_chain"] = {"source": IMPLIED, **_chain(candidate, cp, r0, c0, src, False)}
+    reported = _reported(candidate, cp, r0, c0)
+    if reported:
+        out["candidate_reported_chain"] = {"source": f"the candidate's extra['{cp.o}_chain']", **reported}
     return out
 
 
@@ -1018,7 +1026,7 @@ def compare_output(golden_out: torch.Tensor, candidate_out: torch.Tensor, tensor
         gf, cf = g.reshape(-1)[pos_all], cg.reshape(-1)[pos_all]
         if g.dim() == 2 and g.shape[0] == g.shape[1] and not torch.equal(gb, cb) and torch.equal(cb, gb.t()):
             cls = torch.full(pos_all.shape, MISMATCH_CLASSES.index("layout_transposition"))
-            layout = "output is the golden's transposed"
+            layout = detail["reason"] = "output is the golden's transposed"
         else:
             cls = _classify_output(gf, cf, "dtype" in detail)
         counts = torch.bincount(cls, minlength=len(MISMATCH_CLASSES))

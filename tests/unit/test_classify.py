@@ -17,6 +17,8 @@ import torch
 import reference
 from harness.classify import class_counts, layout_finding
 from harness.compare import MISMATCH_CLASSES, compare_dequantized, compare_output, compare_quantized
+from harness.compare import layout_finding as compare_layout_finding
+from harness.rows import describe_mismatch
 from reference.conventions import with_convention
 from reference.formats import QuantConfig as Q
 from reference.types import QuantizedTensor
@@ -226,6 +228,8 @@ def test_transposed_scales_are_named():
     assert layout_finding(res) == "rowwise_scale: scales are the golden's transposed"
     assert class_counts(res) == {"rowwise_scale": {"layout_transposition": 128}}
     assert "transposed" in tr.first_mismatch["reason"]
+    assert "the golden's scales transposed" in describe_mismatch(tr)
+    assert compare_layout_finding(res) == layout_finding(res)  # compare re-exports the runner's API
 
 
 def test_transposed_data_and_swapped_nibbles_are_named():
@@ -233,7 +237,9 @@ def test_transposed_data_and_swapped_nibbles_are_named():
     g = reference.quantize(x, Q("fp8_block"))
     cand = _clone(g)
     cand.rowwise_data = g.rowwise_data.t().contiguous()
-    assert layout_finding(compare_quantized(g, cand, x)) == "rowwise_data: data is the golden transposed"
+    res = compare_quantized(g, cand, x)
+    assert layout_finding(res) == "rowwise_data: data is the golden transposed"
+    assert "candidate equals the golden transposed" in describe_mismatch(_by_name(res)["rowwise_data"])
     x = torch.linspace(-5, 6, 32 * 64).reshape(32, 64)
     g = reference.quantize(x, Q("nvfp4"))
     cand = _clone(g)
