@@ -357,3 +357,22 @@ def test_torchao_nvfp4_encode_factor_order_is_not_a_tie_flip():
         ulp = float(np.spacing(np.float32(abs(ex["scaled"]))))
         assert 0 < abs(ex["scaled"] - mid) <= 4 * ulp  # near, not on, the midpoint
         assert ex["golden_scale"] == ex["candidate_scale"]
+
+
+def test_amax_over_fmax_true_division_is_scale_rule():
+    # te: sinv = RN(1 / RN(448 / A)) = 0x3B6FB061; vllm_group (§10.7): sinv = RN(A / 448) = 0x3B6FB062 (numpy fp32).
+    x, cfg, g = _encode_factor_case()
+    a = np.float32(_f32(0x3FD1BA56))
+    te_sinv, vllm_sinv = np.float32(1) / (np.float32(448) / a), a / np.float32(448)
+    assert (int(te_sinv.view(np.uint32)), int(vllm_sinv.view(np.uint32))) == (0x3B6FB061, 0x3B6FB062)
+    cand = reference.quantize(x, with_convention(cfg, "vllm_group"))
+    res = _by_name(compare_quantized(g, cand, x))
+    sc = res["rowwise_scale"]
+    assert sc.mismatch_classes == {"scale_rule": 1}  # one ulp apart, but another rule's value: not off_by_one
+    (ex,) = _examples(sc, "scale_rule")
+    assert ex == {"index": [0, 0], "golden": "0x3B6FB061", "candidate": "0x3B6FB062", "golden_value": float(te_sinv),
+                  "candidate_value": float(vllm_sinv), "row": 0, "col": 0, "block_amax": float(a),
+                  "rule": "convention=vllm_group"}
+    # x / sinv = 232 exactly ties to 224 (0x76); the golden's x * s = 232.00002 gives 240 (0x77).
+    (dx,) = _examples(res["rowwise_data"], "block_scale_cascade")
+    assert (dx["golden"], dx["candidate"], dx["index"]) == ("0x77", "0x76", [0, 1])
