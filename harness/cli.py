@@ -151,11 +151,21 @@ def load_backend(name: str):
 
 
 def _supports(backend, case, device) -> bool:
+    return _support_mark(backend, case, device) != "skip"
+
+
+def _support_mark(backend, case, device) -> str:
+    """`yes`, `skip`, or the one copy (`rowwise` / `colwise`) a backend runs of a both-copies case."""
+    from . import backends as b  # noqa: PLC0415
+    from .runner import _one_copy  # noqa: PLC0415
+
     try:
-        return all(backend.supports(case.op, cfg, device)[0]
-                   for cfg in (case.config, getattr(case, "b_config", None)) if cfg is not None)
+        if b.supports_case(backend, case, device)[0]:
+            return "yes"
+        split = _one_copy(case, backend, device)
     except Exception:  # noqa: BLE001
-        return False
+        return "skip"
+    return "skip" if split is None else split[0]
 
 
 def _device(arg: str | None) -> str:
@@ -293,7 +303,7 @@ def cmd_run(args) -> int:
         print(f"harness: {stopped[0]}; {len(cs)} (case, backend) pairs are in {out / report.RESULTS}; continue "
               f"with the same command and --resume", file=sys.stderr)
         return stopped[1]
-    print(report.format_table(report.summary(df)))
+    print(report.format_summary(df))
     print(report.format_time_split(df))
     print(f"\n{len(df)} rows in {out / report.RESULTS} ({len(cs)} (case, backend) pairs); pass {counts['pass']}, "
           f"fail {counts['fail']}, skip {counts['skip']}, error {counts['error']}")
@@ -316,7 +326,9 @@ def cmd_list(args) -> int:
         for name in b.backend_names():
             try:
                 be = b.get_backend(name)
-                ok, why = be.supports("quantize", _probe_config(), device)
+                from .cases import Case  # noqa: PLC0415
+
+                ok, why = b.supports_case(be, Case("quantize", _probe_config(), (128, 128)), device)
                 state = "ok" if ok else f"quantize(fp8_current): {why}"
             except Exception as e:  # noqa: BLE001
                 state = f"cannot load: {e}"
@@ -329,8 +341,7 @@ def cmd_list(args) -> int:
         if bes:
             marks = []
             for be in bes:
-                ok = _supports(be, c, device)
-                marks.append(f"{be.name}:{'yes' if ok else 'skip'}")
+                marks.append(f"{be.name}:{_support_mark(be, c, device)}")
             print(f"{c.id}  {' '.join(marks)}")
         else:
             print(c.id)
@@ -396,7 +407,7 @@ def cmd_report(args) -> int:
         df = report.read_results(args.dir)
     except FileNotFoundError as e:
         raise UsageError(str(e)) from e
-    print(report.format_table(report.summary(df)))
+    print(report.format_summary(df))
     print(report.format_time_split(df))
     cs = report.case_status(df)
     print(f"\n{len(df)} rows, {len(cs)} (case, backend) pairs in {report.results_path(args.dir)}")
@@ -438,7 +449,7 @@ def cmd_merge(args) -> int:
         df = report.merge(args.out, args.shards)
     except FileNotFoundError as e:
         raise UsageError(str(e)) from e
-    print(report.format_table(report.summary(df)))
+    print(report.format_summary(df))
     print(f"\nmerged {len(args.shards)} shard(s), {len(df)} rows -> {report.results_path(args.out)}")
     return 0
 
