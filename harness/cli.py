@@ -262,7 +262,7 @@ def cmd_run(args) -> int:
     backends = resolve_backends(args.backend, cases, device)
     options = {k: v for k, v in vars(args).items() if k != "func"}
     options.update(device=device, backends=[b.name for b in backends], n_cases=len(cases))
-    meta = run_meta(options)
+    meta = run_meta(options, backends=backends)
     try:
         writer = report.ReportWriter(out, meta, resume=args.resume, force=args.force)
     except report.ReportError as e:

@@ -139,7 +139,7 @@ def pytest_configure(config):
         from .report import ReportError  # noqa: PLC0415
 
         try:
-            writer = ReportWriter(report_dir, run_meta(opts), force=True)
+            writer = ReportWriter(report_dir, run_meta(opts, backends=[backend]), force=True)
         except ReportError as e:  # e.g. another run holds the directory
             raise pytest.UsageError(f"--report-dir: {e}") from None
         config.pluginmanager.register(_Recorder(writer, backend.name), "harness-recorder")

@@ -551,13 +551,16 @@ def format_table(df: pd.DataFrame) -> str:
     if df.empty:
         return "(no rows)"
 
-    def cell(v) -> str:
+    def cell(v, col: str) -> str:
         if isinstance(v, float):
-            return "-" if math.isnan(v) else f"{v:.2f}"
+            if math.isnan(v):
+                return "-"
+            # delta_sqnr_db: small differences matter (the equivalent bound is 0.01 dB), so 3 significant digits
+            return (f"{v:.3g}" if v else "0") if col.endswith("delta_sqnr_db") else f"{v:.2f}"
         return str(v)
 
     cols = list(df.columns)
-    body = [[cell(v) for v in row] for row in df.itertuples(index=False)]
+    body = [[cell(v, c) for v, c in zip(row, cols, strict=True)] for row in df.itertuples(index=False)]
     widths = [max(len(c), *(len(r[i]) for r in body)) for i, c in enumerate(cols)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))
