@@ -227,6 +227,40 @@ def test_report_command_prints_summary_and_writes_pngs(tmp_path, capsys):
         assert p.exists() and p.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_plots_keep_special_inputs_apart_histogram_per_unit_and_show_delta_sqnr(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    seen: dict[str, list] = {"titles": []}
+    real = plots._title
+
+    def spy(ax, text, fontsize=10):
+        seen["titles"].append(text)
+        real(ax, text, fontsize)
+
+    monkeypatch.setattr(plots, "_title", spy)
+    rows = [row("a", ulp_hist={"0": 60, "1": 4}), row("a", tensor="rowwise_scale", ulp_hist={"0": 3, "2": 1}),
+            acc("a", sqnr=31.0, delta_sqnr_db=-0.5, backend="k"),
+            acc("b", sqnr=3.0, delta_sqnr_db=0.0, backend="k", distribution="special")]
+    d = write_report(tmp_path / "r", rows)
+    files, _ = plots.write_plots(report.read_results(d), d / "plots")
+    assert {p.name for p in files} >= {"ulp_hist.png", "sqnr_by_toggle.png", "delta_sqnr_by_toggle.png"}
+    t = seen["titles"]
+    assert "ULP distance histogram: fp8_current/reference, element codes" in t
+    assert "ULP distance histogram: fp8_current/reference, scale codes" in t
+    assert any(x.endswith("(special values)") for x in t) and any(x.endswith("(finite inputs)") for x in t)
+    assert any(x.startswith("accuracy against the golden's") for x in t)
+    assert plots.ulp_unit("dequant_rowwise", "bfloat16") == "bfloat16 ULPs" and plots.ulp_unit("state_scale") == "fp32 ULPs"
+
+
+def test_long_plot_titles_wrap_instead_of_being_clipped():
+    class Ax:
+        def set_title(self, text, fontsize):
+            self.text = text
+
+    ax = Ax()
+    plots._title(ax, "ULP distance histogram: fp8_current/harness.adapters.torchao:float8, element codes")
+    assert ax.text == "ULP distance histogram:\nfp8_current/harness.adapters.torchao:float8, element codes"
+
+
 def test_report_without_matplotlib_says_so_and_skips_plots(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(plots, "_pyplot", lambda: None)
     d = write_report(tmp_path / "r", [row("a"), acc("a")])
