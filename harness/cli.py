@@ -384,7 +384,7 @@ def cmd_repro(args) -> int:
         rows = runner.run_case(case, be, device, inputs=inputs, worker="repro", golden=args.golden_device)
         print(f"== {case.id} [{be.name} on {device}]")
         for r in rows:
-            metrics = " ".join(f"{k}={r[k]:.6g}" for k in ("max_abs", "max_rel", "sqnr_db")
+            metrics = " ".join(f"{k}={r[k]:.6g}" for k in ("max_abs", "max_rel", "sqnr_db", "delta_sqnr_db")
                                if isinstance(r.get(k), (int, float)))
             mm = f" {r.get('n_mismatch')}/{r.get('n')} mismatched" if r.get("n_mismatch") else ""
             print(f"  {r['status']:5s} {r['kind']:11s} {r['tensor']:16s}{mm} {metrics}".rstrip())
@@ -392,6 +392,11 @@ def cmd_repro(args) -> int:
                 print(f"        {r['reason']}")
             if r.get("first_mismatch"):
                 print("        first mismatch:\n" + runner.format_first_mismatch(r["first_mismatch"], " " * 10))
+        sev = rows[0].get("severity") if rows else ""
+        if sev:
+            conv = rows[0].get("matches_convention")
+            print(f"  severity: {sev}" + (f" (bit-exact under convention {conv})" if conv else "")
+                  + " (docs/numerics.md §11)")
         v = runner.case_verdict(rows)
         worst = v if runner.worst_status([worst, v]) == v else worst
         if args.out and v in ("fail", "error"):
