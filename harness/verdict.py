@@ -105,6 +105,18 @@ def ulps_within_step(ulp_hist: Mapping | None) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 
+def _same_data(golden: QuantizedTensor, candidate: QuantizedTensor) -> bool:
+    """Every data field of `golden` has the candidate's shape and bytes (scales, with their padding, are
+    left to the full comparison)."""
+    from .golden import same_bits  # noqa: PLC0415
+
+    for o in ("rowwise", "colwise"):
+        g, c = getattr(golden, f"{o}_data"), getattr(candidate, f"{o}_data")
+        if g is not None and (c is None or not same_bits(g, c.to(g.device))):
+            return False
+    return True
+
+
 def matching_convention(case: Any, x: torch.Tensor, candidate: QuantizedTensor, quantize) -> str:
     """The first convention of `reference.conventions.applicable(case.config)` under which the golden
     (re-run through `quantize(x, config)`) equals `candidate` on every compared field; '' if none."""
@@ -115,6 +127,8 @@ def matching_convention(case: Any, x: torch.Tensor, candidate: QuantizedTensor, 
             cfg = conventions.with_convention(case.config, name)
             g = quantize(x, cfg)
         except Exception:  # noqa: BLE001 - a convention that cannot run this input does not match
+            continue
+        if not _same_data(g, candidate):  # cheap reject before locating every mismatch
             continue
         try:
             results = compare_quantized(g, dataclasses.replace(candidate, config=cfg), x)
