@@ -277,3 +277,19 @@ def test_a_nan_code_in_an_fp4_copy_cannot_exist_so_code_step_handles_packed_nibb
     step = verdict.code_step(q, "rowwise")
     assert step.shape == (128, 256) and bool((step > 0).all())
     assert casts.unpack_nibbles(q.rowwise_data).shape == (128, 256)
+
+
+def test_error_rows_are_broken_wherever_they_are_made_and_pytest_failures_name_the_severity():
+    from harness import pytest_plugin  # noqa: PLC0415
+    from harness.rows import pair_base, status_row  # noqa: PLC0415
+
+    case = _case()
+    base = pair_base(case, "k", "cpu", "w0")
+    assert status_row(base, "error", "crash: signal SIGSEGV (-11)")["severity"] == "broken"
+    assert "severity" not in status_row(base, "skip", "k: no")
+    _, q = _golden(case)
+    codes = q.rowwise_data.clone()
+    codes[0, 0] = 0x7F
+    rows = runner.run_case(case, _Injected(dataclasses.replace(q, rowwise_data=codes)), "cpu")
+    text = pytest_plugin.failure_message(case, "tests.unit.test_verdict:_Injected", rows)
+    assert text.splitlines()[0] == f"case {case.id} [injected] failed; severity broken"
