@@ -293,3 +293,13 @@ def test_error_rows_are_broken_wherever_they_are_made_and_pytest_failures_name_t
     rows = runner.run_case(case, _Injected(dataclasses.replace(q, rowwise_data=codes)), "cpu")
     text = pytest_plugin.failure_message(case, "tests.unit.test_verdict:_Injected", rows)
     assert text.splitlines()[0] == f"case {case.id} [injected] failed; severity broken"
+
+
+def test_list_with_a_backend_shows_what_supports_case_answers(capsys):
+    from harness import cli  # noqa: PLC0415
+
+    spec = "tests.unit.test_verdict:_RowwiseOnly"
+    ids = ["quantize-mxfp8-e4m3-1x32-both-bf16-1024x32-outliers-s0", "quantize-mxfp8-e4m3-1x32-rowwise-f32-64x96-ties-s0"]
+    assert cli.main(["list", "--tier", "smoke", "--filter", "|".join(ids), "--backend", spec, "--device", "cpu"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert f"{ids[0]}  rowwise_only:rowwise" in lines and f"{ids[1]}  rowwise_only:skip" in lines
