@@ -35,6 +35,26 @@ def repro_command(case_id: str, backend_spec: str, *, inputs_path: str | None = 
     return text
 
 
+def import_root(backend_spec: str) -> Path | None:
+    """The sys.path entry that makes the module of a `package.module:object` spec importable (so a
+    repro run from another directory still finds the adapter), or None for a registered name."""
+    import importlib.util  # noqa: PLC0415
+
+    module, sep, _ = backend_spec.partition(":")
+    if not sep:
+        return None
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.origin or not Path(found.origin).exists():
+        return None
+    path = Path(found.origin).resolve().parent
+    for _ in module.split(".")[: -1 if Path(found.origin).name != "__init__.py" else None]:
+        path = path.parent
+    return path
+
+
 def save_failure(out_dir: str | os.PathLike, case, backend_spec: str, rows: Sequence[Mapping],
                  inputs: Mapping | None = None) -> Path:
     """Write `<out>/failures/<case_id>/`: inputs.pt (torch.save), rows, and repro.sh."""
@@ -58,10 +78,17 @@ def save_failure(out_dir: str | os.PathLike, case, backend_spec: str, rows: Sequ
     lines = script.read_text().splitlines() if script.exists() else [
         "#!/bin/sh",
         f"# Repro of {case.id} (inputs saved beside this script; they are also regenerated from the seed).",
+        "# Runs from any directory: the harness checkout and each adapter's import root go on PYTHONPATH",
+        "# (set NUMERICS_HARNESS_ROOT when the checkout lives elsewhere).",
         'here="$(cd "$(dirname "$0")" && pwd)"',
-        "# Run from the repository (set NUMERICS_HARNESS_ROOT when the checkout lives elsewhere).",
-        f'cd "${{NUMERICS_HARNESS_ROOT:-{REPO_ROOT}}}" || exit 2',
+        f'root="${{NUMERICS_HARNESS_ROOT:-{REPO_ROOT}}}"',
+        'export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"',
     ]
+    adapter_root = import_root(backend_spec)
+    if adapter_root is not None and adapter_root != REPO_ROOT:
+        line = f'export PYTHONPATH="{adapter_root}:$PYTHONPATH"  # imports {backend_spec.partition(":")[0]}'
+        if line not in lines:
+            lines.append(line)
     cmd = repro_command(case.id, backend_spec, inputs_path='"$here/inputs.pt"') + ' "$@"'
     if cmd not in lines:
         lines.append(cmd)

@@ -1,7 +1,7 @@
 """Backends under test: the golden reference, the native GPU backend, PyTorch's own ops, third-party adapters.
 
-Source: docs/design.md §4. A backend is anything with `name`, `supports(op, config, device) -> (bool,
-reason)` and some of `quantize`, `dequantize`, `gemm` with the reference's signatures
+Source: docs/design.md §4. A backend is anything with `name`, `supports(case, device) -> (bool,
+reason)` (or the original `supports(op, config, device)`, asked once per config) and some of `quantize`, `dequantize`, `gemm` with the reference's signatures
 (docs/design.md §3). Registered by name (`reference`, `native`, `torch`), through the entry-point group
 `numerics_harness.backends`, or named as `package.module:object` (an instance, a class, or a
 zero-argument factory). A hardware or feature gap raises `Unsupported` (a skip with its reason),
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
@@ -48,6 +49,43 @@ class Backend(Protocol):
     name: str
 
     def supports(self, op: str, config: QuantConfig, device: str | torch.device) -> tuple[bool, str]: ...
+
+
+def asks_for_case(backend: Any) -> bool:
+    """Whether `backend.supports` takes the case, `supports(case, device)`, rather than the original
+    `supports(op, config, device)` (docs/adapters.md §1): its first parameter is named `case`, or it
+    takes two required positional parameters."""
+    try:
+        params = list(inspect.signature(backend.supports).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if positional and positional[0].name == "case":
+        return True
+    return len([p for p in positional if p.default is p.empty]) == 2
+
+
+def supports_case(backend: Any, case: Any, device: str | torch.device) -> tuple[bool, str]:
+    """`backend`'s answer for a whole case (harness.cases.Case: op, configs, dtypes, shape, orientation).
+
+    A backend whose supports takes the case is asked once; one with `supports(op, config, device)`
+    is asked for the case's config and then its B config (a GEMM), the first "no" answering."""
+    if asks_for_case(backend):
+        ok, why = backend.supports(case, device)
+        return bool(ok), why or ""
+    for cfg in (case.config, getattr(case, "b_config", None)):
+        if cfg is None:
+            continue
+        ok, why = backend.supports(case.op, cfg, device)
+        if not ok:
+            return False, why or ""
+    return True, ""
+
+
+def skip_reason(backend: Any, e: BaseException) -> str:
+    """The skip reason of an Unsupported raised by `backend`, prefixed with its name once."""
+    text = str(e)
+    return text if text.startswith(f"{backend.name}:") or text.startswith(f"{backend.name} ") else f"{backend.name}: {text}"
 
 
 def device_type(device: str | torch.device) -> str:

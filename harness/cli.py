@@ -151,11 +151,21 @@ def load_backend(name: str):
 
 
 def _supports(backend, case, device) -> bool:
+    return _support_mark(backend, case, device) != "skip"
+
+
+def _support_mark(backend, case, device) -> str:
+    """`yes`, `skip`, or the one copy (`rowwise` / `colwise`) a backend runs of a both-copies case."""
+    from . import backends as b  # noqa: PLC0415
+    from .runner import _one_copy  # noqa: PLC0415
+
     try:
-        return all(backend.supports(case.op, cfg, device)[0]
-                   for cfg in (case.config, getattr(case, "b_config", None)) if cfg is not None)
+        if b.supports_case(backend, case, device)[0]:
+            return "yes"
+        split = _one_copy(case, backend, device)
     except Exception:  # noqa: BLE001
-        return False
+        return "skip"
+    return "skip" if split is None else split[0]
 
 
 def _device(arg: str | None) -> str:
@@ -252,7 +262,7 @@ def cmd_run(args) -> int:
     backends = resolve_backends(args.backend, cases, device)
     options = {k: v for k, v in vars(args).items() if k != "func"}
     options.update(device=device, backends=[b.name for b in backends], n_cases=len(cases))
-    meta = run_meta(options)
+    meta = run_meta(options, backends=backends)
     try:
         writer = report.ReportWriter(out, meta, resume=args.resume, force=args.force)
     except report.ReportError as e:
@@ -293,7 +303,7 @@ def cmd_run(args) -> int:
         print(f"harness: {stopped[0]}; {len(cs)} (case, backend) pairs are in {out / report.RESULTS}; continue "
               f"with the same command and --resume", file=sys.stderr)
         return stopped[1]
-    print(report.format_table(report.summary(df)))
+    print(report.format_summary(df))
     print(report.format_time_split(df))
     print(f"\n{len(df)} rows in {out / report.RESULTS} ({len(cs)} (case, backend) pairs); pass {counts['pass']}, "
           f"fail {counts['fail']}, skip {counts['skip']}, error {counts['error']}")
@@ -316,7 +326,9 @@ def cmd_list(args) -> int:
         for name in b.backend_names():
             try:
                 be = b.get_backend(name)
-                ok, why = be.supports("quantize", _probe_config(), device)
+                from .cases import Case  # noqa: PLC0415
+
+                ok, why = b.supports_case(be, Case("quantize", _probe_config(), (128, 128)), device)
                 state = "ok" if ok else f"quantize(fp8_current): {why}"
             except Exception as e:  # noqa: BLE001
                 state = f"cannot load: {e}"
@@ -329,8 +341,7 @@ def cmd_list(args) -> int:
         if bes:
             marks = []
             for be in bes:
-                ok = _supports(be, c, device)
-                marks.append(f"{be.name}:{'yes' if ok else 'skip'}")
+                marks.append(f"{be.name}:{_support_mark(be, c, device)}")
             print(f"{c.id}  {' '.join(marks)}")
         else:
             print(c.id)
@@ -373,7 +384,7 @@ def cmd_repro(args) -> int:
         rows = runner.run_case(case, be, device, inputs=inputs, worker="repro", golden=args.golden_device)
         print(f"== {case.id} [{be.name} on {device}]")
         for r in rows:
-            metrics = " ".join(f"{k}={r[k]:.6g}" for k in ("max_abs", "max_rel", "sqnr_db")
+            metrics = " ".join(f"{k}={r[k]:.6g}" for k in ("max_abs", "max_rel", "sqnr_db", "delta_sqnr_db")
                                if isinstance(r.get(k), (int, float)))
             mm = f" {r.get('n_mismatch')}/{r.get('n')} mismatched" if r.get("n_mismatch") else ""
             print(f"  {r['status']:5s} {r['kind']:11s} {r['tensor']:16s}{mm} {metrics}".rstrip())
@@ -381,6 +392,11 @@ def cmd_repro(args) -> int:
                 print(f"        {r['reason']}")
             if r.get("first_mismatch"):
                 print("        first mismatch:\n" + runner.format_first_mismatch(r["first_mismatch"], " " * 10))
+        sev = rows[0].get("severity") if rows else ""
+        if sev:
+            conv = rows[0].get("matches_convention")
+            print(f"  severity: {sev}" + (f" (bit-exact under convention {conv})" if conv else "")
+                  + " (docs/numerics.md §11)")
         v = runner.case_verdict(rows)
         worst = v if runner.worst_status([worst, v]) == v else worst
         if args.out and v in ("fail", "error"):
@@ -396,7 +412,7 @@ def cmd_report(args) -> int:
         df = report.read_results(args.dir)
     except FileNotFoundError as e:
         raise UsageError(str(e)) from e
-    print(report.format_table(report.summary(df)))
+    print(report.format_summary(df))
     print(report.format_time_split(df))
     cs = report.case_status(df)
     print(f"\n{len(df)} rows, {len(cs)} (case, backend) pairs in {report.results_path(args.dir)}")
@@ -438,7 +454,7 @@ def cmd_merge(args) -> int:
         df = report.merge(args.out, args.shards)
     except FileNotFoundError as e:
         raise UsageError(str(e)) from e
-    print(report.format_table(report.summary(df)))
+    print(report.format_summary(df))
     print(f"\nmerged {len(args.shards)} shard(s), {len(df)} rows -> {report.results_path(args.out)}")
     return 0
 

@@ -90,6 +90,7 @@ class Golden:
     qb: QuantizedTensor | None = None
     out: torch.Tensor | None = None  # gemm output
     truth: torch.Tensor | None = None  # gemm: fp64 GEMM of the high-precision operands
+    accuracy: dict = field(default_factory=dict)  # accuracy row -> (golden SQNR, golden approximation), harness.ops
     wall_ms: float | None = None  # the reference run (golden_ms)
     inputs_ms: float | None = None  # generating or reusing the inputs and moving them (inputs_ms)
     error: str | None = None

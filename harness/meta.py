@@ -82,7 +82,25 @@ def _torch_info() -> dict:
     return info
 
 
-def run_meta(options: Mapping | None = None, *, probe_gpu: bool = True) -> dict:
+def adapter_info(backend) -> dict:
+    """What ran as `backend`: its name, spec, the module defining its class, and that module's package
+    and version (the backend's `package` / `package_version` attributes when it has them, else the
+    distribution owning the module's top-level package, else none)."""
+    import importlib.metadata  # noqa: PLC0415
+
+    module = type(backend).__module__
+    package = getattr(backend, "package", None)
+    version = getattr(backend, "package_version", None)
+    if package is None:
+        top = module.split(".")[0]
+        dists = importlib.metadata.packages_distributions().get(top, [])
+        package = dists[0] if dists else None
+        version = _version(package) if package else None
+    return {"name": backend.name, "spec": getattr(backend, "spec", None) or backend.name, "module": module,
+            "package": package, "package_version": version}
+
+
+def run_meta(options: Mapping | None = None, *, probe_gpu: bool = True, backends=()) -> dict:
     """Everything needed to reproduce and compare a run (written to run_meta.json)."""
     commit = _git("rev-parse", "HEAD")
     dirty = _git("status", "--porcelain")
@@ -98,6 +116,7 @@ def run_meta(options: Mapping | None = None, *, probe_gpu: bool = True) -> dict:
         "nvmath": _version("nvmath-python"),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "options": dict(options or {}),
+        "adapters": [adapter_info(b) for b in backends],
     }
     meta.update(_torch_info())
     if probe_gpu and meta["cuda_available"]:

@@ -24,7 +24,16 @@ from reference.layouts import gemm_layout
 
 from . import backends as backends_mod
 from .golden import Golden, fresh_copy, normalized, sync
-from .rows import Row, accuracy_row, result_row, status_row
+from .rows import Row, accuracy_row, exc_text, result_row, status_row
+from .verdict import (
+    Evidence,
+    code_step,
+    delta_db,
+    matching_convention,
+    nonfinite_where_finite,
+    ulps_within_step,
+    within_one_step,
+)
 
 # Distributions whose GEMM inputs are exactly representable (docs/numerics.md §6): compared bit for bit.
 EXACT_GEMM_DISTRIBUTIONS = ("exact_representable",)
@@ -38,6 +47,8 @@ class Output:
 
     values: dict = field(default_factory=dict)
     wall_ms: float | None = None
+    from_golden: bool = False  # the reference's own output on the golden's device (no candidate call)
+    evidence: Evidence = field(default_factory=Evidence)  # filled by the op's compare (harness.verdict)
 
 
 def copies(orientation: str | None) -> tuple[bool, bool]:
@@ -124,6 +135,46 @@ def _timed(device, fn: Callable[[], Any]) -> tuple[Any, float]:
     return value, (time.perf_counter() - t0) * 1e3
 
 
+def golden_accuracy(g: Golden, tensor: str, approx: Callable[[], torch.Tensor], truth: torch.Tensor
+                    ) -> tuple[float, torch.Tensor]:
+    """(the golden's SQNR against the truth, the golden's approximation) for accuracy row `tensor`,
+    computed once per case and kept on the Golden (docs/numerics.md §11: always computed)."""
+    from .compare import metrics  # noqa: PLC0415
+
+    if tensor not in g.accuracy:
+        y = approx()
+        g.accuracy[tensor] = (metrics(y, truth)["sqnr_db"], y)
+    return g.accuracy[tensor]
+
+
+def _with_delta(row: Row, out: Output, golden_sqnr: float) -> Row:
+    """An accuracy row with its delta_sqnr_db (none for the golden run itself)."""
+    row["delta_sqnr_db"] = None if out.from_golden else delta_db(row.get("sqnr_db"), golden_sqnr)
+    return row
+
+
+def layout_finding(tr) -> str | None:
+    """What a TensorResult says about the candidate's layout or shape, as one phrase, or None.
+
+    Uses the transposed-equality check of harness.compare (class `layout_transposition`)."""
+    detail = getattr(tr, "detail", None) or {}
+    reason = str(detail.get("reason", ""))
+    if "layout_transposition" in (tr.mismatch_classes or {}):
+        what = str(detail.get("layout", "")).removeprefix("candidate equals the ")
+        if not what and "(it equals the " in reason:
+            what = reason.split("(it equals the ", 1)[1].rstrip(")")
+        return f"{tr.tensor} is the {what or 'golden transposed'} (wrong layout)"
+    if reason.startswith("candidate shape"):
+        return f"{tr.tensor}: {reason} (wrong shape)"
+    if "dtype" in detail:
+        return f"{tr.tensor}: {detail['dtype']} (wrong dtype)"
+    return None
+
+
+def _not_measured(base: Mapping, tensor: str, why: str) -> Row:
+    return status_row(base, "info", f"not measured: {why}", tensor=tensor, kind="accuracy")
+
+
 # ----------------------------------------------------------------------------------------------
 # quantize
 # ----------------------------------------------------------------------------------------------
@@ -151,7 +202,7 @@ def _quantize_candidate(case, g: Golden, backend, device, given: Mapping) -> Out
 
 
 def _quantize_from_golden(case, g: Golden) -> Output:
-    return Output({"q": g.quantized, "state": g.state}, g.wall_ms)
+    return Output({"q": g.quantized, "state": g.state}, g.wall_ms, from_golden=True)
 
 
 def _state_rows(base: Mapping, golden_state, cand_state) -> list[Row]:
@@ -184,16 +235,54 @@ def _state_rows(base: Mapping, golden_state, cand_state) -> list[Row]:
 def _quantize_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
     from .compare import compare_quantized  # noqa: PLC0415
 
+    ev = out.evidence
     cand_g = out.values["q"].to(g.device)  # compared where the golden lives
-    rows = [result_row(base, tr) for tr in compare_quantized(g.quantized, cand_g, g.inputs["x"])]
+    results = compare_quantized(g.quantized, cand_g, g.inputs["x"])
+    rows = [result_row(base, tr) for tr in results]
+    ev.identical = all(tr.status == "pass" for tr in results)
+    findings = {tr.tensor: f for tr in results if (f := layout_finding(tr))}
+    ev.broken += list(findings.values())
     state = out.values["state"]
     if state is not None and g.state is not None:
-        rows += _state_rows(base, g.state, state)
+        state_rows = _state_rows(base, g.state, state)
+        ev.identical &= all(r["status"] == "pass" for r in state_rows)
+        rows += state_rows
     for o in ("rowwise", "colwise"):
-        if cand_g.has(o):
+        if not (g.quantized.has(o) and cand_g.has(o)):
+            continue
+        tensor = f"accuracy_{o}"
+        truth = _accuracy_truth(case, g.on_device["x"], o)
+        g_sqnr, g_deq = golden_accuracy(g, tensor, lambda o=o: reference.dequantize(g.quantized, o, torch.float32),
+                                        truth)
+        bad = [t for t in findings if t.startswith(o)]
+        if bad:  # NUMERICS: §11 - a wrong layout is reported, never dequantized as if it were right
+            rows.append(_not_measured(base, tensor, f"{', '.join(bad)} not in the contract's layout"))
+            continue
+        try:
             xh = reference.dequantize(cand_g, o, torch.float32)
-            rows.append(accuracy_row(base, f"accuracy_{o}", xh, _accuracy_truth(case, g.on_device["x"], o)))
+        except Exception as e:  # noqa: BLE001 - a candidate the contract cannot decode is broken, not an error
+            ev.broken.append(f"{o} copy cannot be dequantized ({exc_text(e)})")
+            rows.append(_not_measured(base, tensor, f"the candidate's {o} copy cannot be dequantized ({exc_text(e)})"))
+            continue
+        rows.append(_with_delta(accuracy_row(base, tensor, xh, truth), out, g_sqnr))
+        n_bad = nonfinite_where_finite(g_deq, xh)
+        if n_bad:
+            ev.broken.append(f"{o}: {n_bad} non-finite values where the golden's are finite")
+        if not ev.identical and ev.within_step:
+            ev.within_step = within_one_step(g_deq, xh, code_step(g.quantized, o))
+    if not ev.identical and not findings:  # NUMERICS: §11 - a convention match outranks non-finite findings
+        ev.matches_convention = matching_convention(case, g.on_device["x"], cand_g, _convention_quantize(case, g))
     return rows
+
+
+def _convention_quantize(case, g: Golden) -> Callable:
+    """quantize(x, config) as the golden ran it (orientations, SR bits, delayed-scaling warm-up)."""
+    rw, cw = copies(case.orientation)
+
+    def run(x, config):
+        return quantize_with_state(reference.quantize, x, config, g.device, rw, cw, g.inputs.get("rng"))[0]
+
+    return run
 
 
 # ----------------------------------------------------------------------------------------------
@@ -220,19 +309,40 @@ def _dequantize_candidate(case, g: Golden, backend, device, given: Mapping) -> O
 
 
 def _dequantize_from_golden(case, g: Golden) -> Output:
-    return Output(dict(g.dequantized), g.wall_ms)
+    return Output(dict(g.dequantized), g.wall_ms, from_golden=True)
 
 
 def _dequantize_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
     from .compare import compare_dequantized  # noqa: PLC0415
 
-    rows = []
+    rows, ev = [], out.evidence
     for o, y in out.values.items():
         truth = _accuracy_truth(case, g.on_device["x"], o)
         # Dequantized outputs are compared bit for bit (a NaN matches any NaN, compare_output).
-        rows.append(result_row(base, compare_dequantized(g.quantized, o, g.dequantized[o], y, f"dequant_{o}")))
-        rows.append(accuracy_row(base, f"accuracy_{o}", y.to(torch.float32), truth))
+        tr = compare_dequantized(g.quantized, o, g.dequantized[o], y, f"dequant_{o}")
+        rows.append(result_row(base, tr))
+        _output_evidence(ev, tr, g.dequantized[o], y)
+        tensor = f"accuracy_{o}"
+        g_sqnr, _ = golden_accuracy(g, tensor, lambda o=o: g.dequantized[o].to(torch.float32), truth)
+        if tuple(y.shape) != tuple(g.dequantized[o].shape):
+            rows.append(_not_measured(base, tensor, f"candidate shape {tuple(y.shape)} is not the golden's"))
+            continue
+        rows.append(_with_delta(accuracy_row(base, tensor, y.to(torch.float32), truth), out, g_sqnr))
     return rows
+
+
+def _output_evidence(ev: Evidence, tr, golden: torch.Tensor, candidate: torch.Tensor) -> None:
+    """Evidence from one float output compared with compare_output (dequantize, gemm)."""
+    exact_mode = (tr.detail or {}).get("mode", "exact") == "exact"
+    ev.identical &= tr.status == "pass" and (exact_mode or tr.ulp_hist.get("0", 0) == tr.n)
+    finding = layout_finding(tr)
+    if finding:
+        ev.broken.append(finding)
+        return
+    n_bad = nonfinite_where_finite(golden, candidate)
+    if n_bad:
+        ev.broken.append(f"{tr.tensor}: {n_bad} non-finite values where the golden's are finite")
+    ev.within_step &= ulps_within_step(tr.ulp_hist)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,7 +388,7 @@ def _gemm_candidate(case, g: Golden, backend, device, given: Mapping) -> Output:
 
 
 def _gemm_from_golden(case, g: Golden) -> Output:
-    return Output({"out": g.out}, g.wall_ms)
+    return Output({"out": g.out}, g.wall_ms, from_golden=True)
 
 
 def _gemm_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
@@ -287,7 +397,12 @@ def _gemm_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
     y, on = out.values["out"], g.on_device
     tr = compare_gemm(g.out, y, g.truth, case, is_exact_gemm(case), a=g.qa, b=g.qb, bias=on.get("bias"),
                       c=on.get("c"))
-    return [result_row(base, tr), accuracy_row(base, "accuracy_out", y, g.truth)]
+    _output_evidence(out.evidence, tr, g.out, y)
+    g_sqnr, _ = golden_accuracy(g, "accuracy_out", lambda: g.out, g.truth)
+    if tuple(y.shape) != tuple(g.out.shape):
+        return [result_row(base, tr), _not_measured(base, "accuracy_out", f"candidate shape {tuple(y.shape)} is not "
+                                                                          "the golden's")]
+    return [result_row(base, tr), _with_delta(accuracy_row(base, "accuracy_out", y, g.truth), out, g_sqnr)]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,17 +1,38 @@
-"""PNG plots of a report: mismatch heatmap over shapes, ULP histograms, SQNR by scheme and toggle.
+"""PNG plots of a report: mismatch heatmap over shapes, ULP histograms per unit, SQNR and SQNR against the golden's.
 
 Source: docs/design.md §6 (`python -m harness report DIR` draws error heatmaps over shapes and ULP
-histograms). matplotlib (Agg backend) is optional: without it the plots are skipped with a message.
+histograms), docs/numerics.md §11 (delta_sqnr_db). Special-value inputs (`special`: NaN, Inf, zeros,
+subnormals) are drawn apart from the finite distributions, whose SQNR they would swamp. Titles wrap
+instead of running off the figure. matplotlib (Agg backend) is optional: without it the plots are
+skipped with a message.
 """
 
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import pandas as pd
 
 NO_MATPLOTLIB = "matplotlib is not installed; skipping plots (pip install matplotlib)"
+SPECIAL_DISTRIBUTIONS = ("special",)  # inputs with NaN / Inf / subnormals: plotted apart
+_TITLE_WIDTH = 60
+
+
+def _title(ax, text: str, fontsize: int = 10) -> None:
+    ax.set_title(textwrap.fill(text, _TITLE_WIDTH), fontsize=fontsize)
+
+
+def ulp_unit(tensor: str, out_dtype: str = "") -> str:
+    """The unit a row's ULP histogram counts in: element codes, scale codes, or ULPs of a float dtype."""
+    if tensor.endswith("_amax") or tensor.startswith("state_"):
+        return "fp32 ULPs"
+    if tensor.endswith("_data"):
+        return "element codes"
+    if tensor.endswith("_scale"):
+        return "scale codes"
+    return f"{out_dtype or 'output'} ULPs"
 
 
 def _pyplot():
@@ -51,7 +72,7 @@ def _heatmap(plt, df: pd.DataFrame, path: Path) -> bool:
     im = ax.imshow(pv.values.astype(float), aspect="auto", cmap="Reds", vmin=0.0, vmax=max(1e-3, worst))
     ax.set_xticks(range(pv.shape[1]), pv.columns, rotation=45, ha="right", fontsize=8)
     ax.set_yticks(range(pv.shape[0]), pv.index, fontsize=8)
-    ax.set_title("max mismatch fraction per shape (conformance rows)" + ("" if worst > 0 else ": none"))
+    _title(ax, "max mismatch fraction per shape (conformance rows)" + ("" if worst > 0 else ": none"))
     fig.colorbar(im, ax=ax)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -68,7 +89,7 @@ def _ulp_hists(plt, df: pd.DataFrame, path: Path) -> bool:
             continue
         if not isinstance(h, dict):
             continue
-        key = f"{r.scheme}/{r.backend}"
+        key = f"{r.scheme}/{r.backend}, {ulp_unit(str(r.tensor), str(r.out_dtype))}"
         acc = totals.setdefault(key, {})
         for bucket, count in h.items():
             try:
@@ -98,7 +119,38 @@ def _ulp_hists(plt, df: pd.DataFrame, path: Path) -> bool:
         ax.bar(range(len(buckets)), [h[b] for b in buckets], color="tab:blue")
         ax.set_xticks(range(len(buckets)), buckets, fontsize=7)
         ax.set_yscale("log")
-        ax.set_title(f"ULP distance histogram: {key}", fontsize=9)
+        _title(ax, f"ULP distance histogram: {key}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def _scatter_by_toggle(plt, acc: pd.DataFrame, column: str, ylabel: str, title: str, path: Path) -> bool:
+    """One panel per input family (finite distributions, special values): `column` by config toggle and backend."""
+    acc = acc[acc[column].notna() & (acc[column].abs() != float("inf"))]
+    if acc.empty:
+        return False
+    acc = acc.assign(label=[_toggle_label(r) for r in acc.itertuples(index=False)],
+                     family=["special values" if d in SPECIAL_DISTRIBUTIONS else "finite inputs"
+                             for d in acc["distribution"]])
+    families = [f for f in ("finite inputs", "special values") if (acc["family"] == f).any()]
+    labels = sorted(acc["label"].unique())
+    backends = sorted(acc["backend"].unique())
+    fig, axes = plt.subplots(len(families), 1, figsize=(max(6, 0.5 * len(labels) + 3), 4 * len(families)),
+                             squeeze=False)
+    for ax, fam in zip(axes[:, 0], families, strict=True):
+        for j, b in enumerate(backends):
+            sub = acc[(acc["backend"] == b) & (acc["family"] == fam)]
+            if sub.empty:
+                continue
+            xs = [labels.index(lbl) + (j - (len(backends) - 1) / 2) * 0.15 for lbl in sub["label"]]
+            ax.scatter(xs, sub[column], s=12, alpha=0.7, label=b)
+        ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=8)
+        ax.set_ylabel(ylabel)
+        _title(ax, f"{title} ({fam})")
+        ax.legend(fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -106,27 +158,15 @@ def _ulp_hists(plt, df: pd.DataFrame, path: Path) -> bool:
 
 
 def _sqnr(plt, df: pd.DataFrame, path: Path) -> bool:
-    acc = df[(df["kind"] == "accuracy") & df["sqnr_db"].notna()]
-    acc = acc[acc["sqnr_db"].abs() != float("inf")]
-    if acc.empty:
-        return False
-    acc = acc.assign(label=[_toggle_label(r) for r in acc.itertuples(index=False)])
-    labels = sorted(acc["label"].unique())
-    backends = sorted(acc["backend"].unique())
-    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(labels) + 3), 4))
-    for j, b in enumerate(backends):
-        sub = acc[acc["backend"] == b]
-        xs = [labels.index(lbl) + (j - (len(backends) - 1) / 2) * 0.15 for lbl in sub["label"]]
-        ax.scatter(xs, sub["sqnr_db"], s=12, alpha=0.7, label=b)
-    ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel("SQNR (dB) vs high-precision truth")
-    ax.set_title("accuracy by scheme / toggle")
-    ax.legend(fontsize=8)
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return True
+    acc = df[df["kind"] == "accuracy"]
+    return _scatter_by_toggle(plt, acc, "sqnr_db", "SQNR (dB) vs high-precision truth", "accuracy by scheme / toggle",
+                              path)
+
+
+def _delta_sqnr(plt, df: pd.DataFrame, path: Path) -> bool:
+    acc = df[df["kind"] == "accuracy"]
+    return _scatter_by_toggle(plt, acc, "delta_sqnr_db", "SQNR - golden's SQNR (dB)",
+                              "accuracy against the golden's (0: as accurate; below 0: less accurate)", path)
 
 
 def write_plots(df: pd.DataFrame, out_dir: str | Path) -> tuple[list[Path], str]:
@@ -137,7 +177,8 @@ def write_plots(df: pd.DataFrame, out_dir: str | Path) -> tuple[list[Path], str]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    for name, fn in (("mismatch_heatmap.png", _heatmap), ("ulp_hist.png", _ulp_hists), ("sqnr_by_toggle.png", _sqnr)):
+    for name, fn in (("mismatch_heatmap.png", _heatmap), ("ulp_hist.png", _ulp_hists), ("sqnr_by_toggle.png", _sqnr),
+                     ("delta_sqnr_by_toggle.png", _delta_sqnr)):
         p = out / name
         if fn(plt, df, p):
             written.append(p)

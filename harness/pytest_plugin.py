@@ -139,7 +139,7 @@ def pytest_configure(config):
         from .report import ReportError  # noqa: PLC0415
 
         try:
-            writer = ReportWriter(report_dir, run_meta(opts), force=True)
+            writer = ReportWriter(report_dir, run_meta(opts, backends=[backend]), force=True)
         except ReportError as e:  # e.g. another run holds the directory
             raise pytest.UsageError(f"--report-dir: {e}") from None
         config.pluginmanager.register(_Recorder(writer, backend.name), "harness-recorder")
@@ -198,7 +198,10 @@ def failure_message(case, backend_spec: str, rows, device: str | None = None) ->
     from .artefacts import repro_command  # noqa: PLC0415
     from .rows import format_first_mismatch  # noqa: PLC0415
 
-    lines = [f"case {case.id} [{rows[0]['backend'] if rows else backend_spec}] failed"]
+    sev = rows[0].get("severity") if rows else ""
+    conv = rows[0].get("matches_convention") if rows else ""
+    lines = [f"case {case.id} [{rows[0]['backend'] if rows else backend_spec}] failed"
+             + (f"; severity {sev}" if sev else "") + (f" (bit-exact under convention {conv})" if conv else "")]
     for r in rows:
         if r["status"] not in ("fail", "error"):
             continue

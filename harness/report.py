@@ -33,6 +33,8 @@ COLUMNS: tuple[str, ...] = (
     "kind",
     # verdict
     "status",
+    "severity",
+    "matches_convention",
     "reason",
     # comparison counts and metrics
     "n",
@@ -42,6 +44,7 @@ COLUMNS: tuple[str, ...] = (
     "max_rel",
     "rmse",
     "sqnr_db",
+    "delta_sqnr_db",
     "mismatch_classes",
     "first_mismatch",
     "mismatch_examples",
@@ -77,10 +80,12 @@ STATUSES = ("pass", "info", "skip", "fail", "error")
 _RANK = {"pass": 0, "info": 0, "skip": 1, "fail": 2, "error": 3}
 JSON_COLUMNS = ("mismatch_classes", "first_mismatch", "mismatch_examples", "ulp_hist")
 TIME_COLUMNS = ("wall_ms", "inputs_ms", "golden_ms", "check_ms")
-# Columns added after the first schema, in the order they were added: empty when reading an older report,
-# added when resuming one.
-LATER_COLUMNS = ("inputs_ms", "golden_ms", "check_ms", "mismatch_examples")
-NUMERIC_COLUMNS = ("n", "n_mismatch", "mismatch_frac", "max_abs", "max_rel", "rmse", "sqnr_db", *TIME_COLUMNS)
+# Columns added after the first schema: empty when reading an older report, added when resuming one.
+# Each generation of added columns, oldest first (the timing columns, then the verdict and example columns).
+SCHEMA_ADDITIONS = (("inputs_ms", "golden_ms", "check_ms"), ("severity", "matches_convention", "delta_sqnr_db", "mismatch_examples"))
+LATER_COLUMNS = tuple(c for added in SCHEMA_ADDITIONS for c in added)
+NUMERIC_COLUMNS = ("n", "n_mismatch", "mismatch_frac", "max_abs", "max_rel", "rmse", "sqnr_db", "delta_sqnr_db",
+                   *TIME_COLUMNS)
 INT_COLUMNS = ("n", "n_mismatch")
 TEXT_COLUMNS = tuple(c for c in COLUMNS if c not in NUMERIC_COLUMNS)
 
@@ -171,9 +176,12 @@ LOCK = ".lock"
 
 
 def _headers() -> tuple[tuple[str, ...], ...]:
-    """The accepted headers: the current COLUMNS and each older schema (COLUMNS without the
-    LATER_COLUMNS added after it; LATER_COLUMNS is in the order they were added)."""
-    return COLUMNS, *(tuple(c for c in COLUMNS if c not in LATER_COLUMNS[i:]) for i in range(len(LATER_COLUMNS)))
+    """The accepted headers: the current COLUMNS, and each older schema (without the later additions)."""
+    out = [COLUMNS]
+    for i in range(len(SCHEMA_ADDITIONS)):
+        later = {c for added in SCHEMA_ADDITIONS[len(SCHEMA_ADDITIONS) - 1 - i:] for c in added}
+        out.append(tuple(c for c in COLUMNS if c not in later))
+    return tuple(out)
 
 
 def check_results(path: str | os.PathLike, *, allow_cut_end: bool = False) -> int:
@@ -405,7 +413,7 @@ def read_results(path: str | os.PathLike) -> pd.DataFrame:
         raise ValueError(f"{p} is not a harness report: columns {missing} are missing (schema: reports/README.md)")
     for c in LATER_COLUMNS:
         if c not in df.columns:
-            df[c] = float("nan")
+            df[c] = float("nan") if c in NUMERIC_COLUMNS else ""
     for c in NUMERIC_COLUMNS:
         df[c] = pd.to_numeric(df[c], errors="coerce")
     for c in INT_COLUMNS:
@@ -431,21 +439,95 @@ def case_status(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def summary(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (scheme, backend): cases, pass, fail, skip, error, worst accuracy SQNR (dB)."""
-    cols = ["scheme", "backend", "cases", "pass", "fail", "skip", "error", "worst_sqnr_db"]
+SEVERITIES = ("exact", "convention", "equivalent", "degraded", "broken")  # harness.verdict.SEVERITIES
+
+
+def pair_severity(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (case_id, backend): scheme, distribution, status, severity, matches_convention, the
+    mismatch classes of its failing rows (sorted, `exception` for an error), worst delta_sqnr_db."""
+    cols = ["case_id", "backend", "scheme", "distribution", "status", "severity", "matches_convention", "classes",
+            "worst_delta_sqnr_db"]
     if df.empty:
         return pd.DataFrame(columns=cols)
-    cs = case_status(df)
-    counts = cs.groupby(["scheme", "backend"])["status"].value_counts().unstack(fill_value=0)
-    for s in ("pass", "fail", "skip", "error"):
-        if s not in counts.columns:
-            counts[s] = 0
+
+    def classes(rows: pd.DataFrame) -> str:
+        names: set[str] = set()
+        for cell in rows["mismatch_classes"]:
+            if cell:
+                try:
+                    names |= set(json.loads(cell))
+                except ValueError:
+                    names.add(str(cell))
+        if (rows["status"] == "error").any():
+            names.add("exception")
+        return ",".join(sorted(names)) or "-"
+
+    out = []
+    for (case_id, backend), rows in df.groupby(["case_id", "backend"], sort=False):
+        first = rows.iloc[0]
+        deltas = rows.loc[rows["kind"] == "accuracy", "delta_sqnr_db"].dropna()
+        out.append({"case_id": case_id, "backend": backend, "scheme": first["scheme"],
+                    "distribution": first["distribution"], "status": worst_status(rows["status"]),
+                    "severity": str(first["severity"]), "matches_convention": str(first["matches_convention"]),
+                    "classes": classes(rows), "worst_delta_sqnr_db": float(deltas.min()) if len(deltas) else math.nan})
+    return pd.DataFrame(out, columns=cols)
+
+
+def summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (scheme, backend): cases, the case counts per severity and per status, and the worst
+    delta_sqnr_db (candidate SQNR minus the golden's; empty for the golden run itself)."""
+    cols = ["scheme", "backend", "cases", *SEVERITIES, "pass", "fail", "skip", "error", "worst_delta_sqnr_db"]
+    if df.empty:
+        return pd.DataFrame(columns=cols)
+    ps = pair_severity(df)
+    counts = ps.groupby(["scheme", "backend"])["status"].value_counts().unstack(fill_value=0)
+    for st in ("pass", "fail", "skip", "error"):
+        if st not in counts.columns:
+            counts[st] = 0
+    sev = ps.groupby(["scheme", "backend"])["severity"].value_counts().unstack(fill_value=0)
+    for sv in SEVERITIES:
+        counts[sv] = sev[sv].reindex(counts.index, fill_value=0) if sv in sev.columns else 0
     counts["cases"] = counts[["pass", "fail", "skip", "error"]].sum(axis=1)
-    acc = df[(df["kind"] == "accuracy") & df["sqnr_db"].notna()]
-    worst = acc.groupby(["scheme", "backend"])["sqnr_db"].min()
-    counts["worst_sqnr_db"] = worst.reindex(counts.index)
+    counts["worst_delta_sqnr_db"] = ps.groupby(["scheme", "backend"])["worst_delta_sqnr_db"].min().reindex(counts.index)
     return counts.reset_index()[cols]
+
+
+def verdict_groups(df: pd.DataFrame) -> pd.DataFrame:
+    """The non-exact (case, backend) pairs grouped by (severity, class, distribution, convention):
+    backend, count, worst delta_sqnr_db and one example case id; worst severity first."""
+    cols = ["severity", "classes", "distribution", "matches_convention", "backend", "count", "worst_delta_sqnr_db",
+            "example"]
+    ps = pair_severity(df)
+    ps = ps[ps["severity"].isin(SEVERITIES[1:])]
+    if ps.empty:
+        return pd.DataFrame(columns=cols)
+    key = ["severity", "classes", "distribution", "matches_convention", "backend"]
+    g = ps.groupby(key, sort=False).agg(count=("case_id", "size"), worst_delta_sqnr_db=("worst_delta_sqnr_db", "min"),
+                                        example=("case_id", "first")).reset_index()
+    g["_rank"] = g["severity"].map({s: -i for i, s in enumerate(SEVERITIES)})
+    return g.sort_values(["_rank", "count"], ascending=[True, False], kind="stable")[cols].reset_index(drop=True)
+
+
+def skip_reasons(df: pd.DataFrame) -> pd.DataFrame:
+    """Skip reasons with their counts of (case, backend) pairs, most frequent first."""
+    cols = ["backend", "count", "reason"]
+    sk = df[df["status"] == "skip"] if not df.empty else df
+    if sk.empty:
+        return pd.DataFrame(columns=cols)
+    g = sk.groupby(["backend", "reason"], sort=False).size().reset_index(name="count")
+    return g.sort_values("count", ascending=False, kind="stable")[cols].reset_index(drop=True)
+
+
+def format_summary(df: pd.DataFrame) -> str:
+    """The summary table, the grouped non-exact verdicts and the skip reasons, as text."""
+    parts = [format_table(summary(df))]
+    groups = verdict_groups(df)
+    if len(groups):
+        parts += ["", "non-exact cases by severity x class x input distribution:", format_table(groups)]
+    skips = skip_reasons(df)
+    if len(skips):
+        parts += ["", "skip reasons:", format_table(skips)]
+    return "\n".join(parts)
 
 
 def time_split(df: pd.DataFrame) -> dict[str, float]:
@@ -470,13 +552,16 @@ def format_table(df: pd.DataFrame) -> str:
     if df.empty:
         return "(no rows)"
 
-    def cell(v) -> str:
+    def cell(v, col: str) -> str:
         if isinstance(v, float):
-            return "-" if math.isnan(v) else f"{v:.2f}"
+            if math.isnan(v):
+                return "-"
+            # delta_sqnr_db: small differences matter (the equivalent bound is 0.01 dB), so 3 significant digits
+            return (f"{v:.3g}" if v else "0") if col.endswith("delta_sqnr_db") else f"{v:.2f}"
         return str(v)
 
     cols = list(df.columns)
-    body = [[cell(v) for v in row] for row in df.itertuples(index=False)]
+    body = [[cell(v, c) for v, c in zip(row, cols, strict=True)] for row in df.itertuples(index=False)]
     widths = [max(len(c), *(len(r[i]) for r in body)) for i, c in enumerate(cols)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))

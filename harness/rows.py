@@ -145,8 +145,10 @@ def accuracy_row(base: Mapping, tensor: str, approx: torch.Tensor, truth: torch.
 
 
 def status_row(base: Mapping, status: str, reason: str, tensor: str = "case", kind: str = "conformance") -> Row:
-    """A single verdict row without measurements (skip, error, a crash or a timeout)."""
-    return Row(**base, tensor=tensor, kind=kind, status=status, reason=short(reason, 1000))
+    """A single verdict row without measurements (skip, error, a crash or a timeout); an error is
+    severity `broken` (docs/numerics.md §11), wherever it is recorded (runner, process pool, pytest)."""
+    extra = {"severity": "broken"} if status == "error" and "severity" not in base else {}
+    return Row(**base, tensor=tensor, kind=kind, status=status, reason=short(reason, 1000), **extra)
 
 
 def case_verdict(rows: Iterable[Mapping]) -> str:

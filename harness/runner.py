@@ -19,6 +19,7 @@ the process pool of a CLI sweep harness.pool, failure artefacts harness.artefact
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import traceback
@@ -47,6 +48,7 @@ from .rows import (  # noqa: F401 - harness.runner API
     result_row,
     status_row,
 )
+from .verdict import judge
 
 
 def crash_reason(e: BaseException) -> str:
@@ -84,31 +86,37 @@ def run_backend(case, golden: Golden | Callable[[], Golden], backend, device, *,
     times = {"check_ms": check_ms}
     if used:
         times.update(inputs_ms=used[0][0].inputs_ms, golden_ms=used[0][0].wall_ms)
+    if any(r.get("status") == "error" for r in rows):
+        rows = [dict(r, severity="broken") for r in rows]  # NUMERICS: §11 - an exception is broken
     return [Row(**r, **times) for r in rows]
 
 
 def _backend_rows(case, golden: Callable[[], Golden], backend, device, base: Row) -> list[Row]:
     """run_backend's rows, before the timing columns."""
-    for cfg in (case.config, getattr(case, "b_config", None)):
-        if cfg is None:
-            continue
-        try:
-            ok, why = backend.supports(case.op, cfg, device)
-        except Exception as e:  # noqa: BLE001
-            return [status_row(base, "error", f"{backend.name}.supports raised {exc_text(e)}")]
-        except SystemExit as e:
-            return [status_row(base, "error", crash_reason(e))]
-        if not ok:
-            return [status_row(base, "skip", why or f"{backend.name} does not support this case")]
+    try:
+        ok, why = backends_mod.supports_case(backend, case, device)
+        split = None if ok else _one_copy(case, backend, device)
+    except Exception as e:  # noqa: BLE001
+        return [status_row(base, "error", f"{backend.name}.supports raised {exc_text(e)}")]
+    except SystemExit as e:
+        return [status_row(base, "error", crash_reason(e))]
+    if not ok and split is None:
+        return [status_row(base, "skip", why or f"{backend.name} does not support this case")]
     if not callable(getattr(backend, case.op, None)):
         return [status_row(base, "skip", f"{backend.name} has no {case.op}()")]
     g = golden()
     if g.error:
         return [status_row(base, "error", g.error)]
+    skipped: list[Row] = []
+    if split is not None:  # one copy of a both-copies case: run it, skip the other
+        orientation, other_why = split
+        other = "colwise" if orientation == "rowwise" else "rowwise"
+        case, g = dataclasses.replace(case, orientation=orientation), _one_copy_golden(g, orientation)
+        skipped = [status_row(base, "skip", f"{other} copy: {other_why or 'not supported'}", tensor=f"{other}_copy")]
     try:
-        return _run_candidate(case, g, backend, device, base)
+        return _run_candidate(case, g, backend, device, base) + skipped
     except Unsupported as e:
-        return [status_row(base, "skip", f"{backend.name}: {e}")]
+        return [status_row(base, "skip", backends_mod.skip_reason(backend, e))]
     except SystemExit as e:  # a backend calling sys.exit must not end the sweep
         return [status_row(base, "error", crash_reason(e))]
     except Exception as e:  # noqa: BLE001 - a backend raising on one case must not stop the sweep
@@ -117,8 +125,32 @@ def _backend_rows(case, golden: Callable[[], Golden], backend, device, base: Row
         return [status_row(base, "error", f"{exc_text(e)}{where}")]
 
 
+def _one_copy(case, backend, device) -> tuple[str, str] | None:
+    """(the orientation to run, why the other is skipped) when `backend` takes one copy of a
+    both-copies quantize/dequantize case and not both; None otherwise (docs/adapters.md §1)."""
+    if case.op not in ("quantize", "dequantize") or case.orientation != "both" or \
+            not backends_mod.asks_for_case(backend):
+        return None
+    answers = {o: backends_mod.supports_case(backend, dataclasses.replace(case, orientation=o), device)
+               for o in ("rowwise", "colwise")}
+    ok = [o for o, (yes, _) in answers.items() if yes]
+    if len(ok) != 1:
+        return None
+    other = "colwise" if ok[0] == "rowwise" else "rowwise"
+    return ok[0], answers[other][1]
+
+
+def _one_copy_golden(g: Golden, orientation: str) -> Golden:
+    """The golden side with only copy `orientation` (the other's fields None)."""
+    other = "colwise" if orientation == "rowwise" else "rowwise"
+    q = g.quantized
+    if q is not None:
+        q = dataclasses.replace(q, **{f"{other}_{k}": None for k in ("data", "scale", "amax")})
+    return dataclasses.replace(g, quantized=q, dequantized={k: v for k, v in g.dequantized.items() if k == orientation})
+
+
 def _run_candidate(case, golden: Golden, backend, device, base: Row) -> list[Row]:
-    """Rows of one backend on one case (golden already computed), through harness.ops."""
+    """Rows of one backend on one case (golden already computed), through harness.ops, with their verdict."""
     op = op_for(case)
     dev = golden_device(device)
     # The reference on the golden's own device is the golden run itself (no second pass).
@@ -131,7 +163,7 @@ def _run_candidate(case, golden: Golden, backend, device, base: Row) -> list[Row
         if mutated:
             return [status_row(base, "error", f"{backend.name} mutated its input ({', '.join(mutated)})")]
     base = Row(**base, wall_ms=out.wall_ms)
-    return op.compare(case, golden, out, base)
+    return [Row(**r) for r in judge(op.compare(case, golden, out, base), out.evidence)]
 
 
 def _same(copy, original) -> bool:

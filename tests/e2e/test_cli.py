@@ -88,14 +88,16 @@ def test_run_writes_conformance_and_accuracy_rows_for_reference_and_torch(smoke_
     assert meta["options"]["backends"] == ["reference", "torch"] and meta["finished"] is True
     assert meta["options"]["golden_device"] == "same"
     assert "torch" in meta and "git_commit" in meta
-    assert "worst_sqnr_db" in proc.stdout
+    assert "worst_delta_sqnr_db" in proc.stdout and "skip reasons:" in proc.stdout
+    assert [a["name"] for a in meta["adapters"]] == ["reference", "torch"]
+    assert meta["adapters"][0]["module"] == "harness.backends"
 
 
 def test_report_list_and_repro_commands(smoke_run, ids, capsys):
     out, _ = smoke_run
     rc, text, err = main(capsys, "report", str(out))
     assert rc == 0, err
-    assert "fp8_current" in text and "worst_sqnr_db" in text
+    assert "fp8_current" in text and "worst_delta_sqnr_db" in text
     assert (out / "plots" / "sqnr_by_toggle.png").exists()
     rc, text, _ = main(capsys, "list", "--tier", "smoke", "--filter", id_filter(ids), "--backend", "torch",
                        "--device", "cpu")

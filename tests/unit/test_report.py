@@ -135,21 +135,24 @@ def test_resume_after_a_killed_run_keeps_finished_cases_and_drops_the_torn_line(
 # ---- summary, diff, merge --------------------------------------------------------------------
 
 
-def test_summary_counts_cases_by_their_worst_row_and_reports_worst_sqnr():
+def test_summary_counts_cases_by_their_worst_row_and_reports_worst_delta_sqnr():
     df = pd.DataFrame([report.normalize_row(r) for r in [
-        row("a"), row("a", tensor="rowwise_scale", status="fail"), acc("a", sqnr=20.0),
-        row("b"), acc("b", sqnr=35.0),
+        row("a", severity="degraded"), row("a", tensor="rowwise_scale", status="fail", severity="degraded"),
+        acc("a", sqnr=20.0, delta_sqnr_db=-1.5, severity="degraded"),
+        row("b", severity="exact"), acc("b", sqnr=35.0, delta_sqnr_db=0.0, severity="exact"),
         row("c", tensor="case", status="skip", n=None, n_mismatch=None),
         row("d", tensor="case", status="error", n=None, n_mismatch=None),
         row("e", scheme="mxfp8"),
     ]], columns=list(report.COLUMNS))
-    df["sqnr_db"] = pd.to_numeric(df["sqnr_db"])
+    for c in ("sqnr_db", "delta_sqnr_db"):
+        df[c] = pd.to_numeric(df[c])
     s = report.summary(df).set_index(["scheme", "backend"])
     r = s.loc[("fp8_current", "reference")]
     assert (r["cases"], r["pass"], r["fail"], r["skip"], r["error"]) == (4, 1, 1, 1, 1)
-    assert r["worst_sqnr_db"] == 20.0
+    assert (r["exact"], r["degraded"], r["equivalent"]) == (1, 1, 0)
+    assert r["worst_delta_sqnr_db"] == -1.5
     assert s.loc[("mxfp8", "reference")]["pass"] == 1
-    assert "worst_sqnr_db" in report.format_table(report.summary(df))
+    assert "worst_delta_sqnr_db" in report.format_table(report.summary(df))
 
 
 def test_worst_status_orders_pass_info_skip_fail_error():
@@ -218,10 +221,44 @@ def test_report_command_prints_summary_and_writes_pngs(tmp_path, capsys):
     d = write_report(tmp_path / "r", rows)
     assert cli.main(["report", str(d)]) == 0
     out = capsys.readouterr().out
-    assert "worst_sqnr_db" in out and "fp8_current" in out
+    assert "worst_delta_sqnr_db" in out and "fp8_current" in out
     for name in ("mismatch_heatmap.png", "ulp_hist.png", "sqnr_by_toggle.png"):
         p = d / "plots" / name
         assert p.exists() and p.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plots_keep_special_inputs_apart_histogram_per_unit_and_show_delta_sqnr(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    seen: dict[str, list] = {"titles": []}
+    real = plots._title
+
+    def spy(ax, text, fontsize=10):
+        seen["titles"].append(text)
+        real(ax, text, fontsize)
+
+    monkeypatch.setattr(plots, "_title", spy)
+    rows = [row("a", ulp_hist={"0": 60, "1": 4}), row("a", tensor="rowwise_scale", ulp_hist={"0": 3, "2": 1}),
+            acc("a", sqnr=31.0, delta_sqnr_db=-0.5, backend="k"),
+            acc("b", sqnr=3.0, delta_sqnr_db=0.0, backend="k", distribution="special")]
+    d = write_report(tmp_path / "r", rows)
+    files, _ = plots.write_plots(report.read_results(d), d / "plots")
+    assert {p.name for p in files} >= {"ulp_hist.png", "sqnr_by_toggle.png", "delta_sqnr_by_toggle.png"}
+    t = seen["titles"]
+    assert "ULP distance histogram: fp8_current/reference, element codes" in t
+    assert "ULP distance histogram: fp8_current/reference, scale codes" in t
+    assert any(x.endswith("(special values)") for x in t) and any(x.endswith("(finite inputs)") for x in t)
+    assert any(x.startswith("accuracy against the golden's") for x in t)
+    assert plots.ulp_unit("dequant_rowwise", "bfloat16") == "bfloat16 ULPs" and plots.ulp_unit("state_scale") == "fp32 ULPs"
+
+
+def test_long_plot_titles_wrap_instead_of_being_clipped():
+    class Ax:
+        def set_title(self, text, fontsize):
+            self.text = text
+
+    ax = Ax()
+    plots._title(ax, "ULP distance histogram: fp8_current/harness.adapters.torchao:float8, element codes")
+    assert ax.text == "ULP distance histogram:\nfp8_current/harness.adapters.torchao:float8, element codes"
 
 
 def test_report_without_matplotlib_says_so_and_skips_plots(tmp_path, capsys, monkeypatch):

@@ -428,3 +428,53 @@ def test_a_worker_whose_cuda_context_died_records_the_pair_then_retires(tmp_path
     sweep._harvest(t)
     assert t.done == {(a.id, "reference")} and t.retired and t.current is None  # b never started
     assert t.remaining() == [(b, ["reference"])] and sweep.result.counts["pass"] == 1
+
+
+_OUTSIDE_ADAPTER = '''
+import reference
+
+
+class Flip:
+    name = "outside_flip"
+
+    def supports(self, case, device):
+        return True, ""
+
+    def quantize(self, x, config, *, rowwise=True, colwise=False, rng=None, state=None):
+        q = reference.quantize(x, config, rowwise=rowwise, colwise=colwise)
+        q.rowwise_data[0, 0] ^= 1
+        return q
+'''
+
+
+def test_repro_sh_runs_from_any_directory_and_finds_an_adapter_outside_the_repository(tmp_path, monkeypatch):
+    """An adapter in the user's own directory (importable only from there) fails a case; its repro.sh,
+    started from another directory with a bare PYTHONPATH, reloads the adapter and reproduces the failure."""
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from harness import artefacts, meta  # noqa: PLC0415
+
+    user = tmp_path / "user_project"
+    (user / "kernels").mkdir(parents=True)
+    (user / "kernels" / "__init__.py").write_text("")
+    (user / "kernels" / "outside.py").write_text(_OUTSIDE_ADAPTER)
+    monkeypatch.syspath_prepend(str(user))
+    spec = "kernels.outside:Flip"
+    assert artefacts.import_root(spec) == user.resolve()
+    case = qcase(shape=(16, 32), in_dtype="float32", orientation="rowwise", seed=5)
+    out = tmp_path / "out"
+    with report.ReportWriter(out, {}) as w:
+        runner.sweep([case], [get_backend(spec)], device="cpu", writer=w, out_dir=out)
+    script = out / "failures" / runner.safe_name(case.id) / "repro.sh"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    proc = subprocess.run(["sh", str(script)], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+    assert "outside_flip" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert "rowwise_data" in proc.stdout + proc.stderr and proc.returncode == 1
+    info = meta.adapter_info(get_backend(spec))
+    assert info["module"] == "kernels.outside" and info["spec"] == spec and info["name"] == "outside_flip"
