@@ -23,6 +23,7 @@ import reference
 from reference.layouts import gemm_layout
 
 from . import backends as backends_mod
+from . import sr_stats
 from .golden import Golden, fresh_copy, normalized, sync
 from .rows import Row, accuracy_row, result_row, status_row
 
@@ -143,6 +144,10 @@ def _x_handed(case, g: Golden, device) -> dict:
 
 def _quantize_candidate(case, g: Golden, backend, device, given: Mapping) -> Output:
     rw, cw = copies(case.orientation)
+    if sr_stats.applies(case, backend):  # own SR bits: N draws, compared statistically (docs/numerics.md §11.3)
+        draws, wall = _timed(device, lambda: sr_stats.draw(backend.quantize, given["x"], case.config, rowwise=rw,
+                                                           colwise=cw, rng=g.inputs.get("rng")))
+        return Output({"q": draws[0], "state": None, "sr_draws": draws}, wall)
     update = getattr(backend, "update_amax_history", None)
     (q, state), wall = _timed(device, lambda: quantize_with_state(
         backend.quantize, given["x"], case.config, device, rw, cw, g.inputs.get("rng"),
@@ -185,7 +190,11 @@ def _quantize_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
     from .compare import compare_quantized  # noqa: PLC0415
 
     cand_g = out.values["q"].to(g.device)  # compared where the golden lives
-    rows = [result_row(base, tr) for tr in compare_quantized(g.quantized, cand_g, g.inputs["x"])]
+    results = compare_quantized(g.quantized, cand_g, g.inputs["x"])
+    if "sr_draws" in out.values:  # the data by statistics, scales and amaxes by bytes (docs/numerics.md §11.3)
+        results = [tr for tr in results if not tr.tensor.endswith("_data")]
+        results += sr_stats.check_draws(out.values["sr_draws"], g.inputs["x"], case.config)
+    rows = [result_row(base, tr) for tr in results]
     state = out.values["state"]
     if state is not None and g.state is not None:
         rows += _state_rows(base, g.state, state)
