@@ -25,7 +25,7 @@ from reference.spec import TORCH_DTYPES, dtype_name, gemm_rule
 from reference.types import QuantizedTensor, Unsupported
 
 ENTRY_POINT_GROUP = "numerics_harness.backends"
-OPS = ("quantize", "dequantize", "gemm")
+OPS = ("quantize", "dequantize", "gemm", "grouped_quantize")
 
 
 class UnknownBackend(ValueError):
@@ -132,6 +132,16 @@ class ReferenceBackend:
 
     def gemm(self, a, b, *, layout="TN", out_dtype=torch.bfloat16, bias=None, c=None):
         return reference.gemm(a, b, layout=layout, out_dtype=out_dtype, bias=bias, c=c, method="auto")
+
+    def gemm_epilogue(self, a, b, *, epilogue, layout="TN", out_dtype=torch.bfloat16, bias=None, c=None, aux=None):
+        from reference.gemm import gemm_epilogue  # noqa: PLC0415 - docs/numerics.md §12.2
+
+        return gemm_epilogue(a, b, epilogue=epilogue, layout=layout, out_dtype=out_dtype, bias=bias, c=c, aux=aux)
+
+    def grouped_quantize(self, x, config, splits, *, rowwise=True, colwise=False, rng=None):
+        from reference import grouped  # noqa: PLC0415 - docs/numerics.md §12.1
+
+        return grouped.quantize(x, config, splits, rowwise=rowwise, colwise=colwise, rng=rng)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -78,6 +78,8 @@ from reference.formats import (
     VARIANTS,
     QuantConfig,
 )
+from reference.gemm import EPILOGUES, epilogue_rule
+from reference.grouped import splits_rule
 from reference.layouts import GEMM_LAYOUTS
 from reference.spec import copies_rule, gemm_rule, quantize_rule
 from reference.types import SpecViolation
@@ -101,7 +103,8 @@ TIERS: dict[str, str] = {
     "nightly": "nightly.toml",
 }
 
-OPS = ("quantize", "dequantize", "gemm")
+OPS = ("quantize", "dequantize", "gemm", "grouped_quantize")
+QUANTIZE_OPS = ("quantize", "grouped_quantize")  # ops without an output dtype
 ORIENTATIONS = ("rowwise", "colwise", "both")
 LAYOUTS = tuple(GEMM_LAYOUTS)
 DISTRIBUTIONS = (
@@ -149,6 +152,7 @@ GRID_KEYS = (
     + CONFIG_KEYS
     + B_KEYS
     + ("orientation", "shape", "in_dtype", "out_dtype", "layout", "accumulate", "bias", "distribution", "seed")
+    + ("splits", "epilogue", "b_in_dtype")
 )
 _TABLE_EXTRA_KEYS = ("exclude", "tier", "cover")
 _FILE_KEYS = ("grid", "tier", "cover", "description", "include")
@@ -191,6 +195,9 @@ class Case:
     b_config: QuantConfig | None = None
     accumulate: bool = False
     bias: bool = False
+    splits: tuple[int, ...] | None = None
+    epilogue: str | None = None
+    b_in_dtype: str | None = None
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -210,7 +217,21 @@ class Case:
             raise ValueError(f"Case.distribution={self.distribution!r} is invalid: expected one of {DISTRIBUTIONS}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"Case.seed={self.seed!r} is invalid: expected an int >= 0")
+        if self.op == "grouped_quantize":
+            if self.splits is None:
+                raise ValueError("Case.splits is required for grouped_quantize (sizes of the groups along M)")
+            put("splits", tuple(int(v) for v in self.splits))
+        elif self.splits is not None:
+            raise ValueError(f"Case.splits applies to grouped_quantize only (op={self.op})")
+        if self.op != "gemm" and (self.epilogue is not None or self.b_in_dtype is not None):
+            raise ValueError(f"Case: epilogue and b_in_dtype apply to gemm only (op={self.op})")
+        if self.epilogue is not None and self.epilogue not in EPILOGUES:
+            raise ValueError(f"Case.epilogue={self.epilogue!r} is invalid: expected one of {EPILOGUES}")
+        if self.b_in_dtype is not None and self.b_in_dtype not in INPUT_DTYPES:
+            raise ValueError(f"Case.b_in_dtype={self.b_in_dtype!r} is invalid: expected one of {INPUT_DTYPES}")
         if self.op == "gemm":
+            if self.b_in_dtype == self.in_dtype:
+                put("b_in_dtype", None)  # one spelling: B's dtype is named only where it differs
             if len(self.shape) != 3:
                 raise ValueError(f"Case.shape={self.shape!r} is invalid for gemm: expected (M, N, K)")
             if self.orientation not in (None, "both"):
@@ -229,9 +250,9 @@ class Case:
                 raise ValueError(f"Case.orientation={self.orientation!r} is invalid: expected one of {ORIENTATIONS}")
             if self.layout is not None or self.b_config is not None or self.accumulate or self.bias:
                 raise ValueError(f"Case: layout, b_config, accumulate and bias apply to gemm only (op={self.op})")
-            if self.op == "quantize":
+            if self.op in QUANTIZE_OPS:
                 if self.out_dtype is not None:
-                    raise ValueError("Case.out_dtype does not apply to quantize")
+                    raise ValueError(f"Case.out_dtype does not apply to {self.op}")
             else:
                 put("out_dtype", self.out_dtype or "float32")
         if self.out_dtype is not None and self.out_dtype not in INPUT_DTYPES:
@@ -249,10 +270,13 @@ class Case:
         if self.op == "gemm":
             b = "" if self.b_config == self.config else f"-b-{self.b_config.id}"
             flags = ("-acc" if self.accumulate else "") + ("-bias" if self.bias else "")
+            flags += f"-ep_{self.epilogue}" if self.epilogue else ""
+            bdt = f"-b_{DTYPE_SHORT[self.b_in_dtype]}" if self.b_in_dtype else ""
             out = DTYPE_SHORT[self.out_dtype]
-            return f"gemm-{self.layout}-{self.config.id}{b}-{dt}-{dims}-out_{out}{flags}-{tail}"
-        out = "" if self.op == "quantize" else f"-out_{DTYPE_SHORT[self.out_dtype]}"
-        return f"{self.op}-{self.config.id}-{self.orientation}-{dt}-{dims}{out}-{tail}"
+            return f"gemm-{self.layout}-{self.config.id}{b}-{dt}{bdt}-{dims}-out_{out}{flags}-{tail}"
+        out = "" if self.op in QUANTIZE_OPS else f"-out_{DTYPE_SHORT[self.out_dtype]}"
+        groups = "" if self.splits is None else "-g" + "_".join(str(v) for v in self.splits)
+        return f"{self.op}-{self.config.id}-{self.orientation}-{dt}-{dims}{groups}{out}-{tail}"
 
     @property
     def operand_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -322,12 +346,14 @@ def _cfg_re(p: str) -> str:
 _DT_RE = "|".join(DTYPE_SHORT.values())
 _TAIL_RE = rf"-(?P<dist>{'|'.join(DISTRIBUTIONS)})-s(?P<seed>\d+)"
 _QUANT_ID_RE = re.compile(
-    rf"(?P<op>quantize|dequantize)-{_cfg_re('a_')}-(?P<orient>{'|'.join(ORIENTATIONS)})-(?P<dt>{_DT_RE})"
-    rf"-(?P<shape>\d+(?:x\d+)*)(?:-out_(?P<out>{_DT_RE}))?{_TAIL_RE}"
+    rf"(?P<op>grouped_quantize|quantize|dequantize)-{_cfg_re('a_')}-(?P<orient>{'|'.join(ORIENTATIONS)})"
+    rf"-(?P<dt>{_DT_RE})-(?P<shape>\d+(?:x\d+)*)(?:-g(?P<splits>\d+(?:_\d+)*))?(?:-out_(?P<out>{_DT_RE}))?"
+    rf"{_TAIL_RE}"
 )
 _GEMM_ID_RE = re.compile(
     rf"gemm-(?P<layout>{'|'.join(LAYOUTS)})-{_cfg_re('a_')}(?:-b-{_cfg_re('b_')})?-(?P<dt>{_DT_RE})"
-    rf"-(?P<shape>\d+x\d+x\d+)-out_(?P<out>{_DT_RE})(?P<acc>-acc)?(?P<bias>-bias)?{_TAIL_RE}"
+    rf"(?:-b_(?P<bdt>{_DT_RE}))?-(?P<shape>\d+x\d+x\d+)-out_(?P<out>{_DT_RE})(?P<acc>-acc)?(?P<bias>-bias)?"
+    rf"(?:-ep_(?P<ep>{'|'.join(EPILOGUES)}))?{_TAIL_RE}"
 )
 _SHORT_DTYPE = {s: d for d, s in DTYPE_SHORT.items()}
 
@@ -360,16 +386,20 @@ def _parse_id(case_id: str) -> Case:
                 out_dtype=_SHORT_DTYPE[m.group("out")],
                 accumulate=m.group("acc") is not None,
                 bias=m.group("bias") is not None,
+                epilogue=m.group("ep"),
+                b_in_dtype=None if m.group("bdt") is None else _SHORT_DTYPE[m.group("bdt")],
                 **common,
             )
         else:
             out = m.group("out")
             if (m.group("op") == "dequantize") != (out is not None):
                 raise ValueError("'-out_<dtype>' is required for dequantize and not allowed for quantize")
+            splits = m.group("splits")
             case = Case(
                 m.group("op"),
                 orientation=m.group("orient"),
                 out_dtype=None if out is None else _SHORT_DTYPE[out],
+                splits=None if splits is None else tuple(int(v) for v in splits.split("_")),
                 **common,
             )
     except ValueError as e:
@@ -384,16 +414,21 @@ def spec_violation(case: Case) -> str | None:
     validated itself; the rules are reference.spec's, so a case is excluded exactly when the
     reference would raise SpecViolation for it."""
     try:
+        if case.op == "grouped_quantize":
+            splits_rule(case.config, case.shape, case.splits, case.in_dtype)
+            return None
         if case.op != "gemm":
             quantize_rule(case.config, case.shape, case.in_dtype)
             copies_rule(case.config, rowwise=case.orientation != "colwise", colwise=case.orientation != "rowwise")
             return None
         shapes = case.operand_shapes
         lay = GEMM_LAYOUTS[case.layout]
-        for name, cfg, copy in (("a", case.config, lay.a), ("b", case.b_config, lay.b)):
-            quantize_rule(cfg, shapes[name], case.in_dtype, what=f"operand {name}")
+        for name, cfg, copy, dt in (("a", case.config, lay.a, case.in_dtype),
+                                    ("b", case.b_config, lay.b, case.b_in_dtype or case.in_dtype)):
+            quantize_rule(cfg, shapes[name], dt, what=f"operand {name}")
             copies_rule(cfg, rowwise=copy == "rowwise", colwise=copy == "colwise")
         gemm_rule(case.config, case.b_config, case.layout)
+        epilogue_rule(case.epilogue, bias=case.bias)
     except SpecViolation as e:
         return f"{e.rule}: {e}"
     ca = GEMM_LAYOUTS[case.layout].a
@@ -418,7 +453,8 @@ def case_values(case: Case) -> dict[str, Any]:
         v[k] = getattr(cfg, k)
     for k in B_OVERRIDABLE:
         v[f"b_{k}"] = getattr(case.b_config, k) if case.b_config is not None else None
-    for k in ("orientation", "shape", "in_dtype", "out_dtype", "layout", "accumulate", "bias", "distribution", "seed"):
+    for k in ("orientation", "shape", "in_dtype", "out_dtype", "layout", "accumulate", "bias", "distribution", "seed",
+              "splits", "epilogue", "b_in_dtype"):
         v[k] = getattr(case, k)
     return v
 
@@ -521,6 +557,12 @@ def _shape(v: Any) -> tuple[int, ...]:
     return tuple(v)
 
 
+def _splits(v: Any) -> tuple[int, ...]:
+    if not isinstance(v, list) or not v or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in v):
+        raise _FieldError(f"{v!r} is not a list of group sizes: expected a non-empty list of ints >= 0")
+    return tuple(v)
+
+
 _NORMALIZERS: dict[str, Any] = {
     "op": _choice("op", OPS),
     "scheme": _choice("scheme", SCHEME_NAMES),
@@ -555,8 +597,11 @@ _NORMALIZERS: dict[str, Any] = {
     "bias": _bool,
     "distribution": _choice("distribution", DISTRIBUTIONS),
     "seed": _int(0),
+    "splits": _splits,
+    "epilogue": _choice("epilogue", EPILOGUES),
+    "b_in_dtype": _dtype,
 }
-_LIST_VALUED = ("shape", "tile", "b_tile")  # a flat list of ints is ONE value of these keys
+_LIST_VALUED = ("shape", "tile", "b_tile", "splits")  # a flat list of ints is ONE value of these keys
 
 
 def _as_list(key: str, raw: Any) -> list:
@@ -702,11 +747,15 @@ def build_case(combo: Mapping[str, Any], source: str = "") -> Case:
             out_dtype=combo.get("out_dtype"),
             accumulate=combo.get("accumulate", False),
             bias=combo.get("bias", False),
+            epilogue=combo.get("epilogue"),
+            b_in_dtype=combo.get("b_in_dtype"),
         )
     else:
         kw.update(orientation=combo.get("orientation", "rowwise"))
         if op == "dequantize":
             kw.update(out_dtype=combo.get("out_dtype"))
+        if op == "grouped_quantize":
+            kw.update(splits=combo.get("splits"))
     if op == "gemm" and len(combo["shape"]) != 3:
         raise ValueError(f"shape: gemm needs [M, N, K], got {list(combo['shape'])}")
     case = Case(op, **kw)

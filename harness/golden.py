@@ -89,6 +89,7 @@ class Golden:
     qa: QuantizedTensor | None = None  # gemm operands
     qb: QuantizedTensor | None = None
     out: torch.Tensor | None = None  # gemm output
+    epilogue: dict = field(default_factory=dict)  # gemm epilogue: "pre" (fp32 input) and "aux" / "bgrad"
     truth: torch.Tensor | None = None  # gemm: fp64 GEMM of the high-precision operands
     accuracy: dict = field(default_factory=dict)  # accuracy row -> (golden SQNR, golden approximation), harness.ops
     wall_ms: float | None = None  # the reference run (golden_ms)

@@ -46,6 +46,7 @@ import torch
 
 from reference import casts
 from reference.formats import E4M3, QuantConfig
+from reference.gemm import AUX_INPUT_EPILOGUES
 from reference.layouts import GEMM_LAYOUTS
 from reference.spec import TORCH_DTYPES
 
@@ -502,9 +503,12 @@ def _cast(x: torch.Tensor, in_dtype: str, neg_nan: torch.Tensor | None = None) -
     return y
 
 
-def _operand(case: Case, cfg: QuantConfig, shape: tuple[int, ...], orientation: str, name: str) -> torch.Tensor:
-    """One high-precision operand of `shape` for `cfg` (its consumed orientation), in case.in_dtype."""
+def _operand(case: Case, cfg: QuantConfig, shape: tuple[int, ...], orientation: str, name: str,
+             in_dtype: str | None = None) -> torch.Tensor:
+    """One high-precision operand of `shape` for `cfg` (its consumed orientation), in `in_dtype` (default
+    case.in_dtype; a GEMM's B operand: case.b_in_dtype)."""
     g = _generator(case, name)
+    dt = in_dtype or case.in_dtype
     rows, cols = _rows_cols(shape)
     dist = case.distribution
     neg_nan = None
@@ -516,17 +520,17 @@ def _operand(case: Case, cfg: QuantConfig, shape: tuple[int, ...], orientation: 
     elif dist == "uniform":
         x = _uniform(rows, cols, g)
     elif dist == "heavy_tail":
-        x = _heavy_tail(rows, cols, g, case.in_dtype)
+        x = _heavy_tail(rows, cols, g, dt)
     elif dist == "outliers":
         x = _outliers(rows, cols, g)
     elif dist == "per_tile_scales":
-        x = _per_tile_scales(cfg, rows, cols, g, case.in_dtype, orientation)
+        x = _per_tile_scales(cfg, rows, cols, g, dt, orientation)
     elif dist == "ties":
-        x = _ties(cfg, rows, cols, g, case.in_dtype)
+        x = _ties(cfg, rows, cols, g, dt)
     elif dist == "exhaustive":
-        x = _exhaustive(cfg, rows, cols, g, case.in_dtype)
+        x = _exhaustive(cfg, rows, cols, g, dt)
     elif dist == "special":
-        x, neg_nan = _special(cfg, rows, cols, g, case.in_dtype, case.seed)
+        x, neg_nan = _special(cfg, rows, cols, g, dt, case.seed)
     elif dist == "exact_representable":
         plan = _exact_plan(cfg, cfg, cols)["a"]
         x = _exact_klast(cfg, rows, cols, "a", plan, 0, 1.0, g)
@@ -535,7 +539,7 @@ def _operand(case: Case, cfg: QuantConfig, shape: tuple[int, ...], orientation: 
     if transpose:
         x = x.t().contiguous()
         neg_nan = None if neg_nan is None else neg_nan.t().contiguous()
-    return _cast(x, case.in_dtype, neg_nan).reshape(shape)
+    return _cast(x, dt, neg_nan).reshape(shape)
 
 
 # Distributions whose values depend only on the generator key, the shape and the input dtype, not on
@@ -575,6 +579,8 @@ def input_key(case: Case) -> tuple:
     key: tuple = (gemm, tuple(case.shape), case.layout, case.seed, dist, case.in_dtype, stochastic)
     if gemm:
         key += (case.accumulate, case.bias, case.out_dtype if (case.accumulate or case.bias) else None)
+        if case.b_in_dtype is not None or case.epilogue in AUX_INPUT_EPILOGUES:
+            key += (case.b_in_dtype, case.epilogue in AUX_INPUT_EPILOGUES, case.out_dtype)
     if not gemm:
         return key + _config_key(dist, case.config, case.orientation)
     if dist == "exact_representable":  # both configs shape both operands (_exact_gemm)
@@ -596,7 +602,7 @@ def generate(case: Case, device: str | torch.device = "cpu") -> dict:
     layout's logical shapes, plus "c" [M, N] (accumulate) and "bias" [N] (bias) in the output
     dtype; "rng" = (seed, stream 0) when a config rounds stochastically (B uses stream + 2)."""
     out: dict = {}
-    if case.op in ("quantize", "dequantize"):
+    if case.op != "gemm":  # quantize, dequantize, grouped_quantize
         out["x"] = _operand(case, case.config, case.shape, case.orientation, "x")
         stochastic = case.config.stochastic
     else:
@@ -605,18 +611,20 @@ def generate(case: Case, device: str | torch.device = "cpu") -> dict:
         if case.distribution == "exact_representable":
             exact = _exact_gemm(case, _generator(case, "gemm"))
             out["a"] = _cast(exact["a"], case.in_dtype)
-            out["b"] = _cast(exact["b"], case.in_dtype)
+            out["b"] = _cast(exact["b"], case.b_in_dtype or case.in_dtype)
             for name in ("c", "bias"):
                 if name in exact:
                     out[name] = exact[name].to(torch.float32).to(out_dt)
         else:
             ca, cb = GEMM_LAYOUTS[case.layout].consumes
             out["a"] = _operand(case, case.config, shapes["a"], ca, "a")
-            out["b"] = _operand(case, case.b_config, shapes["b"], cb, "b")
+            out["b"] = _operand(case, case.b_config, shapes["b"], cb, "b", case.b_in_dtype)
             if case.accumulate:
                 out["c"] = torch.randn(shapes["c"], generator=_generator(case, "c")).to(out_dt)
             if case.bias:
                 out["bias"] = torch.randn(shapes["bias"], generator=_generator(case, "bias")).to(out_dt)
+        if case.epilogue in AUX_INPUT_EPILOGUES:  # the forward's pre-activation, in the output dtype
+            out["aux"] = torch.randn(shapes["c"], generator=_generator(case, "aux")).to(out_dt)
         stochastic = case.config.stochastic or case.b_config.stochastic
     if stochastic:
         out["rng"] = (case.seed, 0)

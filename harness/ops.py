@@ -23,6 +23,7 @@ import reference
 from reference.layouts import gemm_layout
 
 from . import backends as backends_mod
+from . import sr_stats
 from .golden import Golden, fresh_copy, normalized, sync
 from .rows import Row, accuracy_row, exc_text, result_row, status_row
 from .verdict import (
@@ -194,6 +195,10 @@ def _x_handed(case, g: Golden, device) -> dict:
 
 def _quantize_candidate(case, g: Golden, backend, device, given: Mapping) -> Output:
     rw, cw = copies(case.orientation)
+    if sr_stats.applies(case, backend):  # own SR bits: N draws, compared statistically (docs/numerics.md §12.3)
+        draws, wall = _timed(device, lambda: sr_stats.draw(backend.quantize, given["x"], case.config, rowwise=rw,
+                                                           colwise=cw, rng=g.inputs.get("rng")))
+        return Output({"q": draws[0], "state": None, "sr_draws": draws}, wall)
     update = getattr(backend, "update_amax_history", None)
     (q, state), wall = _timed(device, lambda: quantize_with_state(
         backend.quantize, given["x"], case.config, device, rw, cw, g.inputs.get("rng"),
@@ -238,6 +243,9 @@ def _quantize_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
     ev = out.evidence
     cand_g = out.values["q"].to(g.device)  # compared where the golden lives
     results = compare_quantized(g.quantized, cand_g, g.inputs["x"])
+    if "sr_draws" in out.values:  # the data by statistics, scales and amaxes by bytes (docs/numerics.md §12.3)
+        results = [tr for tr in results if not tr.tensor.endswith("_data")]
+        results += sr_stats.check_draws(out.values["sr_draws"], g.inputs["x"], case.config)
     rows = [result_row(base, tr) for tr in results]
     ev.identical = all(tr.status == "pass" for tr in results)
     findings = {tr.tensor: f for tr in results if (f := layout_finding(tr))}
@@ -369,18 +377,43 @@ def _gemm_golden(case, g: Golden) -> None:
     g.qb = reference.quantize(on["b"], case.b_config or cfg, rng=b_rng(rng), **lay.quantize_flags("b"))
     g.out = _gemm_reference(case, g, out_dtype(case, torch.bfloat16))
     g.truth = gemm_truth(case, on)
+    if case.epilogue:  # docs/numerics.md §12.2: the plain output above is the aux / pre-activation
+        _gemm_epilogue_golden(case, g)
+
+
+def _gemm_epilogue_golden(case, g: Golden) -> None:
+    """The epilogue's golden outputs (docs/numerics.md §12.2), on the CPU where the plain output was."""
+    from reference.gemm import gemm_epilogue  # noqa: PLC0415
+
+    dev = g.out.device
+    on = {k: (v.to(dev) if isinstance(v, torch.Tensor) else v) for k, v in g.on_device.items()}
+    qa, qb = g.qa.to(dev), g.qb.to(dev)
+    kw = dict(layout=case.layout, bias=on.get("bias"), c=on.get("c"))
+    g.epilogue = gemm_epilogue(qa, qb, epilogue=case.epilogue, out_dtype=out_dtype(case, torch.bfloat16),
+                               aux=on.get("aux"), **kw)
+    g.epilogue["pre"] = reference.gemm(qa, qb, out_dtype=torch.float32, **kw)
+    g.epilogue["plain"] = g.out
+    g.out = g.epilogue["out"]
 
 
 def _gemm_handed(case, g: Golden, device) -> dict:
     dev = normalized(device)
     given = {"a": (fresh_copy(g.qa, dev), g.qa), "b": (fresh_copy(g.qb, dev), g.qb)}
-    for k in ("bias", "c"):
+    for k in ("bias", "c", "aux"):
         if g.on_device.get(k) is not None:
             given[k] = (fresh_copy(g.on_device[k], dev), g.on_device[k])
     return given
 
 
 def _gemm_candidate(case, g: Golden, backend, device, given: Mapping) -> Output:
+    if case.epilogue:  # docs/numerics.md §12.2: backends run epilogues through gemm_epilogue
+        fn = getattr(backend, "gemm_epilogue", None)
+        if not callable(fn):
+            raise reference.Unsupported(f"{backend.name} has no gemm_epilogue() for epilogue {case.epilogue!r}")
+        outs, wall = _timed(device, lambda: fn(
+            given["a"], given["b"], epilogue=case.epilogue, layout=case.layout or "TN",
+            out_dtype=out_dtype(case, torch.bfloat16), bias=given.get("bias"), c=given.get("c"), aux=given.get("aux")))
+        return Output(dict(outs), wall)
     y, wall = _timed(device, lambda: backend.gemm(
         given["a"], given["b"], layout=case.layout or "TN", out_dtype=out_dtype(case, torch.bfloat16),
         bias=given.get("bias"), c=given.get("c")))
@@ -388,13 +421,16 @@ def _gemm_candidate(case, g: Golden, backend, device, given: Mapping) -> Output:
 
 
 def _gemm_from_golden(case, g: Golden) -> Output:
-    return Output({"out": g.out}, g.wall_ms, from_golden=True)
+    extra = {k: g.epilogue[k] for k in ("aux", "bgrad") if k in g.epilogue}
+    return Output({"out": g.out, **extra}, g.wall_ms, from_golden=True)
 
 
 def _gemm_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
     from .compare import compare_gemm  # noqa: PLC0415
 
     y, on = out.values["out"], g.on_device
+    if case.epilogue:
+        return _epilogue_compare(case, g, out, base)
     tr = compare_gemm(g.out, y, g.truth, case, is_exact_gemm(case), a=g.qa, b=g.qb, bias=on.get("bias"),
                       c=on.get("c"))
     _output_evidence(out.evidence, tr, g.out, y)
@@ -403,6 +439,109 @@ def _gemm_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
         return [result_row(base, tr), _not_measured(base, "accuracy_out", f"candidate shape {tuple(y.shape)} is not "
                                                                           "the golden's")]
     return [result_row(base, tr), _with_delta(accuracy_row(base, "accuracy_out", y, g.truth), out, g_sqnr)]
+
+
+def _epilogue_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
+    """Epilogue outputs (docs/numerics.md §12.2): the transcendental ones and the bias gradient against the
+    derived bounds of harness/tolerance.py; the plain GEMM outputs (aux, bgradb's out) as a plain GEMM."""
+    from reference.gemm import operand_row_sums  # noqa: PLC0415
+
+    from . import tolerance  # noqa: PLC0415
+    from .compare import compare_gemm, compare_output  # noqa: PLC0415
+
+    on, ep, dev = g.on_device, g.epilogue, g.out.device
+    bias, c = on.get("bias"), on.get("c")
+    bias, c = (None if t is None else t.to(dev) for t in (bias, c))
+    rows = []
+    missing = [k for k in ("out", "aux", "bgrad") if k in ep and out.values.get(k) is None]
+    if missing:
+        return [status_row(base, "fail", f"{case.epilogue}: the candidate returned no {', '.join(missing)}",
+                           tensor=missing[0])]
+    y = out.values["out"].to(dev)
+    if case.epilogue == "bgradb":
+        rows.append(result_row(base, compare_gemm(g.out, y, None, case, is_exact_gemm(case), a=g.qa, b=g.qb, c=c)))
+        lay = gemm_layout(case.layout)
+        s = operand_row_sums(g.qb.to(dev), lay.b, layout=case.layout, absolute=True)
+        bound = tolerance.bgrad_bound(case, s, ep["bgrad"])
+        rows.append(result_row(base, compare_output(ep["bgrad"], out.values["bgrad"].to(dev), "bgrad", bound)))
+        return rows
+    bound = tolerance.epilogue_bound(case, g.qa, g.qb, g.out, pre=ep["pre"], aux=on.get("aux"), bias=bias, c=c)
+    rows.append(result_row(base, compare_output(g.out, y, "out", bound)))
+    if "aux" in ep:
+        tr = compare_gemm(ep["aux"], out.values["aux"].to(dev), g.truth, case, is_exact_gemm(case), a=g.qa,
+                          b=g.qb, bias=bias, c=c)
+        tr.tensor = "aux"
+        rows.append(result_row(base, tr))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# grouped_quantize (docs/numerics.md §12.1)
+# ----------------------------------------------------------------------------------------------
+
+
+def _grouped_golden(case, g: Golden) -> None:
+    from reference import grouped  # noqa: PLC0415
+
+    rw, cw = copies(case.orientation)
+    g.quantized = grouped.quantize(g.on_device["x"], case.config, case.splits, rowwise=rw, colwise=cw,
+                                   rng=g.inputs.get("rng"))
+
+
+def _grouped_candidate(case, g: Golden, backend, device, given: Mapping) -> Output:
+    rw, cw = copies(case.orientation)
+    groups, wall = _timed(device, lambda: backend.grouped_quantize(
+        given["x"], case.config, list(case.splits), rowwise=rw, colwise=cw, rng=g.inputs.get("rng")))
+    return Output({"groups": groups}, wall)
+
+
+def _grouped_from_golden(case, g: Golden) -> Output:
+    return Output({"groups": g.quantized}, g.wall_ms)
+
+
+def _grouped_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
+    """Group i compared as its own quantize (tensors `g<i>_<field>`); empty groups are not compared (TE leaves
+    their buffers unwritten); accuracy over the groups' dequantized copies stacked along M."""
+    from .compare import compare_quantized  # noqa: PLC0415
+
+    groups = list(out.values["groups"] or [])
+    if len(groups) != len(case.splits):
+        return [status_row(base, "fail", f"grouped_quantize returned {len(groups)} groups, expected "
+                           f"{len(case.splits)} (splits {list(case.splits)})", tensor="groups")]
+    x2d = g.inputs["x"].reshape(-1, g.inputs["x"].shape[-1])
+    rows, deq, offset = [], {"rowwise": [], "colwise": []}, 0
+    for i, (size, gold, cand) in enumerate(zip(case.splits, g.quantized, groups, strict=True)):
+        if size == 0:
+            continue
+        if cand is None:
+            rows.append(status_row(base, "fail", f"group {i} ({size} rows) is missing", tensor=f"g{i}"))
+            offset += size
+            continue
+        cand_g = cand.to(g.device)
+        for tr in compare_quantized(gold, cand_g, x2d[offset : offset + size]):
+            tr.tensor = f"g{i}_{tr.tensor}"
+            rows.append(result_row(base, tr))
+        for o in deq:
+            if cand_g.has(o):
+                deq[o].append(reference.dequantize(cand_g, o, torch.float32))
+        offset += size
+    for o, parts in deq.items():
+        if parts and len(parts) == sum(1 for s in case.splits if s):
+            approx, truth = torch.cat(parts), _grouped_truth(case, g, o)
+            if approx.shape == truth.shape:  # a group of the wrong shape has already failed its rows
+                rows.append(accuracy_row(base, f"accuracy_{o}", approx, truth))
+    return rows
+
+
+def _grouped_truth(case, g: Golden, orientation: str) -> torch.Tensor:
+    """Per-group accuracy truth (RHT copies are per group: RHT of each slice, docs/numerics.md §12.1)."""
+    x2d = g.on_device["x"].reshape(-1, g.on_device["x"].shape[-1])
+    parts, offset = [], 0
+    for size in case.splits:
+        if size:
+            parts.append(_accuracy_truth(case, x2d[offset : offset + size], orientation))
+        offset += size
+    return torch.cat(parts)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -430,6 +569,7 @@ OPS: dict[str, Op] = {
     "dequantize": Op(_dequantize_golden, _dequantize_handed, _dequantize_candidate,
                      _dequantize_from_golden, _dequantize_compare),
     "gemm": Op(_gemm_golden, _gemm_handed, _gemm_candidate, _gemm_from_golden, _gemm_compare),
+    "grouped_quantize": Op(_grouped_golden, _x_handed, _grouped_candidate, _grouped_from_golden, _grouped_compare),
 }
 
 

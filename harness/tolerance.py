@@ -163,3 +163,52 @@ def gemm_bound(case: Case, a, b, golden: torch.Tensor | None = None, *, bias=Non
     if case.accumulate:
         bound = bound + u_out * s_y
     return SAFETY * bound + 2 * tiny
+
+
+# ---- GEMM epilogues (docs/numerics.md §12.2) ----------------------------------------------------
+# Derivation (per output element; pre = the fp32 epilogue input RN(α·AB + β·C + bias), z = the dGELU
+# aux input, t = tanh(k (z + c z³)), G(z) = 0.5 + |z|·k·(1 + 3c z²) ≥ |∂GELU'/∂t|):
+#  * the candidate's pre differs from the golden's by at most B_pre = gemm_bound(case, a, b, pre) (the
+#    plain GEMM bound, out-dtype allowances included: conservative for an fp32 value);
+#  * GELU: |GELU'| ≤ GELU_SLOPE_MAX carries B_pre through; a tanh with relative error TANH_REL (PTX
+#    tanh.approx.f32, the fastest form a kernel may use) moves GELU by ≤ 0.5·|pre|·TANH_REL, and the
+#    remaining fp32 arithmetic by ≤ FORMULA_ROUNDS·u_32·|pre|;
+#  * dGELU: out = pre·GELU'(z): |GELU'(z)|·B_pre, plus |pre|·(TANH_REL·G(z) + FORMULA_ROUNDS·u_32·(1 + G(z)));
+#  * bias gradient: a K-term fp32 sum in any order: K·u_32·Σ_k |b̂[n, k]| (recursive summation);
+#  * then each output is rounded once to the out dtype (u_out·|y| on each side) and SAFETY applies.
+TANH_REL = 2.0**-10.987  # PTX ISA: tanh.approx.f32 maximum relative error
+GELU_SLOPE_MAX = 1.13  # max over z of |GELU'(z)| for the tanh approximation (1.1289 near z = 2.42)
+FORMULA_ROUNDS = 16  # fp32 roundings allowed in evaluating the GELU / GELU' formula
+
+
+def _out_terms(case: Case, golden: torch.Tensor, device) -> torch.Tensor:
+    u_out, tiny = unit_roundoff(case.out_dtype)
+    y = torch.nan_to_num(golden.to(device, torch.float64).abs(), nan=0.0, posinf=0.0)
+    return u_out * 2 * y + 2 * tiny
+
+
+def epilogue_bound(case: Case, a, b, golden: torch.Tensor, *, pre: torch.Tensor, aux: torch.Tensor | None = None,
+                   bias=None, c=None) -> torch.Tensor:
+    """Per-element bound [M, N] on |candidate − golden| of a gelu_aux or dgelu epilogue output (see above).
+
+    `pre` is the golden fp32 epilogue input; `aux` the dgelu pre-activation input."""
+    from reference.gemm import GELU_C, GELU_K, dgelu  # noqa: PLC0415
+
+    b_pre = gemm_bound(case, a, b, pre, bias=bias, c=c)
+    p = torch.nan_to_num(pre.to(b_pre.device, torch.float64).abs(), nan=0.0, posinf=0.0)
+    if case.epilogue == "gelu_aux":
+        bound = GELU_SLOPE_MAX * b_pre + p * (0.5 * TANH_REL + FORMULA_ROUNDS * U32)
+    elif case.epilogue == "dgelu":
+        z = aux.to(b_pre.device, torch.float64)
+        g = 0.5 + z.abs() * GELU_K * (1 + 3 * GELU_C * z * z)
+        bound = dgelu(z).abs() * b_pre + p * (TANH_REL * g + FORMULA_ROUNDS * U32 * (1 + g))
+    else:
+        raise ValueError(f"epilogue_bound: epilogue {case.epilogue!r} has no transcendental output")
+    return SAFETY * bound + _out_terms(case, golden, b_pre.device)
+
+
+def bgrad_bound(case: Case, b_abs_row_sums: torch.Tensor, golden: torch.Tensor) -> torch.Tensor:
+    """Bound [N] on |candidate − golden| of the bias gradient; `b_abs_row_sums` = Σ_k |b̂[n, k]| (fp64)."""
+    k = case.shape[2]
+    s = b_abs_row_sums.to(torch.float64)
+    return SAFETY * (k * U32 * s) + _out_terms(case, golden, s.device)

@@ -50,6 +50,9 @@ def supports(op: str, config: QuantConfig, device) -> tuple[bool, str]:
         dev = torch.device(device)
     except (TypeError, RuntimeError) as e:
         return False, f"device {device!r} is invalid: {e}"
+    if op == "grouped_quantize":
+        return False, ("native: grouped (split) quantization has no kernel yet; the reference quantizes each "
+                       "group on its own (docs/numerics.md §12.1)")
     if op == "gemm":
         try:
             from .gemm import supports_gemm

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from . import casts, fp32, spec
-from .formats import E4M3, FLT_MAX, GEMM_METHODS, SCHEMES
+from .formats import E2M1, E4M3, FLT_MAX, GEMM_METHODS, SCHEMES
 from .layouts import GEMM_LAYOUTS, copy_geometry
 from .types import QuantizedTensor, SpecViolation
 
@@ -510,3 +510,87 @@ def exact_representable_ok(
         ):
             return False, "a partial sum times one scale leaves the fp32 range (scales too small or too large)"
     return True, f"q = 2^{q_exp}, max sum |t| = {s!r} <= 2^{q_exp + sum_bits}"
+
+
+# ---- cuBLASLt epilogues: GELU with its auxiliary output, dGELU, bias gradient ---------------------
+# Source: docs/numerics.md §12.2; cuBLASLt `cublasLtEpilogue_t` (GELU_AUX, GELU_AUX_BIAS, DGELU, BGRADB).
+
+EPILOGUES = ("gelu_aux", "dgelu", "bgradb")
+AUX_INPUT_EPILOGUES = ("dgelu",)  # epilogues that read the forward's pre-activation (the aux matrix)
+NO_BIAS_EPILOGUES = ("dgelu", "bgradb")  # the bias pointer is an output (bgradb) or unused (dgelu)
+GELU_K = math.sqrt(2.0 / math.pi)  # tanh approximation: 0.5 z (1 + tanh(k (z + c z^3)))
+GELU_C = 0.044715
+
+
+def epilogue_rule(epilogue: str | None, *, bias: bool) -> None:
+    """The epilogue rules on names (docs/numerics.md §12.2); SpecViolation if broken."""
+    if epilogue is None:
+        return
+    if epilogue not in EPILOGUES:
+        raise SpecViolation(f"epilogue={epilogue!r} is invalid: expected one of {EPILOGUES}", rule="epilogue")
+    if bias and epilogue in NO_BIAS_EPILOGUES:
+        raise SpecViolation(f"epilogue={epilogue!r} takes no bias input (cuBLASLt: the bias pointer is "
+                            "the bias-gradient output or unused; docs/numerics.md §12.2)", rule="epilogue")
+
+
+def gelu(z: torch.Tensor) -> torch.Tensor:
+    """GELU, tanh approximation, in fp64 (docs/numerics.md §12.2: cuBLASLt's GELU epilogue)."""
+    z = z.to(torch.float64)
+    return 0.5 * z * (1.0 + torch.tanh(GELU_K * (z + GELU_C * z * z * z)))
+
+
+def dgelu(z: torch.Tensor) -> torch.Tensor:
+    """d GELU / dz of the tanh approximation, in fp64 (docs/numerics.md §12.2)."""
+    z = z.to(torch.float64)
+    t = torch.tanh(GELU_K * (z + GELU_C * z * z * z))
+    return 0.5 * (1.0 + t) + 0.5 * z * (1.0 - t * t) * GELU_K * (1.0 + 3.0 * GELU_C * z * z)
+
+
+def operand_row_sums(q: QuantizedTensor, orientation: str, *, layout: str = "TN", absolute: bool = False
+                     ) -> torch.Tensor:
+    """Σ_k (or Σ_k |.| with `absolute`) of the dequantized consumed copy, per row of its [rows, K] view, in fp64."""
+    op = operand(q, orientation, layout=layout)
+    v = _dequantized(op)  # (rows, K) fp64, global factors not applied
+    if absolute:
+        v = v.abs()
+    if op.global_scale is not None:
+        v = v * op.global_scale.to(torch.float64)
+    if op.amax is not None:
+        # NUMERICS: §12.2 - NVFP4: the operand's share of alpha, A_g / (6 * 448), applied in fp64.
+        v = v * (op.amax.to(torch.float64) / (E2M1.max_finite * E4M3.max_finite))
+    return v.sum(dim=1)
+
+
+def gemm_epilogue(
+    a: QuantizedTensor,
+    b: QuantizedTensor,
+    *,
+    epilogue: str,
+    layout: str = "TN",
+    out_dtype: torch.dtype = torch.bfloat16,
+    bias: torch.Tensor | None = None,
+    c: torch.Tensor | None = None,
+    aux: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """The GEMM with a cuBLASLt epilogue (docs/numerics.md §12.2); returns {"out", and "aux" or "bgrad"}.
+
+    - "gelu_aux": pre = RN(α·AB + β·C + bias) (the fp32 epilogue input, as `gemm(out_dtype=float32)`);
+      out = RN_out(GELU(pre)) with GELU evaluated in fp64; aux = RN_out(pre), the plain GEMM's output.
+    - "dgelu": out = RN_out(RN(α·AB + β·C) · GELU'(aux)), `aux` [M, N] the forward's pre-activation, GELU' in fp64.
+    - "bgradb": out = the plain GEMM; bgrad[n] = RN_out(Σ_k b̂[n, k]) over B's consumed copy (dequantized,
+      NVFP4 with its half of α), summed in fp64.
+    """
+    epilogue_rule(epilogue, bias=bias is not None)
+    if epilogue == "bgradb":
+        out = gemm(a, b, layout=layout, out_dtype=out_dtype, c=c)
+        lay = GEMM_LAYOUTS[layout]
+        # NUMERICS: §12.2 - the bias gradient: one fp64 sum per row of B's [N, K] view, one RN_out.
+        return {"out": out, "bgrad": round_out(operand_row_sums(b, lay.b, layout=layout), out_dtype)}
+    # NUMERICS: §12.2 - the epilogue's input is the fp32 value after alpha, beta*C and bias.
+    pre = gemm(a, b, layout=layout, out_dtype=torch.float32, bias=bias, c=c)
+    if epilogue == "gelu_aux":
+        return {"out": round_out(gelu(pre), out_dtype), "aux": round_out(pre.to(torch.float64), out_dtype)}
+    if aux is None or tuple(aux.shape) != tuple(pre.shape):
+        raise SpecViolation(f"epilogue 'dgelu' needs aux [M, N] = {list(pre.shape)}, got "
+                            f"{None if aux is None else list(aux.shape)}", rule="epilogue")
+    return {"out": round_out(pre.to(torch.float64) * dgelu(aux.to(pre.device)), out_dtype)}

@@ -85,6 +85,11 @@ def gemm_rule(a: QuantConfig, b: QuantConfig, layout: str) -> None:
             "(docs/numerics.md §6)",
             rule="gemm",
         )
+    if a.element == b.element == "e5m2" and a.scheme_row.scale_format == "fp32" and not a.scheme_row.per_tensor:
+        # NUMERICS: §12.2 - cuBLASLt's fp32-block-scaled FP8 GEMMs (VEC128_32F, BLK128x128_32F) take
+        # e4m3 x e4m3, e4m3 x e5m2 and e5m2 x e4m3, never e5m2 x e5m2.
+        raise SpecViolation(f"a and b are both e5m2: a {a.scheme} GEMM takes at most one e5m2 operand "
+                            "(docs/numerics.md §12.2)", rule="gemm")
     rht_a, rht_b = a.rht and lay.a == "colwise", b.rht and lay.b == "colwise"  # NUMERICS: §5.6 colwise only
     if rht_a != rht_b:
         raise SpecViolation(
