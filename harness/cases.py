@@ -33,7 +33,8 @@ one-element list; ``shape`` and ``tile`` take one list of ints or a list of them
 
 op = "linear" (a Linear / LayerNormLinear training case, docs/numerics.md §9) takes instead of scheme,
 the config keys and shape: module, normalization, zero_centered_gamma, recipe, fp8_format, rht,
-stochastic, two_d, pow2_scales, amax_history_len, tokens, in_features, out_features, in_dtype (the
+stochastic, two_d, pow2_scales, amax_history_len, tokens, features ([K, N]) or in_features and
+out_features, in_dtype (the
 activation dtype), bias, steps, microbatch, fuse_wgrad_accumulation, distribution ("normal"), seed
 (cases/README.md; harness.module_inputs draws the inputs).
 
@@ -120,6 +121,7 @@ TIERS: dict[str, str] = {
     "nvfp4": "nvfp4.toml",
     "gemm": "gemm.toml",
     "nightly": "nightly.toml",
+    "modules": "modules.toml",
 }
 
 OPS = ("quantize", "dequantize", "gemm", "linear")
@@ -180,6 +182,7 @@ LINEAR_KEYS = (
     "fp8_format",
     "two_d",
     "tokens",
+    "features",
     "in_features",
     "out_features",
     "steps",
@@ -595,6 +598,13 @@ def _shape(v: Any) -> tuple[int, ...]:
     return tuple(v)
 
 
+def _features(v: Any) -> tuple[int, int]:
+    t = _shape(v)
+    if len(t) != 2:
+        raise _FieldError(f"{v!r} is not [in_features, out_features]")
+    return t
+
+
 _NORMALIZERS: dict[str, Any] = {
     "op": _choice("op", OPS),
     "scheme": _choice("scheme", SCHEME_NAMES),
@@ -636,13 +646,14 @@ _NORMALIZERS: dict[str, Any] = {
     "fp8_format": _choice("fp8_format", ("e4m3", "hybrid", _DEFAULT)),
     "two_d": _pow2,
     "tokens": _shape,
+    "features": _features,
     "in_features": _int(1),
     "out_features": _int(1),
     "steps": _int(1),
     "microbatch": _choice("microbatch", MICROBATCH_PATTERNS),
     "fuse_wgrad_accumulation": _bool,
 }
-_LIST_VALUED = ("shape", "tile", "b_tile", "tokens")  # a flat list of ints is ONE value of these keys
+_LIST_VALUED = ("shape", "tile", "b_tile", "tokens", "features")  # a flat list of ints is ONE value of these keys
 
 
 def _as_list(key: str, raw: Any) -> list:
@@ -874,7 +885,9 @@ def _expand_grid(table: Mapping, idx: int, name: str, loc: _Locator, file_cover:
     linear = lists.get("op") == ["linear"]
     if "linear" in lists.get("op", []) and not linear:
         raise _err(name, loc, idx, "op", "a linear grid takes op = \"linear\" alone (its keys differ)")
-    for req in ("recipe", "tokens", "in_features", "out_features") if linear else ("scheme", "shape"):
+    if linear and "features" not in lists and not {"in_features", "out_features"} <= set(lists):
+        raise _err(name, loc, idx, None, "a linear grid needs features = [K, N] or in_features and out_features")
+    for req in ("recipe", "tokens") if linear else ("scheme", "shape"):
         if req not in lists:
             raise _err(name, loc, idx, None, f"missing required field {req!r}")
     cover = table.get("cover", file_cover)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import torch
 
 from reference.linear import GEMM_LAYOUTS, ModuleRun, StepResult
+from reference.types import QuantizedTensor
 
 from .compare import TensorResult, compare_output, compare_quantized
 
@@ -228,6 +229,18 @@ def first_departure(stages: list[StageResult]) -> StageResult | None:
 def first_difference(stages: list[StageResult]) -> StageResult | None:
     """The first stage whose bits differ at all (within its bound or not), or None."""
     return next((s for s in stages if any(r.n_mismatch for r in s.results)), None)
+
+
+def run_to(run: ModuleRun, device) -> ModuleRun:
+    """`run` with every StepResult tensor and QuantizedTensor on `device` (compared where the golden lives)."""
+    import dataclasses  # noqa: PLC0415
+
+    def mv(v):
+        return v.to(device) if isinstance(v, (torch.Tensor, QuantizedTensor)) else v
+
+    steps = [dataclasses.replace(s, **{f.name: mv(getattr(s, f.name)) for f in dataclasses.fields(s)})
+             for s in run.steps]
+    return ModuleRun(steps=steps, state=run.state)
 
 
 def hp_inputs(case, spec_steps, golden: ModuleRun, params) -> list[dict]:

@@ -220,10 +220,13 @@ def build_linear_case(combo: Mapping[str, Any], source: str = ""):
         microbatch=combo.get("microbatch", "cache"),
         fuse_wgrad_accumulation=combo.get("fuse_wgrad_accumulation", False),
     )
+    if "features" in combo and ("in_features" in combo or "out_features" in combo):
+        raise ValueError("linear: give features = [K, N] or in_features / out_features, not both")
+    k, n = combo["features"] if "features" in combo else (combo["in_features"], combo["out_features"])
     return Case(
         "linear",
         config=recipe.config("input"),
-        shape=(*combo["tokens"], combo["in_features"], combo["out_features"]),
+        shape=(*combo["tokens"], k, n),
         in_dtype=combo.get("in_dtype", "bfloat16"),
         distribution=combo.get("distribution", "normal"),
         seed=combo.get("seed", 0),
@@ -311,6 +314,6 @@ def linear_values(case) -> dict[str, Any]:
     *tokens, k, n = case.shape
     v = recipe_toggles(s.recipe)
     v.update(module=s.module, normalization=s.normalization, zero_centered_gamma=s.zero_centered_gamma,
-             recipe=_NAME_OF[type(s.recipe)], tokens=tuple(tokens), in_features=k, out_features=n, steps=s.steps,
+             recipe=_NAME_OF[type(s.recipe)], tokens=tuple(tokens), features=(k, n), in_features=k, out_features=n, steps=s.steps,
              microbatch=s.microbatch, fuse_wgrad_accumulation=s.fuse_wgrad_accumulation)
     return v
