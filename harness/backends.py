@@ -25,6 +25,8 @@ from reference.types import QuantizedTensor, Unsupported
 
 ENTRY_POINT_GROUP = "numerics_harness.backends"
 OPS = ("quantize", "dequantize", "gemm", "linear")
+# The backend method each op calls (harness.ops): the linear op runs a whole module case.
+METHODS = ("quantize", "dequantize", "gemm", "run_module")
 
 
 class UnknownBackend(ValueError):
@@ -445,8 +447,8 @@ def _coerce(obj: Any, spec: str) -> Any:
         raise TypeError(f"backend {spec!r} is not a Backend: it has no string `name` attribute")
     if not callable(getattr(obj, "supports", None)):
         raise TypeError(f"backend {spec!r} is not a Backend: it has no supports(op, config, device) method")
-    if not any(callable(getattr(obj, op, None)) for op in OPS):
-        raise TypeError(f"backend {spec!r} is not a Backend: it implements none of {', '.join(OPS)}")
+    if not any(callable(getattr(obj, m, None)) for m in METHODS):
+        raise TypeError(f"backend {spec!r} is not a Backend: it implements none of {', '.join(METHODS)}")
     return obj
 
 

@@ -226,9 +226,16 @@ def first_departure(stages: list[StageResult]) -> StageResult | None:
     return next((s for s in stages if s.status == "fail"), None)
 
 
+def n_differ(tr: TensorResult) -> int:
+    """How many elements differ in their bits, within the bound or not (the ULP histogram's non-zero part)."""
+    if tr.ulp_hist and "0" in tr.ulp_hist:
+        return tr.n - int(tr.ulp_hist["0"])
+    return tr.n_mismatch
+
+
 def first_difference(stages: list[StageResult]) -> StageResult | None:
     """The first stage whose bits differ at all (within its bound or not), or None."""
-    return next((s for s in stages if any(r.n_mismatch for r in s.results)), None)
+    return next((s for s in stages if any(n_differ(r) for r in s.results)), None)
 
 
 def run_to(run: ModuleRun, device) -> ModuleRun:
@@ -273,7 +280,7 @@ def summary(stages: list[StageResult]) -> tuple[str, str]:
         return "fail", "first departure: " + describe(bad)
     diff = first_difference(stages)
     if diff is not None:
-        tr = next(r for r in diff.results if r.n_mismatch)
-        return "pass", f"bits first differ (within bounds) at step {diff.step}, {diff.stage}: {tr.n_mismatch} of {tr.n}"
+        tr = next(r for r in diff.results if n_differ(r))
+        return "pass", f"bits first differ (within bounds) at step {diff.step}, {diff.stage}: {n_differ(tr)} of {tr.n}"
     return "pass", ""
 
