@@ -255,3 +255,32 @@ def test_norm_bound_is_fp32_ulps_of_the_row_plus_one_rounding():
 def test_torch_backend_says_why_it_cannot_run_a_module_case_on_cpu():
     rows = run_case(Case.from_id("linear-current-bf16-t64-k128-n64-st1-mb_cache-normal-s0"), "torch")
     assert len(rows) == 1 and rows[0]["status"] == "skip" and "CUDA" in rows[0]["reason"]
+
+
+def test_stages_a_candidate_does_not_return_are_listed_not_failed():
+    def strip(run):  # what the TE adapter can return (examples/te_linear_adapter.py)
+        for s in run.steps:
+            s.x_q = s.w_q = s.dy_q = s.dgrad = s.wgrad = None
+
+    rows = run_case(Case.from_id(SMALL), Faulty(edit=strip))
+    ch = chain_row(rows)
+    assert (ch["status"], ch["reason"]) == ("pass", "not returned by the candidate: x_q, w_q, dy_q, dgrad, wgrad")
+    assert {r["tensor"] for r in rows if r["kind"] == "conformance"} == {
+        "chain", *(f"s{i}.{t}" for i in range(3) for t in ("fprop", "dx", "weight_grad"))}
+
+
+def test_te_adapter_maps_every_recipe():
+    pytest.importorskip("transformer_engine", reason="TransformerEngine is not installable here (no TE build)")
+    from transformer_engine.common import recipe as te_recipe
+
+    from examples.te_linear_adapter import te_recipe_of
+
+    for cls in RECIPES.values():
+        assert te_recipe_of(cls(), te_recipe) is not None
+
+
+def test_te_adapter_without_te_is_a_clear_skip():
+    from examples.te_linear_adapter import backend
+
+    ok, why = backend.supports("linear", Case.from_id(SMALL).config, "cpu")
+    assert not ok and "CUDA only" in why
