@@ -284,3 +284,13 @@ def test_te_adapter_without_te_is_a_clear_skip():
 
     ok, why = backend.supports("linear", Case.from_id(SMALL).config, "cpu")
     assert not ok and "CUDA only" in why
+
+
+def test_native_backend_refuses_module_cases_off_cuda_and_lists_their_kernels():
+    from harness.backends import NativeBackend
+
+    c = Case.from_id("linear-nvfp4-bf16-t64-k128-n64-st1-mb_cache-normal-s0")
+    ok, why = NativeBackend().supports("linear", c.config, "cpu")
+    assert not ok and "CUDA only" in why
+    rows = run_case(c, "native", "cpu")
+    assert [r["status"] for r in rows] == ["skip"]
