@@ -25,7 +25,9 @@ from reference.spec import TORCH_DTYPES, dtype_name, gemm_rule
 from reference.types import QuantizedTensor, Unsupported
 
 ENTRY_POINT_GROUP = "numerics_harness.backends"
-OPS = ("quantize", "dequantize", "gemm", "grouped_quantize")
+OPS = ("quantize", "dequantize", "gemm", "grouped_quantize", "linear")
+# The backend method each op calls (harness.ops): the linear op runs a whole module case.
+METHODS = ("quantize", "dequantize", "gemm", "grouped_quantize", "run_module")
 
 
 class UnknownBackend(ValueError):
@@ -41,6 +43,9 @@ class Backend(Protocol):
     gemm(a, b, *, layout="TN", out_dtype=torch.bfloat16, bias=None, c=None) -> Tensor [M, N]
     update_amax_history(state, reduced_amax=None)   optional: the backend's own fp8_delayed
         end-of-step update of a reference.per_tensor.AmaxHistory (else the reference's is used)
+    run_module(spec, params, steps) -> reference.linear.ModuleRun   optional, the `linear` op: every step of a
+        Linear / LayerNormLinear case (reference.linear's ModuleSpec, ModuleParams, StepInputs), with every
+        intermediate per step (docs/numerics.md §9.7); harness.chain compares it stage by stage
     prepare(cases, device) -> str | None   optional: one-time work before a sweep (e.g. compiling
         every kernel the cases need); returns a line for the log; an exception there is reported
         and the sweep goes on (each case then fails or passes on its own)
@@ -143,6 +148,11 @@ class ReferenceBackend:
 
         return grouped.quantize(x, config, splits, rowwise=rowwise, colwise=colwise, rng=rng)
 
+    def run_module(self, spec, params, steps):
+        from reference.linear import run_module  # noqa: PLC0415
+
+        return run_module(spec, params, steps)
+
 
 # ----------------------------------------------------------------------------------------------
 # native (imported lazily: it needs CuPy and a GPU)
@@ -174,7 +184,22 @@ class NativeBackend:
             return False, f"native: the backend cannot be imported ({self._import_error})"
         if not hasattr(mod, "supports"):
             return False, "native: the package has no supports() yet"
+        if op == "linear":  # the input role's quantizer and GEMM here; run_module checks every role
+            return _supports_all(mod.supports, ("quantize", "gemm"), (config,), device)
         return mod.supports(op, config, device)
+
+    def run_module(self, spec, params, steps):
+        """native.linear: reference.linear's step with native quantize / gemm / amax update (CUDA only)."""
+        mod = self._native()
+        if mod is None:
+            raise Unsupported(f"native: the backend cannot be imported ({self._import_error})")
+        ok, why = _supports_all(mod.supports, ("quantize", "gemm"), tuple(spec.recipe.configs().values()),
+                                params.weight.device)
+        if not ok:
+            raise Unsupported(why)
+        from native.linear import run_module  # noqa: PLC0415
+
+        return run_module(spec, params, steps)
 
     def _call(self, fn: str, *args, **kwargs):
         mod = self._native()
@@ -207,7 +232,16 @@ class NativeBackend:
         from native.modules import modules_for, precompile  # noqa: PLC0415
 
         items = []
-        for op, cfg, b_cfg, out_name in {(c.op, c.config, c.b_config, c.out_dtype) for c in cases}:  # distinct only
+        ops = set()
+        for c in cases:  # a linear case loads every role's quantizer and every GEMM of the step
+            if c.op != "linear":
+                ops.add((c.op, c.config, c.b_config, c.out_dtype))
+                continue
+            cfg = c.module.recipe.configs()
+            ops.update(("quantize", r, None, None) for r in cfg.values())
+            for a, b in (("input", "weight"), ("grad_output", "weight"), ("grad_output", "input")):
+                ops.update(("gemm", cfg[a], cfg[b], out) for out in (c.in_dtype, "float32"))
+        for op, cfg, b_cfg, out_name in ops:  # distinct only
             if self.supports(op, cfg, device)[0]:
                 out = torch_dtype(out_name, torch.bfloat16 if op == "gemm" else torch.float32)
                 items += modules_for(op, cfg, b_config=b_cfg, out_dtype=out, device=device)
@@ -221,6 +255,16 @@ class NativeBackend:
 # ----------------------------------------------------------------------------------------------
 
 _FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+
+
+def _supports_all(supports: Callable, ops: tuple, configs: tuple, device) -> tuple[bool, str]:
+    """(True, "") when `supports(op, config, device)` holds for every op and config, else the first refusal."""
+    for cfg in configs:
+        for op in ops:
+            ok, why = supports(op, cfg, device)
+            if not ok:
+                return False, f"{why} (needed by the linear step: {op} of {cfg.id})"
+    return True, ""
 
 
 def _per_tensor(config: QuantConfig) -> bool:
@@ -253,6 +297,8 @@ class TorchBackend:
     def supports(self, op, config, device):
         if config.convention != DEFAULT_CONVENTION:
             return False, f"torch: PyTorch's casts follow the {DEFAULT_CONVENTION!r} convention, not {config.convention!r}"
+        if op == "linear":  # the step from this backend's quantize and gemm (run_module checks every role)
+            return _supports_all(self.supports, ("quantize", "gemm"), (config,), device)
         if op in ("quantize", "dequantize"):
             if _per_tensor(config):
                 return True, ""
@@ -276,6 +322,18 @@ class TorchBackend:
                 return False, f"torch: blockwise FP8 scaled_mm runs on sm_90 only (cuBLAS), this GPU is sm_{cap[0]}{cap[1]}"
             return True, ""
         return False, f"torch: no PyTorch GEMM wired for {config.scheme} (sm_100+ block-scaled kernels are not used here)"
+
+    def run_module(self, spec, params, steps):
+        """reference.linear's step with this backend's quantize and gemm (per-tensor FP8 recipes on CUDA,
+        blockwise on sm_90); Unsupported naming the role otherwise. Norms, dbias and the grad sums are
+        reference.linear's PyTorch arithmetic."""
+        from reference.linear import Kernels, run_module  # noqa: PLC0415
+
+        ok, why = _supports_all(self.supports, ("quantize", "gemm"), tuple(spec.recipe.configs().values()),
+                                params.weight.device)
+        if not ok:
+            raise Unsupported(why)
+        return run_module(spec, params, steps, kernels=Kernels(quantize=self.quantize, gemm=self.gemm))
 
     # ---- quantize ---------------------------------------------------------------------------
     @staticmethod
@@ -437,8 +495,8 @@ def _coerce(obj: Any, spec: str) -> Any:
         raise TypeError(f"backend {spec!r} is not a Backend: it has no string `name` attribute")
     if not callable(getattr(obj, "supports", None)):
         raise TypeError(f"backend {spec!r} is not a Backend: it has no supports(op, config, device) method")
-    if not any(callable(getattr(obj, op, None)) for op in OPS):
-        raise TypeError(f"backend {spec!r} is not a Backend: it implements none of {', '.join(OPS)}")
+    if not any(callable(getattr(obj, m, None)) for m in METHODS):
+        raise TypeError(f"backend {spec!r} is not a Backend: it implements none of {', '.join(METHODS)}")
     return obj
 
 

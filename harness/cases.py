@@ -31,6 +31,13 @@ one-element list; ``shape`` and ``tile`` take one list of ints or a list of them
   distribution       one of DISTRIBUTIONS (harness/inputs.py)                   (default "normal")
   seed               int >= 0                                                    (default 0)
 
+op = "linear" (a Linear / LayerNormLinear training case, docs/numerics.md §9) takes instead of scheme,
+the config keys and shape: module, normalization, zero_centered_gamma, recipe, fp8_format, rht,
+stochastic, two_d, pow2_scales, amax_history_len, tokens, features ([K, N]) or in_features and
+out_features, in_dtype (the
+activation dtype), bias, steps, microbatch, fuse_wgrad_accumulation, distribution ("normal"), seed
+(cases/README.md; harness.module_inputs draws the inputs).
+
 plus, not producted: ``exclude = [{key = value, ...}, ...]`` (a case is dropped when it matches
 every key of one entry; values are compared after normalisation, e.g. dtype aliases, tiles),
 ``tier = "<label>"`` (default: the file's) and ``cover = "full" | "pairwise"``.
@@ -84,6 +91,21 @@ from reference.layouts import GEMM_LAYOUTS
 from reference.spec import copies_rule, gemm_rule, quantize_rule
 from reference.types import SpecViolation
 
+from .linear_case import (
+    LINEAR_MODULES,
+    MICROBATCH_PATTERNS,
+    NORMALIZATIONS,
+    RECIPE_NAMES,
+    LinearSpec,
+    build_linear_case,
+    linear_id,
+    linear_values,
+    linear_violation,
+)
+from .linear_case import (
+    parse_linear_id as _parse_linear_id,
+)
+
 
 def _cases_dir() -> Path:
     """The directory of the shipped tier files: the `cases` package's data (importlib.resources), so an
@@ -101,9 +123,10 @@ TIERS: dict[str, str] = {
     "nvfp4": "nvfp4.toml",
     "gemm": "gemm.toml",
     "nightly": "nightly.toml",
+    "modules": "modules.toml",
 }
 
-OPS = ("quantize", "dequantize", "gemm", "grouped_quantize")
+OPS = ("quantize", "dequantize", "gemm", "grouped_quantize", "linear")
 QUANTIZE_OPS = ("quantize", "grouped_quantize")  # ops without an output dtype
 ORIENTATIONS = ("rowwise", "colwise", "both")
 LAYOUTS = tuple(GEMM_LAYOUTS)
@@ -154,6 +177,26 @@ GRID_KEYS = (
     + ("orientation", "shape", "in_dtype", "out_dtype", "layout", "accumulate", "bias", "distribution", "seed")
     + ("splits", "epilogue", "b_in_dtype")
 )
+# op = "linear" (docs/numerics.md §9): the module, the recipe and its toggles, the step pattern.
+LINEAR_KEYS = (
+    "module",
+    "normalization",
+    "zero_centered_gamma",
+    "recipe",
+    "fp8_format",
+    "two_d",
+    "tokens",
+    "features",
+    "in_features",
+    "out_features",
+    "steps",
+    "microbatch",
+    "fuse_wgrad_accumulation",
+)
+# The recipe toggles that reuse a config key's name (rht, stochastic: nvfp4; pow2_scales: current, block;
+# amax_history_len: delayed).
+LINEAR_TOGGLES = ("fp8_format", "rht", "stochastic", "two_d", "pow2_scales", "amax_history_len")
+GRID_KEYS = GRID_KEYS + LINEAR_KEYS
 _TABLE_EXTRA_KEYS = ("exclude", "tier", "cover")
 _FILE_KEYS = ("grid", "tier", "cover", "description", "include")
 COVERS = ("full", "pairwise")
@@ -198,6 +241,7 @@ class Case:
     splits: tuple[int, ...] | None = None
     epilogue: str | None = None
     b_in_dtype: str | None = None
+    module: Any = None  # op "linear": a harness.cases.LinearSpec
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -229,6 +273,21 @@ class Case:
             raise ValueError(f"Case.epilogue={self.epilogue!r} is invalid: expected one of {EPILOGUES}")
         if self.b_in_dtype is not None and self.b_in_dtype not in INPUT_DTYPES:
             raise ValueError(f"Case.b_in_dtype={self.b_in_dtype!r} is invalid: expected one of {INPUT_DTYPES}")
+        if self.op == "linear":
+            if not isinstance(self.module, LinearSpec):
+                raise ValueError("Case.module must be a LinearSpec for op 'linear'")
+            if len(self.shape) < 3:
+                raise ValueError(f"Case.shape={self.shape!r} is invalid for linear: expected (*tokens, K, N)")
+            if self.config != self.module.recipe.config("input"):
+                raise ValueError("Case.config of a linear case is its recipe's input config")
+            if self.orientation is not None or self.layout is not None or self.b_config is not None:
+                raise ValueError("Case: orientation, layout and b_config do not apply to linear")
+            if self.accumulate or self.out_dtype is not None:
+                raise ValueError("Case: accumulate and out_dtype do not apply to linear")
+            put("bias", bool(self.bias))
+            return
+        if self.module is not None:
+            raise ValueError(f"Case.module applies to op 'linear' only (op={self.op})")
         if self.op == "gemm":
             if self.b_in_dtype == self.in_dtype:
                 put("b_in_dtype", None)  # one spelling: B's dtype is named only where it differs
@@ -267,6 +326,8 @@ class Case:
         dims = "x".join(str(d) for d in self.shape)
         tail = f"{self.distribution}-s{self.seed}"
         dt = DTYPE_SHORT[self.in_dtype]
+        if self.op == "linear":
+            return linear_id(self, tail)
         if self.op == "gemm":
             b = "" if self.b_config == self.config else f"-b-{self.b_config.id}"
             flags = ("-acc" if self.accumulate else "") + ("-bias" if self.bias else "")
@@ -281,6 +342,9 @@ class Case:
     @property
     def operand_shapes(self) -> dict[str, tuple[int, ...]]:
         """Logical operand shapes (docs/adapters.md §3): x for quantize; a, b (+ c [M, N], bias [N]) for gemm."""
+        if self.op == "linear":
+            *tokens, k, n = self.shape
+            return {"x": (*tokens, k), "weight": (n, k), "dy": (*tokens, n)}
         if self.op != "gemm":
             return {"x": self.shape}
         m, n, k = self.shape
@@ -291,6 +355,11 @@ class Case:
     def consumed(self) -> tuple[str, str] | None:
         """(A's, B's) consumed copy for gemm, None otherwise."""
         return GEMM_LAYOUTS[self.layout].consumes if self.op == "gemm" else None
+
+    @property
+    def features(self) -> tuple[int, int]:
+        """(in_features K, out_features N) of a linear case."""
+        return self.shape[-2], self.shape[-1]
 
     @classmethod
     def from_id(cls, case_id: str) -> "Case":
@@ -361,6 +430,8 @@ _SHORT_DTYPE = {s: d for d, s in DTYPE_SHORT.items()}
 def _parse_id(case_id: str) -> Case:
     if not isinstance(case_id, str):
         raise ValueError(f"case id must be a str, got {type(case_id).__name__}")
+    if case_id.startswith(("linear-", "layernorm_linear-")):
+        return _parse_linear_id(case_id)
     m = _GEMM_ID_RE.fullmatch(case_id) if case_id.startswith("gemm-") else _QUANT_ID_RE.fullmatch(case_id)
     if m is None:
         raise ValueError(
@@ -413,6 +484,8 @@ def spec_violation(case: Case) -> str | None:
     """Why the spec forbids `case` ("<rule>: <reference.spec message>"), or None. QuantConfig already
     validated itself; the rules are reference.spec's, so a case is excluded exactly when the
     reference would raise SpecViolation for it."""
+    if case.op == "linear":
+        return linear_violation(case)
     try:
         if case.op == "grouped_quantize":
             splits_rule(case.config, case.shape, case.splits, case.in_dtype)
@@ -456,6 +529,10 @@ def case_values(case: Case) -> dict[str, Any]:
     for k in ("orientation", "shape", "in_dtype", "out_dtype", "layout", "accumulate", "bias", "distribution", "seed",
               "splits", "epilogue", "b_in_dtype"):
         v[k] = getattr(case, k)
+    for k in LINEAR_KEYS:
+        v[k] = None
+    if case.op == "linear":
+        v.update(linear_values(case))
     return v
 
 
@@ -563,6 +640,13 @@ def _splits(v: Any) -> tuple[int, ...]:
     return tuple(v)
 
 
+def _features(v: Any) -> tuple[int, int]:
+    t = _shape(v)
+    if len(t) != 2:
+        raise _FieldError(f"{v!r} is not [in_features, out_features]")
+    return t
+
+
 _NORMALIZERS: dict[str, Any] = {
     "op": _choice("op", OPS),
     "scheme": _choice("scheme", SCHEME_NAMES),
@@ -600,8 +684,21 @@ _NORMALIZERS: dict[str, Any] = {
     "splits": _splits,
     "epilogue": _choice("epilogue", EPILOGUES),
     "b_in_dtype": _dtype,
+    "module": _choice("module", LINEAR_MODULES),
+    "normalization": _choice("normalization", NORMALIZATIONS),
+    "zero_centered_gamma": _bool,
+    "recipe": _choice("recipe", tuple(RECIPE_NAMES)),
+    "fp8_format": _choice("fp8_format", ("e4m3", "hybrid", _DEFAULT)),
+    "two_d": _pow2,
+    "tokens": _shape,
+    "features": _features,
+    "in_features": _int(1),
+    "out_features": _int(1),
+    "steps": _int(1),
+    "microbatch": _choice("microbatch", MICROBATCH_PATTERNS),
+    "fuse_wgrad_accumulation": _bool,
 }
-_LIST_VALUED = ("shape", "tile", "b_tile", "splits")  # a flat list of ints is ONE value of these keys
+_LIST_VALUED = ("shape", "tile", "b_tile", "splits", "tokens", "features")  # a flat list of ints is ONE value of these keys
 
 
 def _as_list(key: str, raw: Any) -> list:
@@ -730,6 +827,12 @@ def _config(scheme: str, kw: dict) -> QuantConfig:
 def build_case(combo: Mapping[str, Any], source: str = "") -> Case:
     """A Case from one grid combination (normalised values); ValueError when the spec forbids it."""
     op = combo.get("op", "quantize")
+    if op == "linear":
+        case = build_linear_case(combo, source)
+        why = spec_violation(case)
+        if why is not None:
+            raise ValueError(why)
+        return case
     cfg = _config(combo["scheme"], _config_kwargs(combo))
     kw: dict[str, Any] = dict(
         config=cfg,
@@ -828,7 +931,12 @@ def _expand_grid(table: Mapping, idx: int, name: str, loc: _Locator, file_cover:
             lists[key] = [_NORMALIZERS[key](v) for v in _as_list(key, raw)]
         except _FieldError as e:
             raise _err(name, loc, idx, key, str(e)) from None
-    for req in ("scheme", "shape"):
+    linear = lists.get("op") == ["linear"]
+    if "linear" in lists.get("op", []) and not linear:
+        raise _err(name, loc, idx, "op", "a linear grid takes op = \"linear\" alone (its keys differ)")
+    if linear and "features" not in lists and not {"in_features", "out_features"} <= set(lists):
+        raise _err(name, loc, idx, None, "a linear grid needs features = [K, N] or in_features and out_features")
+    for req in ("recipe", "tokens") if linear else ("scheme", "shape"):
         if req not in lists:
             raise _err(name, loc, idx, None, f"missing required field {req!r}")
     cover = table.get("cover", file_cover)

@@ -573,6 +573,8 @@ def input_key(case: Case) -> tuple:
     and bias; whether an SR seed is attached; and what the distribution reads from each operand's
     config and consumed orientation (`_config_key`). Used to reuse one generation for consecutive cases.
     """
+    if case.op == "linear":  # harness.module_inputs: everything is drawn from the case itself
+        return ("linear", case)
     gemm = case.op == "gemm"
     stochastic = case.config.stochastic or bool(gemm and case.b_config is not None and case.b_config.stochastic)
     dist = case.distribution
@@ -601,6 +603,10 @@ def generate(case: Case, device: str | torch.device = "cpu") -> dict:
     """The case's inputs (docs/design.md §5): quantize/dequantize -> {"x"}; gemm -> {"a", "b"} in the
     layout's logical shapes, plus "c" [M, N] (accumulate) and "bias" [N] (bias) in the output
     dtype; "rng" = (seed, stream 0) when a config rounds stochastically (B uses stream + 2)."""
+    if case.op == "linear":
+        from .module_inputs import generate_module  # noqa: PLC0415
+
+        return {k: v.to(device) for k, v in generate_module(case).items()}
     out: dict = {}
     if case.op != "gemm":  # quantize, dequantize, grouped_quantize
         out["x"] = _operand(case, case.config, case.shape, case.orientation, "x")

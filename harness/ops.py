@@ -545,6 +545,63 @@ def _grouped_truth(case, g: Golden, orientation: str) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------
+# linear: a Linear / LayerNormLinear training case (docs/numerics.md §9), compared along its chain
+# ----------------------------------------------------------------------------------------------
+
+
+def _linear_golden(case, g: Golden) -> None:
+    from reference.linear import run_module  # noqa: PLC0415
+
+    from .module_inputs import module_args  # noqa: PLC0415
+
+    g.state = run_module(*module_args(case, g.on_device))  # the golden ModuleRun
+
+
+def _linear_handed(case, g: Golden, device) -> dict:
+    dev = normalized(device)
+    src = g.on_device if dev == g.device else g.inputs
+    return {k: (fresh_copy(v, dev), v) for k, v in src.items() if isinstance(v, torch.Tensor)}
+
+
+def _linear_candidate(case, g: Golden, backend, device, given: Mapping) -> Output:
+    from .module_inputs import module_args  # noqa: PLC0415
+
+    spec, params, steps = module_args(case, given)
+    run, wall = _timed(device, lambda: backend.run_module(spec, params, steps))
+    return Output({"run": run}, wall)
+
+
+def _linear_from_golden(case, g: Golden) -> Output:
+    return Output({"run": g.state}, g.wall_ms)
+
+
+def _linear_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
+    from .chain import compare_runs, hp_inputs, run_to, summary  # noqa: PLC0415
+    from .module_inputs import module_args  # noqa: PLC0415
+
+    spec, params, steps = module_args(case, g.on_device)
+    run = run_to(out.values["run"], g.device)
+    stages = compare_runs(case, g.state, run, hp_inputs(case, steps, g.state, params), params.bias)
+    status, reason = summary(stages)
+    n_bad = sum(s.status == "fail" for s in stages)
+    rows = [Row(**base, tensor="chain", kind="conformance", status=status, reason=reason, n=len(stages),
+                n_mismatch=n_bad, mismatch_frac=n_bad / max(1, len(stages)))]
+    for sr in stages:
+        for tr in sr.results:
+            tr.tensor = f"s{sr.step}.{sr.stage}" + ("" if tr.tensor == sr.stage else f".{tr.tensor}")
+            rows.append(result_row(base, tr))
+    # accuracy: the last step's fprop against the fp64 product of the high-precision operands
+    last, inp = run.steps[-1], steps[-1]
+    xs = (last.ln_out if last.ln_out is not None else inp.x.reshape(-1, inp.x.shape[-1])).to(torch.float64)
+    w = next((s.weight for s in reversed(steps) if s.weight is not None), params.weight)
+    truth = xs @ w.to(xs.device, torch.float64).t()
+    if params.bias is not None:
+        truth = truth + params.bias.to(xs.device, torch.float64)
+    rows.append(accuracy_row(base, "accuracy_fprop", last.fprop.to(truth.device, torch.float64), truth))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
 # The table
 # ----------------------------------------------------------------------------------------------
 
@@ -558,6 +615,7 @@ class Op:
     candidate: Callable[[Any, Golden, Any, Any, Mapping], Output]
     from_golden: Callable[[Any, Golden], Output]
     compare: Callable[[Any, Golden, Output, Mapping], list]
+    method: str = ""  # the backend method the op calls (default: the op's name)
 
     def golden_device(self, g: Golden) -> torch.device:
         """Where the golden output lives (a GEMM's may have been computed on the CPU)."""
@@ -570,6 +628,8 @@ OPS: dict[str, Op] = {
                      _dequantize_from_golden, _dequantize_compare),
     "gemm": Op(_gemm_golden, _gemm_handed, _gemm_candidate, _gemm_from_golden, _gemm_compare),
     "grouped_quantize": Op(_grouped_golden, _x_handed, _grouped_candidate, _grouped_from_golden, _grouped_compare),
+    "linear": Op(_linear_golden, _linear_handed, _linear_candidate, _linear_from_golden, _linear_compare,
+                 method="run_module"),
 }
 
 

@@ -102,8 +102,9 @@ def _backend_rows(case, golden: Callable[[], Golden], backend, device, base: Row
         return [status_row(base, "error", crash_reason(e))]
     if not ok and split is None:
         return [status_row(base, "skip", why or f"{backend.name} does not support this case")]
-    if not callable(getattr(backend, case.op, None)):
-        return [status_row(base, "skip", f"{backend.name} has no {case.op}()")]
+    method = op_for(case).method or case.op  # the linear op calls run_module
+    if not callable(getattr(backend, method, None)):
+        return [status_row(base, "skip", f"{backend.name} has no {method}()")]
     g = golden()
     if g.error:
         return [status_row(base, "error", g.error)]

@@ -21,6 +21,7 @@ N = out_features:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -41,6 +42,23 @@ GEMM_OPERANDS = {
     "wgrad": (("grad_output", "colwise"), ("input", "colwise")),
 }
 _SEED_LIMIT = 2**64
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The quantizer, GEMM and delayed-scaling update a step calls (default: this package's own).
+
+    Another backend runs the same step with its kernels (native/linear.py): the orchestration of
+    docs/numerics.md §9 is shared, the numbers come from the backend. `update_amax_history(h)`
+    None means `h.update()` (docs/numerics.md §2).
+    """
+
+    quantize: Callable = quantize
+    gemm: Callable = gemm
+    update_amax_history: Callable | None = None
+
+
+REFERENCE_KERNELS = Kernels()
 _STREAMS_PER_ROLE = 2  # rowwise stream, colwise stream + 1 (SRSeed)
 
 
@@ -218,7 +236,8 @@ def _check_step(spec: ModuleSpec, params: ModuleParams, inp: StepInput, state: M
         raise ValueError("layernorm_linear needs params.ln_weight (and ln_bias for LayerNorm)")
 
 
-def _quantize(x: torch.Tensor, spec: ModuleSpec, role: str, step: int, state: ModuleState, seeds: dict):
+def _quantize(x: torch.Tensor, spec: ModuleSpec, role: str, step: int, state: ModuleState, seeds: dict,
+              kernels: Kernels = REFERENCE_KERNELS):
     """Both copies of one role's tensor with the recipe's config, SR seed and delayed-scaling state."""
     cfg = spec.recipe.config(role)
     rng = None
@@ -227,7 +246,7 @@ def _quantize(x: torch.Tensor, spec: ModuleSpec, role: str, step: int, state: Mo
         seeds[role] = rng
     # NUMERICS: numerics.md §9.1 every role is quantized rowwise and colwise (TE set_usage(rowwise=True,
     # columnwise=True) when the backward needs both); fp8_delayed reads the role's scale, records amax in H[0].
-    return quantize(x, cfg, rowwise=True, colwise=True, rng=rng, state=state.histories.get(role))
+    return kernels.quantize(x, cfg, rowwise=True, colwise=True, rng=rng, state=state.histories.get(role))
 
 
 def _gemm_bias(bias: torch.Tensor, act: torch.dtype) -> torch.Tensor:
@@ -237,19 +256,26 @@ def _gemm_bias(bias: torch.Tensor, act: torch.dtype) -> torch.Tensor:
     return bias.to(torch.bfloat16 if act == torch.float32 else act)
 
 
-def _end_of_step(state: ModuleState, roles: tuple[str, ...], scales: dict, histories: dict) -> None:
+def _end_of_step(state: ModuleState, roles: tuple[str, ...], scales: dict, histories: dict,
+                 kernels: Kernels = REFERENCE_KERNELS) -> None:
     """The fused delayed-scaling update of `roles`, and a snapshot of their scale and history after it."""
     for role in roles:
         h = state.histories.get(role)
         if h is None:
             continue
-        h.update()  # NUMERICS: §2 fused end-of-step update (roll, A_max, scale)
+        if kernels.update_amax_history is None:
+            h.update()  # NUMERICS: §2 fused end-of-step update (roll, A_max, scale)
+        else:
+            kernels.update_amax_history(h)
         scales[role] = h.scale.clone()
         histories[role] = h.history.clone()
 
 
-def module_step(spec: ModuleSpec, params: ModuleParams, inp: StepInput, state: ModuleState, step: int) -> StepResult:
-    """One forward + backward of the module; updates `state` in place (docs/numerics.md §9)."""
+def module_step(spec: ModuleSpec, params: ModuleParams, inp: StepInput, state: ModuleState, step: int,
+                kernels: Kernels = REFERENCE_KERNELS) -> StepResult:
+    """One forward + backward of the module; updates `state` in place (docs/numerics.md §9).
+    `kernels`: whose quantize / gemm / amax update run the step (`Kernels`)."""
+    kg = kernels.gemm
     _check_step(spec, params, inp, state)
     if inp.weight is not None:
         state.weight = inp.weight
@@ -274,32 +300,32 @@ def module_step(spec: ModuleSpec, params: ModuleParams, inp: StepInput, state: M
         # (FULLY_FUSED: codes from the fp32 norm output, amax of it); every other recipe quantizes
         # the activation-dtype ln_out (UNFUSED / FUSED_NORM_AMAX: amax of the rounded value).
         x_src = ln.out_fp32 if isinstance(rec, DelayedScaling) else ln.out
-    x_q = _quantize(x_src, spec, "input", step, state, seeds)
+    x_q = _quantize(x_src, spec, "input", step, state, seeds, kernels)
 
     # NUMERICS: numerics.md §9.4 weight cache - True: quantize and cache; False: reuse the cache (quantize on a
     # miss, as TE quantize_weight does); None: quantize every step, no cache.
     mb = inp.is_first_microbatch
     requant = mb is None or mb or state.weight_cache is None
     if requant:
-        w_q = _quantize(state.weight, spec, "weight", step, state, seeds)
+        w_q = _quantize(state.weight, spec, "weight", step, state, seeds, kernels)
         state.weight_cache = w_q if mb is not None else None
     else:
         w_q = state.weight_cache
     bias = None if params.bias is None else _gemm_bias(params.bias, act)
     # NUMERICS: §6 fprop TN: rowwise X and W; out in the activation dtype, bias in the epilogue.
-    y = gemm(x_q, w_q, layout="TN", out_dtype=act, bias=bias)
+    y = kg(x_q, w_q, layout="TN", out_dtype=act, bias=bias)
     # NUMERICS: numerics.md §9.6 TE updates the forward slots (input, weight) when the autocast context exits.
-    _end_of_step(state, ("input", "weight"), scales, histories)
+    _end_of_step(state, ("input", "weight"), scales, histories, kernels)
 
     # ---- backward ----
-    dy_q = _quantize(dy2d, spec, "grad_output", step, state, seeds)
+    dy_q = _quantize(dy2d, spec, "grad_output", step, state, seeds, kernels)
     dbias = None
     if params.bias is not None:
         # NUMERICS: numerics.md §9.3 dbias = column sums of the high-precision dY, one rounding to the activation
         # dtype (TE bgrad_quantize / grad_output.sum(dim=0): fp32 accumulation in a launch order).
         dbias = round_out(norms.ordered_sum(dy2d, 0), act)
     # NUMERICS: §6 dgrad NN: dY rowwise, W colwise; out in the activation dtype.
-    dgrad = gemm(dy_q, w_q, layout="NN", out_dtype=act)
+    dgrad = kg(dy_q, w_q, layout="NN", out_dtype=act)
     dx, dgamma, dbeta = dgrad, None, None
     if ln is not None:
         nb = norms.norm_backward(
@@ -313,11 +339,11 @@ def module_step(spec: ModuleSpec, params: ModuleParams, inp: StepInput, state: M
     weight_grad = main_grad = None
     if spec.fuse_wgrad_accumulation:
         accumulate = mb is None or not mb
-        wgrad = gemm(dy_q, x_q, layout="NT", out_dtype=torch.float32, c=state.main_grad if accumulate else None)
+        wgrad = kg(dy_q, x_q, layout="NT", out_dtype=torch.float32, c=state.main_grad if accumulate else None)
         state.main_grad = main_grad = wgrad
         gemms["wgrad"] = GemmInfo("NT", torch.float32, rec.split_accumulator("wgrad"), accumulate)
     else:
-        wgrad = gemm(dy_q, x_q, layout="NT", out_dtype=act)
+        wgrad = kg(dy_q, x_q, layout="NT", out_dtype=act)
         if state.weight_grad is None:
             state.weight_grad = wgrad
         else:
@@ -326,7 +352,7 @@ def module_step(spec: ModuleSpec, params: ModuleParams, inp: StepInput, state: M
             state.weight_grad = (state.weight_grad.to(torch.float32) + wgrad.to(torch.float32)).to(act)
         weight_grad = state.weight_grad
     # NUMERICS: numerics.md §9.6 the backward slot (grad_output) is updated at the end of the backward pass.
-    _end_of_step(state, ("grad_output",), scales, histories)
+    _end_of_step(state, ("grad_output",), scales, histories, kernels)
     return StepResult(
         step=step, is_first_microbatch=mb, weight_requantized=requant, x_q=x_q, w_q=w_q, dy_q=dy_q,
         fprop=y, dgrad=dgrad, dx=dx, wgrad=wgrad, dbias=dbias,
@@ -338,9 +364,10 @@ def module_step(spec: ModuleSpec, params: ModuleParams, inp: StepInput, state: M
 
 
 def run_module(
-    spec: ModuleSpec, params: ModuleParams, steps: list[StepInput], state: ModuleState | None = None
+    spec: ModuleSpec, params: ModuleParams, steps: list[StepInput], state: ModuleState | None = None,
+    kernels: Kernels = REFERENCE_KERNELS,
 ) -> ModuleRun:
     """Run every step of a module case in order and return all intermediates (docs/numerics.md §9)."""
     st = initial_state(spec, params) if state is None else state
-    results = [module_step(spec, params, inp, st, i) for i, inp in enumerate(steps)]
+    results = [module_step(spec, params, inp, st, i, kernels) for i, inp in enumerate(steps)]
     return ModuleRun(steps=results, state=st)

@@ -397,7 +397,8 @@ def test_smoke_covers_scheme_x_toggle_x_orientation_and_layouts():
 def test_smoke_shapes_are_small_with_edge_shapes():
     smoke = _tier("smoke")
     assert len(smoke) < 400
-    assert all(math.prod(c.shape) <= 256 * 256 * (300 if c.op == "gemm" else 1) for c in smoke)
+    assert all(math.prod(c.shape) <= 256 * 256 * (300 if c.op == "gemm" else 1) for c in smoke if c.op != "linear")
+    assert all(math.prod(c.shape) <= 128**3 for c in smoke if c.op == "linear")  # tokens x K x N
     blk = [c.shape for c in smoke if c.config.scheme == "fp8_block" and c.op == "quantize"]
     assert any(s[-1] % 128 or math.prod(s[:-1]) % 128 for s in blk), "fp8_block needs partial blocks"
     assert any(math.prod(s[:-1]) >= 16 * s[-1] for c in smoke for s in [c.shape] if c.op == "quantize")  # tall/skinny

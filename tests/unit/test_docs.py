@@ -159,7 +159,7 @@ def test_resolution_rules():
     assert resolves("numerics", "7.14", None) and resolves("numerics", "7", 19)
     assert resolves("numerics", "2", 6)  # end-of-step update, step 6
     assert resolves("numerics", "9.7", None) and resolves("numerics", "10.7", None)
-    assert not resolves("numerics", "99", None) and not resolves("numerics", "9.8", None)
+    assert not resolves("numerics", "99", None) and not resolves("numerics", "9.9", None)
     assert not resolves("numerics", "0.2.9", None)
     assert not resolves("numerics", "5.11", None)
     assert not resolves("numerics", "7", 29)
