@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from . import casts, fp32, layouts, scaling
 from .formats import INPUT_DTYPE_MAX, QuantConfig
-from .quantization import DTYPE_NAMES
+from .spec import DTYPE_NAMES
 from .types import QuantizedTensor
 
 # Elements per row chunk: bounds the fp32 temporaries (a few chunk-sized tensors at a time).

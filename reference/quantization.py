@@ -16,17 +16,12 @@ from .formats import SCHEMES, QuantConfig
 from .spec import DTYPE_NAMES, check_dequantize, check_given_amax, check_quantize, reduce_amax
 from .types import QuantizedTensor, SRSeed
 
-__all__ = ["DTYPE_NAMES", "check_input", "dequantize", "quantize", "reduce_amax", "scheme_module"]
+__all__ = ["dequantize", "quantize", "reduce_amax", "scheme_module"]
 
 
 def scheme_module(scheme: str):
     """The reference module of `scheme` (its row's `module`)."""
     return SCHEMES[scheme].reference_module()
-
-
-def check_input(x: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool) -> torch.Tensor:
-    """`spec.check_quantize` without the seed: `x` as a contiguous 2-D [M, K] tensor."""
-    return check_quantize(x, config, rowwise=rowwise, colwise=colwise)[0]
 
 
 def quantize(
