@@ -4,8 +4,8 @@ Source: docs/design.md §5 (data flow), docs/numerics.md §0.2.8 (the reference 
 CUDA). Where the golden runs (`golden="same"`, the default, or `"cpu"`): inputs are always drawn on
 the CPU (harness.inputs); with "same" the reference then runs on the candidate's device and the
 comparison and accuracy metrics are computed there, so a GPU sweep keeps its big tensors on the GPU.
-A GEMM whose fp64 sums are not exact on another device is computed on the CPU
-(`reference.gemm.fp64_sums_exact`), so every golden byte is the CPU's. What each op computes is in
+A GEMM whose bits could depend on the device (an fp64 sum that rounds in a library's order) is
+computed on the CPU (`reference.gemm.device_independent`), so every golden byte is the CPU's. What each op computes is in
 harness.ops (one table).
 """
 

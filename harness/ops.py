@@ -359,13 +359,13 @@ def _output_evidence(ev: Evidence, tr, golden: torch.Tensor, candidate: torch.Te
 
 
 def _gemm_reference(case, g: Golden, dtype: torch.dtype) -> torch.Tensor:
-    """reference.gemm of the golden operands; recomputed on the CPU when its fp64 sums are not exact
-    on another device (then the summation order could change the bits, docs/numerics.md §0.2.8)."""
-    from reference.gemm import fp64_sums_exact  # noqa: PLC0415
+    """reference.gemm of the golden operands; recomputed on the CPU when its bits could depend on the
+    device (an fp64 sum that rounds in a library's order, docs/numerics.md §0.2.8, §6)."""
+    from reference.gemm import device_independent  # noqa: PLC0415
 
     layout = case.layout or "TN"
     kw = dict(layout=layout, out_dtype=dtype, method="auto")
-    if g.device.type == "cpu" or fp64_sums_exact(g.qa, g.qb, layout)[0]:
+    if g.device.type == "cpu" or device_independent(g.qa, g.qb, layout)[0]:
         return reference.gemm(g.qa, g.qb, bias=g.on_device.get("bias"), c=g.on_device.get("c"), **kw)
     return reference.gemm(g.qa.to("cpu"), g.qb.to("cpu"), bias=g.inputs.get("bias"), c=g.inputs.get("c"), **kw)
 

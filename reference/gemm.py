@@ -237,7 +237,10 @@ def _block_sum(oa: Operand, ob: Operand, scheme: str) -> torch.Tensor:
     for b0, b1 in _block_chunks(nb, m, n):  # memory chunks only, in increasing K order
         p = _block_partials(va, vb, b0, b1)  # (nbc, M, N)
         p = p * (sa[:, b0:b1].t()[:, :, None] * sb[:, b0:b1].t()[:, None, :])  # exact: pow2 / 4-bit scales
-        y = y + p.sum(dim=0)  # NUMERICS: §6 "the pure reference sums in fp64"
+        # NUMERICS: §6 - the block terms are added to y one at a time in increasing K order (elementwise
+        # fp64 adds: the same bits on every device, also where the K sum rounds).
+        for t in p:
+            y = y + t
     g = _global_factor(oa, ob, scheme)
     return y if g is None else y * g  # NUMERICS: §6 alpha applied after the sum; RN_out once (epilogue)
 
@@ -446,6 +449,39 @@ def fp64_sums_exact(a: QuantizedTensor, b: QuantizedTensor, layout: str = "TN", 
     if s >= math.ldexp(1.0, q + _F64_SIG_BITS - 1):
         return False, f"a K sum spans more than 52 bits (max sum |t| = {s:.3e}, lsb 2^{q})"
     return True, f"lsb 2^{q}, max sum |t| = {s:.3e}"
+
+
+def _block_terms_exact(a: QuantizedTensor, b: QuantizedTensor, block: int) -> bool:
+    """Whether every `block`-deep sum of products dec(a)·dec(b) is exact in fp64 by the element formats alone:
+    each product is a multiple of min_subnormal_a · min_subnormal_b and each sum is at most
+    block · max_a · max_b in magnitude (E4M3: 128 · 448² · 2^18 < 2^43; E2M1 tiny; E5M2 can exceed 2^53)."""
+    fa, fb = a.config.element_format, b.config.element_format
+    span = block * fa.max_finite * fb.max_finite / (fa.min_subnormal * fb.min_subnormal)
+    return span < 2.0**_F64_SIG_BITS
+
+
+def device_independent(a: QuantizedTensor, b: QuantizedTensor, layout: str = "TN", method: str = "auto"
+                       ) -> tuple[bool, str]:
+    """Whether `gemm(a, b, method=method)` gives the same bits on every device: (ok, reason).
+
+    True when every fp64 sum is exact (`fp64_sums_exact`), and also for the block methods ("block_sum",
+    "blockwise_order") whenever each K block's own sum is exact by the formats (`_block_terms_exact`): their
+    block terms are then exact and are added in a fixed sequential order (docs/numerics.md §6, §0.2.8).
+    Non-finite operands are not (NaN payloads may differ between devices).
+    """
+    ok, why = fp64_sums_exact(a, b, layout, method)
+    if ok:
+        return ok, why
+    oa, ob, scheme = operands(a, b, layout)
+    meth = _resolve_method(method, scheme)
+    if meth not in ("block_sum", "blockwise_order"):
+        return False, why
+    if not (bool(torch.isfinite(oa.values).all()) and bool(torch.isfinite(ob.values).all())):
+        return False, "an operand holds a non-finite value"
+    if not _block_terms_exact(a, b, oa.block):
+        return False, f"a {oa.block}-deep block sum of {a.config.element_format.name} x " \
+                      f"{b.config.element_format.name} products can round in fp64 ({why})"
+    return True, f"exact {oa.block}-deep block terms added in K order ({why})"
 
 
 def exact_representable_ok(

@@ -22,12 +22,13 @@ What is NOT expected to be bitwise equal across devices, and how it is handled:
    that a NaN matches any NaN. Quantized fields (codes, scales, amaxes) compare byte for byte.
 2. `reference.gemm` takes fp64 sums with a matmul / einsum (cuBLAS on CUDA, the CPU BLAS on the
    CPU), whose summation orders differ. The results are equal when every fp64 product and partial
-   sum is exact, which each GEMM test checks before asserting (`reference.gemm.fp64_sums_exact`), and otherwise
-   skips with the reason. Expected skips: method "exact" of fp8_block with fp32 (non-pow2) scales
-   (28-bit x 28-bit products round in fp64), and "exact" / "block_sum" on special inputs whose
-   K sums span more than 52 bits (tiny-amax or subnormal blocks next to large ones; fp8_block and
-   mxfp8). "blockwise_order" sums only unscaled codes per block in fp64 and then
-   runs the elementwise FMA32 chain, so it is asserted on them.
+   sum is exact, and also for "block_sum" / "blockwise_order" whenever each block's own sum is exact
+   by the formats (their block terms are added in a fixed K order, docs/numerics.md §6); each GEMM
+   test checks this before asserting (`reference.gemm.device_independent`), and otherwise skips with
+   the reason. Expected skips: method "exact" of fp8_block with fp32 (non-pow2) scales (28-bit x
+   28-bit products round in fp64), and "exact" on inputs whose K sums span more than 52 bits
+   (per_tile_scales, tiny-amax or subnormal blocks next to large ones). "block_sum" (MXFP8, NVFP4)
+   and "blockwise_order" are asserted on them.
 3. FP8 NaN codes in GEMM operands: NaN inputs are replaced by 0 before quantizing GEMM operands
    (NaN propagation through a BLAS, which may skip zero operands, is outside the contract).
 """
@@ -41,7 +42,7 @@ import reference
 from harness.cases import Case
 from harness.inputs import generate
 from reference.formats import QuantConfig
-from reference.gemm import METHODS_FOR_SCHEME, fp64_sums_exact
+from reference.gemm import METHODS_FOR_SCHEME, device_independent
 from reference.per_tensor import AmaxHistory
 from reference.types import QuantizedTensor, SRSeed
 
@@ -309,7 +310,7 @@ def _gemm_params():
     out = []
     for gid, ca, cb, mnk, layouts in _GCONFIGS:
         for layout in layouts:
-            for dist in ("normal", "heavy_tail", "special"):
+            for dist in ("normal", "heavy_tail", "special", "per_tile_scales"):
                 for method in METHODS_FOR_SCHEME[ca.scheme]:
                     out.append(pytest.param(ca, cb, mnk, layout, dist, method, id=f"{gid}-{layout}-{dist}-{method}"))
     return out
@@ -333,9 +334,9 @@ def _gemm_operands(ca, cb, mnk, layout, dist):
 @pytest.mark.parametrize("ca,cb,mnk,layout,dist,method", _gemm_params())
 def test_gemm_same_bits(ca, cb, mnk, layout, dist, method):
     """reference.gemm of identical operands: same bits on the CPU and on CUDA, every out dtype, with and
-    without bias + C, where the fp64 sums are provably exact (module docstring, point 2)."""
+    without bias + C, where the bits are provably device-independent (module docstring, point 2)."""
     a, b = _gemm_operands(ca, cb, mnk, layout, dist)
-    ok, why = fp64_sums_exact(a, b, layout, method)
+    ok, why = device_independent(a, b, layout, method)
     if not ok:
         pytest.skip(f"not expected bitwise equal across devices: {why}")
     ad, bd = a.to(DEVICE), b.to(DEVICE)

@@ -16,7 +16,14 @@ import torch
 import reference
 from reference import casts
 from reference.formats import E2M1, E4M3, FORMATS, QuantConfig
-from reference.gemm import METHODS_FOR_SCHEME, exact_representable_ok, fp64_sums_exact, gemm, round_out
+from reference.gemm import (
+    METHODS_FOR_SCHEME,
+    device_independent,
+    exact_representable_ok,
+    fp64_sums_exact,
+    gemm,
+    round_out,
+)
 from reference.types import QuantizedTensor, SpecViolation
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
@@ -673,3 +680,40 @@ def test_e2e_lossless_inputs_every_method_exact(pair, layout):
         for method in ("auto",) + METHODS_FOR_SCHEME[cfg_a.scheme]:
             got = gemm(qa, qb, layout=layout, out_dtype=out_dtype, method=method)
             assert torch.equal(bits(got), bits(exp)), (method, out_dtype)
+
+
+def test_block_sum_adds_block_terms_in_k_order_and_is_device_independent():
+    """docs/numerics.md §6: the block terms 2^60, 1, -2^60 (three MXFP8 blocks) are added in K order, so
+    the 1 is absorbed by 2^60 and Y = 0 exactly (the true sum is 1; another order would give 1)."""
+    mx = QuantConfig("mxfp8")
+    x = torch.zeros(32, 96)
+    x[:, 0], x[:, 32], x[:, 64] = 2.0**60, 1.0, -(2.0**60)
+    qa = reference.quantize(x, mx)
+    qb = reference.quantize(torch.ones(32, 96), mx)
+    y = gemm(qa, qb, out_dtype=torch.float32)
+    assert bool((y == 0.0).all())
+    # The K sum rounds, so fp64_sums_exact refuses; the E4M3 block terms are exact and their order fixed.
+    assert not fp64_sums_exact(qa, qb)[0]
+    ok, why = device_independent(qa, qb)
+    assert ok and "block terms" in why
+    # Swapping the second and third blocks changes the sequential sum: (2^60 - 2^60) + 1 = 1.
+    x2 = x.clone()
+    x2[:, 32], x2[:, 64] = x[:, 64], x[:, 32]
+    assert bool((gemm(reference.quantize(x2, mx), qb, out_dtype=torch.float32) == 1.0).all())
+
+
+def test_device_independent_refuses_e5m2_blocks_with_wide_spans_and_non_finite_operands():
+    e5 = QuantConfig("mxfp8", element="e5m2")
+    x = torch.ones(32, 64)
+    x[:, :32] = 2.0**-100
+    q = reference.quantize(x, e5)
+    ok, why = device_independent(q, q)
+    assert not ok and "can round" in why
+    mx = QuantConfig("mxfp8")
+    n = torch.ones(32, 64)
+    n[0, 3] = float("nan")  # E4M3 keeps NaN (its code 0x7F)
+    qn = reference.quantize(n, mx)
+    assert device_independent(qn, qn) == (False, "an operand holds a non-finite value")
+    # Exact sums (all ones) need no block argument.
+    qo = reference.quantize(torch.ones(32, 64), mx)
+    assert device_independent(qo, qo)[0]
