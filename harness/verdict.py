@@ -79,19 +79,21 @@ def code_step(q: QuantizedTensor, o: str) -> torch.Tensor:
 
 
 def within_one_step(golden: torch.Tensor, candidate: torch.Tensor, step: torch.Tensor) -> bool:
-    """|candidate − golden| <= step wherever the golden is finite (non-finite candidates there fail)."""
-    g = golden.detach().to("cpu", torch.float64).reshape(-1)
-    c = candidate.detach().to("cpu", torch.float64).reshape(-1)
-    s = step.detach().to("cpu", torch.float64).reshape(-1)
+    """|candidate − golden| <= step wherever the golden is finite (non-finite candidates there fail).
+    Computed on the golden's device (a GPU sweep moves no tensor to the host)."""
+    dev = golden.device
+    g = golden.detach().to(torch.float64).reshape(-1)
+    c = candidate.detach().to(dev, torch.float64).reshape(-1)
+    s = step.detach().to(dev, torch.float64).reshape(-1)
     fin = torch.isfinite(g)
     ok = torch.isfinite(c) & ((c - g).abs() <= s)
     return bool((ok | ~fin).all())
 
 
 def nonfinite_where_finite(golden: torch.Tensor, candidate: torch.Tensor) -> int:
-    """How many positions are non-finite in `candidate` and finite in `golden`."""
-    g = golden.detach().to("cpu")
-    c = candidate.detach().to("cpu")
+    """How many positions are non-finite in `candidate` and finite in `golden` (on the golden's device)."""
+    g = golden.detach()
+    c = candidate.detach().to(g.device)
     return int((torch.isfinite(g) & ~torch.isfinite(c)).sum())
 
 
