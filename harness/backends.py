@@ -218,6 +218,14 @@ class NativeBackend:
     def gemm(self, a, b, *, layout="TN", out_dtype=torch.bfloat16, bias=None, c=None):
         return self._call("gemm", a, b, layout=layout, out_dtype=out_dtype, bias=bias, c=c)
 
+    def grouped_quantize(self, x, config, splits, *, rowwise=True, colwise=False, rng=None):
+        """native.grouped: the scheme's kernels once per group (docs/numerics.md §12.1)."""
+        if self._native() is None:
+            raise Unsupported(f"native: the backend cannot be imported ({self._import_error})")
+        from native.grouped import quantize  # noqa: PLC0415
+
+        return quantize(x, config, splits, rowwise=rowwise, colwise=colwise, rng=rng)
+
     def update_amax_history(self, state, reduced_amax=None):
         """The native fused delayed-scaling update (docs/numerics.md §2) on an AmaxHistory."""
         return self._call("update_amax_history", state, reduced_amax)

@@ -22,7 +22,7 @@ def modules_for(op: str, config: QuantConfig, *, b_config: QuantConfig | None = 
     """The (file, defines) modules `op` of `config` loads on `device` (a GEMM on cuBLASLt: none)."""
     from . import _compile
 
-    if op in ("quantize", "dequantize"):
+    if op in ("quantize", "dequantize", "grouped_quantize"):  # grouped: the quantize kernels once per group
         from .launchers import launcher
 
         return [(launcher(config.scheme).CU_FILE, _compile.defines_for(config))]
@@ -34,7 +34,7 @@ def modules_for(op: str, config: QuantConfig, *, b_config: QuantConfig | None = 
         except Unsupported:
             return []
         return [(CU_FILE, kernel_defines(config, b_config or config, out_dtype))] if method == "portable" else []
-    raise ValueError(f"op {op!r} is unknown: expected 'quantize', 'dequantize' or 'gemm'")
+    raise ValueError(f"op {op!r} is unknown: expected 'quantize', 'dequantize', 'grouped_quantize' or 'gemm'")
 
 
 def precompile(modules: Iterable[Module], *, device=None, workers: int | None = None) -> int:

@@ -18,6 +18,8 @@ Passes per call (the copy modes RHT / SR / 2-D are compile-time, from defines_fo
    there; 2-D builds reduce the 16x16 tile amaxes from the same tile (no separate pass). It writes
    the codes and the scale of every block; with pass 1, every output byte is written, so the
    outputs come from torch.empty.
+A given amax (TE's quantize_with_amax, §5.1; never with RHT) replaces pass 1: X is read once, by pass 2,
+and the scales come from torch.zeros (their padding is what pass 1 would have zeroed).
 """
 
 from __future__ import annotations
@@ -121,12 +123,14 @@ def _contiguous_units(n_blocks: int) -> int:
 
 
 def quantize_with(
-    launch: Launcher, x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, seed: SRSeed | None
+    launch: Launcher, x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, seed: SRSeed | None,
+    given: torch.Tensor | None = None,
 ) -> dict:
     """QuantizedTensor fields of NVFP4(x2d), every kernel run through `launch` (docs/numerics.md §5).
 
-    Without RHT both copies use A_g = amax(X) (§5.1); with RHT the columnwise copy uses the amax of
-    the bf16 RHT(X^T) (§5.6). SR: rowwise stream, columnwise stream + 1 (§5.7).
+    Without RHT both copies use A_g = amax(X) (§5.1), or the `given` amax (TE's quantize_with_amax: no amax
+    pass, X is read once; never with RHT); with RHT the columnwise copy uses the amax of the bf16 RHT(X^T)
+    (§5.6). SR: rowwise stream, columnwise stream + 1 (§5.7).
     """
     m, k = x2d.shape
     blk = config.block
@@ -156,12 +160,18 @@ def quantize_with(
             continue
         g = copy_geometry(config, orientation, m, k)
         data = torch.empty(g.data_shape, dtype=torch.uint8, device=dev)
-        scale = torch.empty(g.scale_padded_shape, dtype=torch.uint8, device=dev)
+        # A given amax skips the amax kernel, which zeroes the scale padding: the scales start zeroed.
+        scale = (torch.empty if given is None else torch.zeros)(g.scale_padded_shape, dtype=torch.uint8, device=dev)
         copies += [data, scale, _i64(scale.shape[1]), a_g, stream]
         pads += [scale, _i64(scale.shape[1]), _i64(scale.shape[0])]
         out.update({f"{orientation}_data": data, f"{orientation}_scale": scale, f"{orientation}_amax": a_g})
 
-    if colwise and config.rht:
+    if given is not None:
+        if config.rht:
+            raise SpecViolation(f"{config.id}: a given amax does not apply with RHT (docs/numerics.md §5.6)")
+        # NUMERICS: §5.1 - the given amax is A_g of both copies (TE's quantize_with_amax); no pass over X.
+        bits.copy_(given.to(device=dev, dtype=torch.float32).reshape(1).expand(2))
+    elif colwise and config.rht:
         # NUMERICS: §5.6 - the columnwise A_g is the amax of the bf16 RHT output; the same pass
         # gives amax(X), the rowwise copy's A_g.
         launch("nvfp4_rht_amax", n_tiles, [x2d, _i64(m), _i64(k), a_c, a_x, *pads],
@@ -177,10 +187,12 @@ def quantize_with(
 
 
 def quantize_2d(
-    x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, rng: SRSeed | None = None, state=None
+    x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, rng: SRSeed | None = None, state=None,
+    amax: torch.Tensor | None = None,
 ) -> dict:
     """NVFP4 copies of a CUDA [M, K] tensor, already checked by `reference.spec.check_quantize`, as
-    QuantizedTensor fields (docs/numerics.md §5; `state` unused)."""
+    QuantizedTensor fields (docs/numerics.md §5; `state` unused); `amax` a given global amax, checked by
+    `reference.spec.check_given_amax` (§5.1)."""
     if not x2d.is_cuda:
         raise SpecViolation(f"{config.id}: native.nvfp4 needs a CUDA tensor, got device {x2d.device}")
     seed = SRSeed.coerce(rng) if config.stochastic else None
@@ -189,7 +201,8 @@ def quantize_2d(
     x2d = x2d.contiguous()
     if x2d.data_ptr() % 16:  # the kernels use 16-byte vector loads along rows
         x2d = x2d.clone()
-    return quantize_with(_launcher(config, x2d.device), x2d, config, rowwise=rowwise, colwise=colwise, seed=seed)
+    return quantize_with(_launcher(config, x2d.device), x2d, config, rowwise=rowwise, colwise=colwise, seed=seed,
+                         given=amax)
 
 
 def dequantize_with(launch: Launcher, q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:

@@ -96,8 +96,14 @@ def _state(config, state, dev: torch.device) -> AmaxHistory | None:
     return state
 
 
-def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=None, state=None) -> dict:
-    """fp8_current (docs/numerics.md §1: amax pass, scale, one cast pass) and fp8_delayed (§2: cast with state.scale)."""
+def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=None, state=None,
+                amax: torch.Tensor | None = None) -> dict:
+    """fp8_current (docs/numerics.md §1: amax pass, scale, one cast pass) and fp8_delayed (§2: cast with state.scale).
+
+    `amax` (fp8_current, checked by `reference.spec.check_given_amax`): a given tensor amax that replaces the amax
+    pass (TE's quantize_with_amax); the cast kernel derives the scale from it and reads X once.
+    """
+    given = amax  # the name `amax` is the amax slot below
     dev = x2d.device
     index = device_index(dev)
     m, k = x2d.shape
@@ -112,7 +118,13 @@ def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=
     q_col = torch.empty((k, m), dtype=torch.uint8, device=dev) if colwise else None  # (K, M)
     vec_in, vec_row, vec_col = vec_flags(x2d, q_row, q_col)
     both = rowwise and colwise
-    if delayed is None:
+    if given is not None and delayed is not None:
+        raise ValueError(f"{config.id}: a given amax is for fp8_current (fp8_delayed scales from its state)")
+    if given is not None:
+        # NUMERICS: §1 - a given amax (TE's quantize_with_amax) replaces amax(X) in the scale rule; no amax pass.
+        amax.copy_(given.to(device=dev, dtype=torch.float32).reshape(1))
+        amax_in, amax_acc, copy_amax, copy_sinv = amax, None, (amax_c if both else None), (sinv_c if both else None)
+    elif delayed is None:
         n = m * k
         grid = grid_stride_blocks(math.ceil(n / 8), ELEMENTWISE_THREADS, index)
         launch(mod, f"tensor_amax_{sfx}", grid, THREADS, (x2d, np.int64(n), int(_aligned(x2d)), amax), index)

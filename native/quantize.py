@@ -43,16 +43,14 @@ def supports(op: str, config: QuantConfig, device) -> tuple[bool, str]:
     if config.variant is not None:
         return False, (f"native has no kernel for the NVFP4 variant {config.variant!r} yet "
                        "(docs/numerics.md §5.10; the reference is the golden)")
-    if config.stochastic and config.is_2d:
-        return False, ("native has not been validated for stochastic rounding on 16x16 tiles "
-                       "(docs/numerics.md §5.7 colwise random bits); run it on a GPU before lifting this")
     try:
         dev = torch.device(device)
     except (TypeError, RuntimeError) as e:
         return False, f"device {device!r} is invalid: {e}"
     if op == "grouped_quantize":
-        return False, ("native: grouped (split) quantization has no kernel yet; the reference quantizes each "
-                       "group on its own (docs/numerics.md §12.1)")
+        # native.grouped runs the scheme's quantize kernels once per group; a scheme without groups is a
+        # SpecViolation of reference.grouped.splits_rule (docs/numerics.md §12.1), as in the reference.
+        op = "quantize"
     if op == "gemm":
         try:
             from .gemm import supports_gemm
@@ -100,16 +98,14 @@ def quantize(
 ) -> QuantizedTensor:
     """Quantize a CUDA tensor by `config` with the native kernels; same result as `reference.quantize`.
 
-    A given `amax` (reference.quantize's TE quantize_with_amax) has no kernel yet: Unsupported.
+    A given `amax` (TE's quantize_with_amax; fp8_current and nvfp4, `reference.spec.check_given_amax`)
+    replaces the scheme's amax pass: the kernels read X once (docs/numerics.md §1, §5.1).
 
     Raises SpecViolation for input that breaks the spec (`reference.spec.check_quantize`, plus: x must be
     on a CUDA device) and Unsupported when this machine cannot run the kernels.
     """
     x2d, seed = check_quantize(x_hp, config, rowwise=rowwise, colwise=colwise, rng=rng)
-    if amax is not None:
-        check_given_amax(amax, config)
-        raise Unsupported(f"native quantize of {config.id}: a given amax has no kernel yet (the kernel would read "
-                          "X once, skipping its amax pass; docs/numerics.md §5.1)")
+    extra = {} if amax is None else {"amax": check_given_amax(amax, config)}
     if not x2d.is_cuda:
         raise SpecViolation(
             f"{config.id}: the native backend quantizes CUDA tensors; x is on {x2d.device} "
@@ -118,7 +114,7 @@ def quantize(
     _require("quantize", config, x2d.device)
     with torch.cuda.device(x2d.device):
         fields = launcher(config.scheme).quantize_2d(x2d, config, rowwise=rowwise, colwise=colwise, rng=seed,
-                                                     state=state)  # fmt: skip
+                                                     state=state, **extra)  # fmt: skip
     return QuantizedTensor(config=config, shape=tuple(x_hp.shape), hp_dtype=DTYPE_NAMES[x_hp.dtype], **fields)
 
 
