@@ -218,6 +218,14 @@ class NativeBackend:
     def gemm(self, a, b, *, layout="TN", out_dtype=torch.bfloat16, bias=None, c=None):
         return self._call("gemm", a, b, layout=layout, out_dtype=out_dtype, bias=bias, c=c)
 
+    def gemm_epilogue(self, a, b, *, epilogue, layout="TN", out_dtype=torch.bfloat16, bias=None, c=None, aux=None):
+        """native.gemm's cuBLASLt epilogues (docs/numerics.md §12.2); Unsupported where cuBLASLt has none."""
+        if self._native() is None:
+            raise Unsupported(f"native: the backend cannot be imported ({self._import_error})")
+        from native.gemm import gemm_epilogue  # noqa: PLC0415
+
+        return gemm_epilogue(a, b, epilogue=epilogue, layout=layout, out_dtype=out_dtype, bias=bias, c=c, aux=aux)
+
     def grouped_quantize(self, x, config, splits, *, rowwise=True, colwise=False, rng=None):
         """native.grouped: the scheme's kernels once per group (docs/numerics.md §12.1)."""
         if self._native() is None:

@@ -49,6 +49,12 @@ BLK128x128_32F = "BLK128x128_32F"
 VEC32_UE8M0 = "VEC32_UE8M0"
 VEC16_UE4M3 = "VEC16_UE4M3"
 
+# docs/numerics.md §12.2 epilogue names -> cublasLtEpilogue_t names. Our b is cuBLAS's A (module docstring), so the
+# bias gradient over b's [N, K] view is BGRADA (sized by the rows of D = out^T, N, reduced over k); GELU_AUX takes
+# the bias form when a bias is given.
+EPILOGUE_NAMES = {"gelu_aux": "GELU_AUX", "dgelu": "DGELU", "bgradb": "BGRADA"}
+AUX_EPILOGUES = ("gelu_aux", "dgelu")  # an aux matrix [M, N] (ld N): written (gelu_aux) or read (dgelu)
+
 # cuBLASLt workspace: the size PyTorch's cuBLASLt path uses on Hopper (32 MiB), so the heuristic
 # sees the same limit as torch._scaled_mm (the algorithm choice can depend on it).
 WORKSPACE_BYTES = 32 * 1024 * 1024
@@ -156,8 +162,11 @@ class _Plan:
 _PLANS: dict[tuple, _Plan] = {}
 
 
-def _plan(lt, key: tuple, a: LtOperand, b: LtOperand, k: int, out_dtype, bias_dtype, fast_accum: bool, device: int):
-    """Build (or reuse) the descriptor set and algorithm for `key`; pointers are set per call."""
+def _plan(lt, key: tuple, a: LtOperand, b: LtOperand, k: int, out_dtype, bias_dtype, fast_accum: bool, device: int,
+          epilogue: tuple | None = None):
+    """Build (or reuse) the descriptor set and algorithm for `key`; pointers are set per call.
+
+    `epilogue`: None, or (§12.2 name, aux tensor or None, bgrad tensor or None) for `_set_epilogue`."""
     plan = _PLANS.get(key)
     if plan is not None:
         return plan
@@ -181,7 +190,9 @@ def _plan(lt, key: tuple, a: LtOperand, b: LtOperand, k: int, out_dtype, bias_dt
         _set_desc(lt, desc, D.B_SCALE_POINTER, a.scale.data_ptr())
         # NUMERICS: §6 - fast accumulation exists for FP8 only; FP4 and block scaling keep it off.
         _set_desc(lt, desc, D.FAST_ACCUM, 1 if fast_accum else 0)
-        if bias_dtype is not None:
+        if epilogue is not None:
+            _set_epilogue(lt, desc, b.outer, bias_dtype, *epilogue)
+        elif bias_dtype is not None:
             _set_desc(lt, desc, D.BIAS_DATA_TYPE, OUT_CUDA_TYPE[bias_dtype])
             _set_desc(lt, desc, D.EPILOGUE, int(lt.Epilogue.BIAS))
         # cuBLAS A (our b) and B (our a) layouts, column-major; C = D = out^T (N x M, ld N).
@@ -220,6 +231,24 @@ def _set_desc(lt, desc: int, attr, value) -> None:
     _set_attr(lt.matmul_desc_set_attribute, lt.get_matmul_desc_attribute_dtype, desc, attr, value)
 
 
+def _set_epilogue(lt, desc: int, n: int, bias_dtype, name: str, aux: torch.Tensor | None,
+                  bgrad: torch.Tensor | None) -> None:
+    """The §12.2 epilogue `name` on `desc`: GELU_AUX[_BIAS] / DGELU with the aux matrix (D's shape N x M
+    column-major, ld N = `n`, in aux's dtype), or BGRADA with the bias-gradient vector [N] as the bias output."""
+    D = lt.MatmulDescAttribute
+    cu = EPILOGUE_NAMES[name] + ("_BIAS" if name == "gelu_aux" and bias_dtype is not None else "")
+    _set_desc(lt, desc, D.EPILOGUE, int(getattr(lt.Epilogue, cu)))
+    if bias_dtype is not None:
+        _set_desc(lt, desc, D.BIAS_DATA_TYPE, OUT_CUDA_TYPE[bias_dtype])
+    if name in AUX_EPILOGUES:
+        _set_desc(lt, desc, D.EPILOGUE_AUX_DATA_TYPE, OUT_CUDA_TYPE[aux.dtype])
+        _set_desc(lt, desc, D.EPILOGUE_AUX_LD, n)
+        _set_desc(lt, desc, D.EPILOGUE_AUX_POINTER, aux.data_ptr())  # the heuristic sees real pointers
+    if bgrad is not None:
+        _set_desc(lt, desc, D.BIAS_DATA_TYPE, OUT_CUDA_TYPE[bgrad.dtype])
+        _set_desc(lt, desc, D.BIAS_POINTER, bgrad.data_ptr())
+
+
 def scaled_matmul(
     a: LtOperand,
     b: LtOperand,
@@ -230,6 +259,9 @@ def scaled_matmul(
     bias: torch.Tensor | None = None,
     alpha: float = 1.0,
     fast_accum: bool = False,
+    epilogue: str | None = None,
+    aux: torch.Tensor | None = None,
+    bgrad: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """out[M, N] (=) a . b^T with block/tensor scales, in one cublasLtMatmul (see module docstring).
 
@@ -239,6 +271,10 @@ def scaled_matmul(
     CUBLASLT_MATMUL_DESC_FAST_ACCUM (Hopper FP8 fast accumulation; TE uses it for fprop).
     Descriptors and the heuristic's algorithm are cached per shape/type/mode (like a plan); the
     data, scale and bias pointers are set on every call.
+
+    `epilogue` (docs/numerics.md §12.2): "gelu_aux" writes GELU of the epilogue input to `out` and the input
+    itself to `aux` (contiguous [M, N]); "dgelu" reads `aux` (the forward's pre-activation, [M, N]) and writes
+    the product with GELU' to `out`; "bgradb" writes the bias gradient over b's [N, K] view to `bgrad` ([N]).
     """
     lt = _lt()
     device = out.device.index if out.device.index is not None else torch.cuda.current_device()
@@ -248,19 +284,25 @@ def scaled_matmul(
     if out.dtype not in OUT_CUDA_TYPE:
         raise Unsupported(f"cuBLASLt path supports out_dtype bfloat16 or float32, got {out.dtype}")
     bias_dtype = None if bias is None else bias.dtype
+    ep = _check_epilogue(epilogue, out, bias, aux, bgrad)
     key = (device, a.element, b.element, a.outer, b.outer, k, a.k_contiguous, b.k_contiguous, a.ld, b.ld,
-           a.scale_mode, b.scale_mode, fast_accum, bias_dtype, out.dtype)
+           a.scale_mode, b.scale_mode, fast_accum, bias_dtype, out.dtype,
+           None if ep is None else (epilogue, *(None if t is None else t.dtype for t in ep[1:])))
     D = lt.MatmulDescAttribute
     alpha_h = np.asarray([alpha], dtype=np.float32)
     beta_h = np.asarray([1.0 if accumulate else 0.0], dtype=np.float32)
     ws = _workspace(device)
     stream = torch.cuda.current_stream(device).cuda_stream
     with _LOCK:
-        plan = _plan(lt, key, a, b, k, out.dtype, bias_dtype, fast_accum, device)
+        plan = _plan(lt, key, a, b, k, out.dtype, bias_dtype, fast_accum, device, ep)
         _set_desc(lt, plan.desc, D.A_SCALE_POINTER, b.scale.data_ptr())
         _set_desc(lt, plan.desc, D.B_SCALE_POINTER, a.scale.data_ptr())
         if bias is not None:
             _set_desc(lt, plan.desc, D.BIAS_POINTER, bias.data_ptr())
+        if aux is not None:
+            _set_desc(lt, plan.desc, D.EPILOGUE_AUX_POINTER, aux.data_ptr())
+        if bgrad is not None:
+            _set_desc(lt, plan.desc, D.BIAS_POINTER, bgrad.data_ptr())
         lay_a, lay_b, lay_c = plan.layouts
         # The cuBLASLt algo struct is the first member of cublasLtMatmulHeuristicResult_t.
         _check_status(
@@ -269,3 +311,26 @@ def scaled_matmul(
             plan.heur.ptr, ws.data_ptr(), WORKSPACE_BYTES, stream,
         )
     return out
+
+
+def _check_epilogue(epilogue: str | None, out: torch.Tensor, bias, aux, bgrad) -> tuple | None:
+    """(name, aux, bgrad) for `_plan`, after checking the tensors an epilogue needs (ValueError otherwise)."""
+    if epilogue is None:
+        if aux is not None or bgrad is not None:
+            raise ValueError("aux and bgrad are epilogue tensors; pass epilogue=")
+        return None
+    if epilogue not in EPILOGUE_NAMES:
+        raise ValueError(f"epilogue={epilogue!r} is invalid: expected one of {tuple(EPILOGUE_NAMES)}")
+    if epilogue in AUX_EPILOGUES:
+        if aux is None or tuple(aux.shape) != tuple(out.shape) or not aux.is_contiguous() or aux.dtype not in OUT_CUDA_TYPE:
+            raise ValueError(f"epilogue {epilogue!r} needs a contiguous bf16/fp32 aux of shape {tuple(out.shape)}")
+    elif aux is not None:
+        raise ValueError(f"epilogue {epilogue!r} takes no aux")
+    if epilogue == "bgradb":
+        if bgrad is None or tuple(bgrad.shape) != (out.shape[1],) or not bgrad.is_contiguous() or bgrad.dtype not in OUT_CUDA_TYPE:
+            raise ValueError(f"epilogue 'bgradb' needs a contiguous bf16/fp32 bgrad of shape ({out.shape[1]},)")
+    elif bgrad is not None:
+        raise ValueError(f"epilogue {epilogue!r} takes no bgrad")
+    if bias is not None and epilogue != "gelu_aux":
+        raise ValueError(f"epilogue {epilogue!r} takes no bias (cuBLASLt's bias pointer is its output or unused)")
+    return (epilogue, aux, bgrad)

@@ -20,6 +20,8 @@ Methods:
   kernel, fp32 accumulation in the documented order of that file's header (per output element,
   K blocks in increasing order, each block's partial sum in fp32 in increasing k, then the §6 scale
   application - fp8_block exactly FMA32(RN(p·sinv_first), sinv_second, y) - then alpha, bias, RN_out).
+- `gemm_epilogue(a, b, *, epilogue, ...)` (docs/numerics.md §12.2): GELU_AUX[_BIAS] / DGELU / BGRADA in the same
+  cublasLtMatmul, where the GEMM runs on cuBLASLt; Unsupported on the portable kernel.
 - "auto": "cublaslt" where the docs/numerics.md §6 table allows it on this device and cuBLAS (and nvmath is
   importable), else "portable". The choice depends only on (scheme, GPU arch, cuBLAS version),
   never on shapes or values: `resolve_method()` returns it with the reason, for reports.
@@ -43,6 +45,7 @@ import numpy as np
 import torch
 
 from reference.formats import FORMATS, QuantConfig
+from reference.gemm import EPILOGUES, epilogue_rule
 from reference.layouts import CopyGeometry, gemm_layout, geometry_of
 from reference.spec import check_gemm
 from reference.types import QuantizedTensor, SpecViolation, Unsupported
@@ -365,13 +368,10 @@ def _bf16_exact(t: torch.Tensor) -> bool:
     return bool(torch.equal(t.to(torch.bfloat16).to(t.dtype), t))
 
 
-def _cublaslt(av: OperandView, bv: OperandView, out_dtype, bias, c, *, fast_accum: bool) -> torch.Tensor:
-    from . import cublaslt as lt_mod
-
+def _cublaslt_operand_gap(av: OperandView, bv: OperandView) -> None:
+    """Unsupported when cuBLASLt cannot take these operands (element pair, layout, alignment; docs/numerics.md §6)."""
     m, n, k = av.outer, bv.outer, av.k
-    device = av.data.device
-    scheme = launcher(av.config.scheme)
-    mode = scheme.CUBLASLT
+    mode = launcher(av.config.scheme).CUBLASLT
     if av.element == "e5m2" and bv.element == "e5m2":
         raise Unsupported("cuBLASLt FP8 GEMMs do not support e5m2 x e5m2 (cuBLAS FP8 type table); use method='portable'")
     if not (av.k_contiguous and bv.k_contiguous) and not mode.any_layout:
@@ -382,6 +382,15 @@ def _cublaslt(av: OperandView, bv: OperandView, out_dtype, bias, c, *, fast_accu
             f"{mode.family} cuBLASLt GEMM needs K % 16 == 0 and M, N % 8 == 0 (got M={m}, N={n}, K={k}); "
             "use method='portable'"
         )
+
+
+def _cublaslt(av: OperandView, bv: OperandView, out_dtype, bias, c, *, fast_accum: bool) -> torch.Tensor:
+    from . import cublaslt as lt_mod
+
+    m, n, k = av.outer, bv.outer, av.k
+    device = av.data.device
+    scheme = launcher(av.config.scheme)
+    _cublaslt_operand_gap(av, bv)
     alpha = scheme.lt_alpha(av, bv)  # exact fp32 value, host pointer mode
     la, lb = _lt_operand(av, lt_mod), _lt_operand(bv, lt_mod)
 
@@ -410,3 +419,73 @@ def _cublaslt(av: OperandView, bv: OperandView, out_dtype, bias, c, *, fast_accu
     if bias is not None:
         y = y + bias.to(torch.float32)
     return y.to(out_dtype)
+
+
+# ---- epilogues (docs/numerics.md §12.2) -----------------------------------------------------
+
+def gemm_epilogue(
+    a: QuantizedTensor,
+    b: QuantizedTensor,
+    *,
+    epilogue: str,
+    layout: str = "TN",
+    out_dtype: torch.dtype = torch.bfloat16,
+    bias: torch.Tensor | None = None,
+    c: torch.Tensor | None = None,
+    aux: torch.Tensor | None = None,
+    method: str = "auto",
+) -> dict[str, torch.Tensor]:
+    """The GEMM with a cuBLASLt epilogue, as `reference.gemm.gemm_epilogue` (docs/numerics.md §12.2): {"out",
+    "aux"} (gelu_aux), {"out"} (dgelu, reading `aux`), {"out", "bgrad"} (bgradb).
+
+    One cublasLtMatmul with GELU_AUX[_BIAS] / DGELU / BGRADA (our b is cuBLAS's A). Only where the GEMM itself
+    runs on cuBLASLt (the §6 table: per-tensor FP8 on sm_89+, fp8_block on sm_90, the block-scaled FP8 / FP4
+    modes on sm_100+) and cuBLASLt takes the tensors as given; Unsupported elsewhere (the portable kernel has no
+    transcendental epilogue), and whenever cuBLASLt refuses the combination.
+    """
+    if epilogue is None:
+        raise SpecViolation(f"epilogue=None is invalid: expected one of {EPILOGUES}", rule="epilogue")
+    epilogue_rule(epilogue, bias=bias is not None)  # the spec rules on names, as the reference
+    av, bv = _check_operands(a, b, layout, out_dtype, bias, c, method)
+    m, n, k = av.outer, bv.outer, av.k
+    if epilogue == "dgelu" and (aux is None or tuple(aux.shape) != (m, n)):
+        raise SpecViolation(f"epilogue 'dgelu' needs aux [M, N] = {[m, n]}, got "
+                            f"{None if aux is None else list(aux.shape)}", rule="epilogue")
+    device = av.data.device
+    if method == "portable":
+        raise Unsupported(f"native GEMM epilogue {epilogue!r}: the portable kernel has none (cuBLASLt only)")
+    resolved, why = resolve_method(a.config, method, device)
+    if resolved == "portable":
+        raise Unsupported(f"native GEMM epilogue {epilogue!r} runs on cuBLASLt only; {a.config.id} resolves to "
+                          f"the portable kernel here ({why})")
+    _cublaslt_operand_gap(av, bv)
+    if bias is not None and not (bias.dtype == torch.bfloat16 or _bf16_exact(bias)):
+        raise Unsupported(f"native GEMM epilogue {epilogue!r}: cuBLASLt's FP8 bias is bf16 and this bias is not "
+                          "exactly bf16 (the plain GEMM emulates that epilogue; GELU cannot be emulated exactly)")
+    if c is not None and c.dtype != out_dtype:
+        raise Unsupported(f"native GEMM epilogue {epilogue!r}: C in {c.dtype} with out_dtype {out_dtype} "
+                          "(cuBLASLt reads C in D's type)")
+    if aux is not None and epilogue == "dgelu":
+        if aux.device != device:
+            raise SpecViolation(f"aux is on {aux.device}, the operands on {device}")
+        if aux.dtype not in OUT_DTYPES:
+            raise Unsupported(f"native GEMM epilogue 'dgelu': aux in {aux.dtype} (cuBLASLt's aux is bf16 or fp32)")
+    from . import cublaslt as lt_mod
+
+    scheme = launcher(av.config.scheme)
+    with torch.cuda.device(device):
+        la, lb = _lt_operand(av, lt_mod), _lt_operand(bv, lt_mod)
+        # NUMERICS: §12.2 - C (beta = 1) and the bias enter the epilogue input pre = RN(alpha*AB + C + bias).
+        out = c.contiguous().clone() if c is not None else torch.empty((m, n), dtype=out_dtype, device=device)
+        outs = {"out": out}
+        lt_aux = bgrad = None
+        if epilogue == "gelu_aux":
+            lt_aux = outs["aux"] = torch.empty((m, n), dtype=out_dtype, device=device)  # RN_out(pre)
+        elif epilogue == "dgelu":
+            lt_aux = aux.contiguous()
+        else:
+            bgrad = outs["bgrad"] = torch.empty((n,), dtype=out_dtype, device=device)
+        bias_lt = None if bias is None else bias.to(torch.bfloat16).contiguous()  # exact (checked above)
+        lt_mod.scaled_matmul(la, lb, k, out, accumulate=c is not None, bias=bias_lt, alpha=scheme.lt_alpha(av, bv),
+                             epilogue=epilogue, aux=lt_aux, bgrad=bgrad)
+    return outs

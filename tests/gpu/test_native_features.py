@@ -18,7 +18,7 @@ from reference import grouped as ref_grouped
 from reference import layouts
 from reference.formats import QuantConfig
 from reference.quantization import reduce_amax
-from reference.types import QuantizedTensor, SpecViolation, SRSeed
+from reference.types import QuantizedTensor, SpecViolation, SRSeed, Unsupported
 
 pytestmark = pytest.mark.gpu
 
@@ -334,3 +334,75 @@ def test_nvfp4_16x16_sr_colwise_is_its_own_draw():
         return torch.stack([data & 0xF, data >> 4], dim=-1).reshape(data.shape[0], -1)
 
     assert not torch.equal(codes(q.colwise_data), codes(q.rowwise_data).t())
+
+
+# ---- the harness cases with --backend native ----------------------------------------------------------
+
+GROUPED_IDS = [
+    "grouped_quantize-mxfp8-e4m3-1x32-both-bf16-256x128-g96_0_160-normal-s0",
+    "grouped_quantize-mxfp8-e4m3-1x32-both-bf16-256x128-g64_64_64_64-special-s0",
+    "grouped_quantize-nvfp4-e2m1-1x16-rht-both-bf16-256x128-g0_128_128-normal-s0",
+    "grouped_quantize-nvfp4-e2m1-1x16-rht-sr-rowwise-bf16-256x128-g32_0_224-normal-s0",
+]
+
+
+@pytest.mark.parametrize("case_id", GROUPED_IDS)
+def test_harness_grouped_cases_pass_on_native(case_id):
+    from harness.cases import Case
+    from harness.runner import run_case
+
+    rows = run_case(Case.from_id(case_id), "native", "cuda")
+    assert rows and all(r["status"] == "pass" for r in rows), [(r["tensor"], r["status"], r["reason"]) for r in rows
+                                                                if r["status"] != "pass"]
+
+
+EPILOGUE_IDS = [
+    "gemm-TN-fp8_current-e4m3-bf16-128x96x256-out_bf16-ep_gelu_aux-normal-s0",
+    "gemm-TN-fp8_current-e4m3-bf16-128x96x256-out_bf16-bias-ep_gelu_aux-exact_representable-s0",
+    "gemm-TN-fp8_current-e4m3-bf16-128x96x256-out_f32-ep_gelu_aux-normal-s0",
+    "gemm-TN-fp8_current-e4m3-bf16-128x96x256-out_bf16-ep_dgelu-normal-s0",
+    "gemm-TN-fp8_current-e4m3-bf16-128x96x256-out_f32-ep_dgelu-exact_representable-s0",
+    "gemm-TN-fp8_current-e4m3-bf16-128x96x256-out_bf16-ep_bgradb-normal-s0",
+    "gemm-TN-fp8_current-e4m3-bf16-128x96x256-out_f32-ep_bgradb-exact_representable-s0",
+]
+
+
+@pytest.mark.parametrize("case_id", EPILOGUE_IDS)
+def test_harness_fp8_epilogue_cases_on_native_cublaslt(case_id):
+    """docs/numerics.md §12.2: per-tensor FP8 TN on sm_89+ runs the epilogue in one cublasLtMatmul; every output
+    within the derived bound (aux / bgradb's out as a plain GEMM). A cuBLASLt refusal is a skip naming it."""
+    from harness.cases import Case
+    from harness.runner import run_case
+
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("per-tensor FP8 cuBLASLt needs sm_89+")
+    rows = run_case(Case.from_id(case_id), "native", "cuda")
+    if len(rows) == 1 and rows[0]["status"] == "skip":
+        assert "cuBLASLt refused" in rows[0]["reason"], rows[0]["reason"]
+        pytest.skip(rows[0]["reason"])
+    want = {"out", "aux"} if "gelu_aux" in case_id else {"out", "bgrad"} if "bgradb" in case_id else {"out"}
+    assert {r["tensor"] for r in rows if r["status"] != "skip"} >= want, [(r["tensor"], r["status"]) for r in rows]
+    bad = [(r["tensor"], r["status"], r["reason"]) for r in rows if r["tensor"] in want and r["status"] != "pass"]
+    assert not bad, bad
+
+
+def test_native_epilogues_refuse_the_portable_kernel():
+    """Where the GEMM resolves to the portable kernel (or is asked for it) the epilogue is Unsupported, not emulated."""
+    from native.gemm import gemm_epilogue
+
+    cfg = QuantConfig("fp8_current")
+    a = native_quantize(make_x((64, 32), torch.bfloat16, seed=1), cfg)
+    b = native_quantize(make_x((32, 32), torch.bfloat16, seed=2), cfg)
+    with pytest.raises(Unsupported, match="portable kernel has none"):
+        gemm_epilogue(a, b, epilogue="gelu_aux", method="portable")
+    with pytest.raises(SpecViolation, match="takes no bias"):
+        gemm_epilogue(a, b, epilogue="dgelu", bias=torch.zeros(32, device="cuda"),
+                      aux=torch.zeros(64, 32, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(SpecViolation, match="needs aux"):
+        gemm_epilogue(a, b, epilogue="dgelu")
+
+
+def native_quantize(x: torch.Tensor, cfg: QuantConfig) -> QuantizedTensor:
+    import native
+
+    return native.quantize(x.cuda(), cfg, rowwise=True, colwise=True)

@@ -105,3 +105,60 @@ def test_native_backend_has_grouped_quantize_and_refuses_the_cpu():
     assert callable(b.grouped_quantize)
     ok, why = b.supports("grouped_quantize", QuantConfig("mxfp8"), "cpu")
     assert not ok and "CUDA" in why
+
+
+# ---- GEMM epilogues (docs/numerics.md §12.2): the host-side descriptor choices and checks -------------------
+
+
+def test_epilogue_names_map_to_cublaslt_with_b_as_cublas_a():
+    """Our b is cuBLAS's A (native/cublaslt.py docstring): the bias gradient over b's [N, K] rows is BGRADA."""
+    from native import cublaslt
+
+    assert cublaslt.EPILOGUE_NAMES == {"gelu_aux": "GELU_AUX", "dgelu": "DGELU", "bgradb": "BGRADA"}
+    from reference.gemm import EPILOGUES
+
+    assert set(cublaslt.EPILOGUE_NAMES) == set(EPILOGUES)
+
+
+def test_epilogue_tensor_checks():
+    from native.cublaslt import _check_epilogue
+
+    out = torch.empty(4, 6, dtype=torch.bfloat16)
+    aux = torch.empty(4, 6, dtype=torch.bfloat16)
+    bgrad = torch.empty(6, dtype=torch.float32)
+    bias = torch.empty(6, dtype=torch.bfloat16)
+    assert _check_epilogue(None, out, bias, None, None) is None
+    assert _check_epilogue("gelu_aux", out, bias, aux, None) == ("gelu_aux", aux, None)
+    assert _check_epilogue("dgelu", out, None, aux, None) == ("dgelu", aux, None)
+    assert _check_epilogue("bgradb", out, None, None, bgrad) == ("bgradb", None, bgrad)
+    bad = [
+        (None, None, aux, None, "pass epilogue="),
+        ("relu", None, None, None, "is invalid"),
+        ("gelu_aux", None, None, None, "needs a contiguous"),
+        ("gelu_aux", None, aux.t(), None, "needs a contiguous"),  # [6, 4]
+        ("dgelu", None, aux.to(torch.float16), None, "needs a contiguous"),
+        ("dgelu", bias, aux, None, "takes no bias"),
+        ("bgradb", None, None, torch.empty(4), "needs a contiguous"),  # N = 6
+        ("bgradb", bias, None, bgrad, "takes no bias"),
+        ("bgradb", None, aux, bgrad, "takes no aux"),
+        ("gelu_aux", None, aux, bgrad, "takes no bgrad"),
+    ]
+    for ep, b_, a_, g_, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            _check_epilogue(ep, out, b_, a_, g_)
+
+
+def test_gemm_epilogue_spec_rules_before_any_device_work():
+    from native.gemm import gemm_epilogue
+
+    cfg = QuantConfig("fp8_current")
+    a = reference.quantize(torch.randn(64, 32), cfg)
+    b = reference.quantize(torch.randn(32, 32), cfg)
+    for ep, kw, msg in (("relu", {}, "is invalid"), (None, {}, "is invalid"),
+                        ("bgradb", {"bias": torch.zeros(32)}, "takes no bias input")):
+        with pytest.raises(SpecViolation, match=msg):
+            gemm_epilogue(a, b, epilogue=ep, **kw)
+
+
+def test_native_backend_has_gemm_epilogue():
+    assert callable(NativeBackend().gemm_epilogue)
