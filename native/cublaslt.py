@@ -191,7 +191,7 @@ def _plan(lt, key: tuple, a: LtOperand, b: LtOperand, k: int, out_dtype, bias_dt
         # NUMERICS: §6 - fast accumulation exists for FP8 only; FP4 and block scaling keep it off.
         _set_desc(lt, desc, D.FAST_ACCUM, 1 if fast_accum else 0)
         if epilogue is not None:
-            _set_epilogue(lt, desc, b.outer, bias_dtype, *epilogue)
+            _check_status(lt, _set_epilogue, lt, desc, b.outer, bias_dtype, *epilogue)
         elif bias_dtype is not None:
             _set_desc(lt, desc, D.BIAS_DATA_TYPE, OUT_CUDA_TYPE[bias_dtype])
             _set_desc(lt, desc, D.EPILOGUE, int(lt.Epilogue.BIAS))

@@ -378,7 +378,7 @@ def test_harness_fp8_epilogue_cases_on_native_cublaslt(case_id):
         pytest.skip("per-tensor FP8 cuBLASLt needs sm_89+")
     rows = run_case(Case.from_id(case_id), "native", "cuda")
     if len(rows) == 1 and rows[0]["status"] == "skip":
-        assert "cuBLASLt refused" in rows[0]["reason"], rows[0]["reason"]
+        assert "cuBLASLt refused" in rows[0]["reason"] or "cuBLASLt found no algorithm" in rows[0]["reason"], rows[0]
         pytest.skip(rows[0]["reason"])
     want = {"out", "aux"} if "gelu_aux" in case_id else {"out", "bgrad"} if "bgradb" in case_id else {"out"}
     assert {r["tensor"] for r in rows if r["status"] != "skip"} >= want, [(r["tensor"], r["status"]) for r in rows]

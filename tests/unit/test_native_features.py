@@ -162,3 +162,66 @@ def test_gemm_epilogue_spec_rules_before_any_device_work():
 
 def test_native_backend_has_gemm_epilogue():
     assert callable(NativeBackend().gemm_epilogue)
+
+
+# ---- a given amax: the launch sequence, recorded on the CPU (no kernel runs) ----------------------------------
+
+
+def _arg(kernel: str, args, name: str):
+    from native.kernels import signature
+
+    names = [p.name for p in signature(kernel).params]
+    assert len(args) == len(names), f"{kernel}: {len(args)} arguments for {names}"
+    return args[names.index(name)]
+
+
+@pytest.mark.parametrize("tile", [(1, 16), (16, 16)])
+def test_nvfp4_given_amax_launches_only_the_quantize_kernel(tile):
+    """docs/numerics.md §5.1: with a given amax there is no amax pass (X is read once, by the quantize kernel),
+    both copies' A_g slots hold it, and the scales start zeroed (the amax kernel zeroed their padding)."""
+    from native import nvfp4
+
+    calls = []
+
+    def record(name, n_units, args, max_blocks=None, units_per_block=None):
+        calls.append((name, list(args)))
+
+    cfg = QuantConfig("nvfp4", tile=tile)
+    x = torch.randn(48, 80).to(torch.bfloat16)
+    fields = nvfp4.quantize_with(record, x, cfg, rowwise=True, colwise=True, seed=None,
+                                 given=torch.tensor(7.5))  # fmt: skip
+    assert [c[0] for c in calls] == ["nvfp4_quantize_bf16"]
+    args = calls[0][1]
+    row_amax, col_amax = _arg(calls[0][0], args, "row_amax"), _arg(calls[0][0], args, "col_amax")
+    assert row_amax.tolist() == [7.5] and col_amax.tolist() == [7.5]
+    assert fields["rowwise_amax"] is row_amax and fields["colwise_amax"] is col_amax
+    for o in ("rowwise", "colwise"):
+        assert int(fields[f"{o}_scale"].count_nonzero()) == 0  # torch.zeros: the padding is zero
+    calls.clear()
+    nvfp4.quantize_with(record, x, cfg, rowwise=True, colwise=False, seed=None)
+    assert [c[0] for c in calls] == ["nvfp4_amax_bf16", "nvfp4_quantize_bf16"]  # without one: the amax pass
+    with pytest.raises(SpecViolation, match="RHT"):
+        nvfp4.quantize_with(record, x, QuantConfig("nvfp4", rht=True), rowwise=True, colwise=True, seed=None,
+                            given=torch.tensor([1.0]))  # fmt: skip
+
+
+def test_fp8_current_given_amax_feeds_the_cast_kernel(monkeypatch):
+    """docs/numerics.md §1: the cast kernel's amax_in holds the given amax; tensor_amax is not launched; both copies
+    report it."""
+    from native import per_tensor
+
+    calls = []
+    monkeypatch.setattr(per_tensor, "module_for", lambda *a: "module")
+    monkeypatch.setattr(per_tensor, "device_index", lambda dev: 0)
+    monkeypatch.setattr(per_tensor, "launch", lambda mod, name, grid, block, args, index: calls.append((name, args)))
+    cfg = QuantConfig("fp8_current")
+    fields = per_tensor.quantize_2d(torch.randn(33, 70), cfg, rowwise=True, colwise=True, amax=torch.tensor([2.5]))
+    assert [c[0] for c in calls] == ["per_tensor_cast_f32"]
+    name, args = calls[0]
+    assert _arg(name, args, "amax_in").tolist() == [2.5]
+    assert _arg(name, args, "amax_acc") is None  # current scaling: no history accumulation
+    assert fields["rowwise_amax"] is _arg(name, args, "amax_in")
+    assert fields["colwise_amax"] is _arg(name, args, "amax_copy")  # the kernel copies amax_in there
+    with pytest.raises(ValueError, match="fp8_current"):
+        per_tensor.quantize_2d(torch.randn(4, 4), QuantConfig("fp8_delayed"), rowwise=True, colwise=False,
+                               amax=torch.tensor([1.0]))  # fmt: skip
