@@ -189,7 +189,7 @@ class NativeBackend:
         return mod.supports(op, config, device)
 
     def run_module(self, spec, params, steps):
-        """native.linear: reference.linear's step with native quantize / gemm / amax update (CUDA only)."""
+        """native.linear: native's own module step (quantize, gemm, amax update, norms; CUDA only)."""
         mod = self._native()
         if mod is None:
             raise Unsupported(f"native: the backend cannot be imported ({self._import_error})")

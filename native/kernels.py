@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-# The typedefs of native/cuda (common.cuh, nvfp4.cuh, block_scaled_gemm.cu), spelled out.
+# The typedefs of native/cuda (common.cuh, nvfp4.cuh, block_scaled_gemm.cu, norms.cu), spelled out.
 TYPEDEFS = {"u8": "unsigned char", "u16": "unsigned short", "u32": "unsigned int", "u64": "unsigned long long",
             "i64": "long long"}  # fmt: skip
 # Scalar C type -> the numpy type of its slot value.
@@ -189,6 +189,17 @@ _declare("nvfp4_4over6_{sfx}", "{copy}, const float* amax_g, int per_row, u8* da
          copy=_NVFP4_COPY)  # fmt: skip
 _declare("nvfp4_dequantize_rows",
          "const u8* data, const u8* scale, i64 scale_stride, const float* amax_rows, i64 rows, i64 cols, float* out")
+# norms.cu (NORMS_INSTANTIATE): LayerNorm / RMSNorm forward and backward, the dgamma / dbeta and dbias column sums.
+_declare("norm_forward_{sfx}",
+         "const {T}* x, const {T}* gamma, const {T}* beta, i64 M, i64 K, float eps, int rms, int zero_centered, "
+         "{T}* out, float* out32, float* mu, float* rsigma")  # fmt: skip
+_declare("norm_backward_{sfx}",
+         "const {T}* dz, const {T}* x, const float* mu, const float* rsigma, const {T}* gamma, i64 M, i64 K, int rms, "
+         "int zero_centered, {T}* dx")  # fmt: skip
+_declare("norm_columns_{sfx}",
+         "const {T}* dz, const {T}* x, const float* mu, const float* rsigma, i64 M, i64 K, int rms, {T}* dgamma, "
+         "{T}* dbeta")  # fmt: skip
+_declare("column_sum_{sfx}", "const {T}* x, i64 M, i64 K, {T}* out")
 # block_scaled_gemm.cu
 _declare("block_scaled_gemm",
          "const u8* a_data, i64 a_is, i64 a_ks, const void* a_scale, i64 a_s_idiv, i64 a_s_is, i64 a_s_ks, "

@@ -2,7 +2,7 @@
 
 Faults are injected at one stage of otherwise golden candidates; the report must name that stage
 (docs/numerics.md §9.8). The native step is exercised on the CPU with the reference kernels injected
-(native.linear shares reference.linear's orchestration; the gpu tests run it with native kernels).
+(native.linear's own orchestration, reference norms as CPU stand-ins; the gpu tests run native kernels).
 """
 
 from __future__ import annotations
@@ -150,8 +150,14 @@ def test_native_step_with_reference_kernels_matches_the_golden_bit_for_bit():
     spec, params, steps = module_args(c, generate_module(c))
     gold = run_module(spec, params, steps)
     updates = []
-    kern = Kernels(quantize=reference.quantize, gemm=reference.gemm, update_amax_history=lambda h: (updates.append(1),
-                                                                                                     h.update()))
+    from native.linear import Kernels as NativeKernels
+    from reference.gemm import round_out
+    from reference.norms import norm_backward, norm_forward, ordered_sum
+
+    kern = NativeKernels(quantize=reference.quantize, gemm=reference.gemm,
+                         update_amax_history=lambda h: (updates.append(1), h.update()),
+                         norm_forward=norm_forward, norm_backward=norm_backward,  # CPU stand-ins of native.norms
+                         column_sum=lambda t: round_out(ordered_sum(t, 0), t.dtype))
     cand = native_run(spec, params, steps, with_kernels=kern)
     assert len(updates) == 3 * 3  # input and weight after the forward, grad_output after the backward
     stages = compare_runs(c, gold, cand, hp_inputs(c, steps, gold, params), params.bias)
