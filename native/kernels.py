@@ -179,6 +179,16 @@ _declare("nvfp4_rht_amax", "const void* x, i64 m_rows, i64 k_cols, u32* out_rht,
          pads=_NVFP4_PADS)  # fmt: skip
 _declare("nvfp4_dequantize",
          "const u8* data, const u8* scale, i64 scale_stride, const float* amax_g, i64 rows, i64 cols, float* out")
+# nvfp4.cu variants (NVFP4_VARIANT_INSTANTIATE, nvfp4_dequantize_rows; docs/numerics.md §5.10): one copy
+# [rows, cols] of X read through the strides (rs, cs).
+_NVFP4_COPY = "const void* x, i64 rows, i64 cols, i64 rs, i64 cs"
+_declare("nvfp4_row_amax_{sfx}", "{copy}, float* out", copy=_NVFP4_COPY)
+_declare("nvfp4_quantize_rows_{sfx}", "{copy}, const float* amax_rows, u8* data, u8* scale, i64 scale_stride",
+         copy=_NVFP4_COPY)  # fmt: skip
+_declare("nvfp4_4over6_{sfx}", "{copy}, const float* amax_g, int per_row, u8* data, u8* scale, i64 scale_stride",
+         copy=_NVFP4_COPY)  # fmt: skip
+_declare("nvfp4_dequantize_rows",
+         "const u8* data, const u8* scale, i64 scale_stride, const float* amax_rows, i64 rows, i64 cols, float* out")
 # block_scaled_gemm.cu
 _declare("block_scaled_gemm",
          "const u8* a_data, i64 a_is, i64 a_ks, const void* a_scale, i64 a_s_idiv, i64 a_s_is, i64 a_s_ks, "

@@ -49,6 +49,8 @@ TILE_M = 128  # rows of X per quantize tile (nvfp4.cu TILE_M)
 TILE_BYTES = 128  # bytes of X per tile row (nvfp4.cu TILE_WORDS * 4): 64 16-bit or 32 fp32 columns
 
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+# NUMERICS: §5.10 - the 4over6 map-to-4 candidate expands the block scale by 1.5 (exact).
+MAP4_EXPAND = 1.5
 _MASK32 = 0xFFFFFFFF
 
 # A launcher runs kernel `name` over `n_units` work units with positional `args`: torch tensors
@@ -63,10 +65,15 @@ def scheme_defines(config: QuantConfig) -> dict[str, int | float | str]:
     """nvfp4.cu's own defines: the copy modes and the global-scale and RHT constants."""
     from ._compile import recip
 
-    gmax = config.element_format.max_finite * FORMATS[config.scheme_row.scale_format].max_finite  # 2688, exact
+    # NUMERICS: §5.10 - 6 * e4m3_max (exact): 2688 (E2M1 max * E4M3 max) for every config but a 4over6
+    # variant with e4m3_max = 256 (1536), which sets S_enc, the candidate error and the dequantization.
+    gmax = config.element_format.max_finite * config.e4m3_max
     return {
         "RHT": int(config.rht),
         "STOCHASTIC": int(config.stochastic),
+        # NUMERICS: §5.10 the 4over6 kernel's error mode and map-to-4 expansion.
+        "NVFP4_ERR_MSE": int(config.err_mode == "mse"),
+        "NVFP4_MAP4_EXPAND": MAP4_EXPAND,
         "NVFP4_GLOBAL_MAX": float(gmax),
         "NVFP4_RECIP_GLOBAL_MAX": recip(gmax),
         "NVFP4_RECIP_ALPHA": recip(gmax * gmax),
@@ -189,7 +196,54 @@ def quantize_2d(
     x2d = x2d.contiguous()
     if x2d.data_ptr() % 16:  # the kernels use 16-byte vector loads along rows
         x2d = x2d.clone()
+    if config.variant is not None:
+        return quantize_variant_with(_launcher(config, x2d.device), x2d, config, rowwise=rowwise, colwise=colwise)
     return quantize_with(_launcher(config, x2d.device), x2d, config, rowwise=rowwise, colwise=colwise, seed=seed)
+
+
+def quantize_variant_with(launch: Launcher, x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool,
+                          colwise: bool) -> dict:
+    """QuantizedTensor fields of a 4over6 / row-scaled NVFP4 variant of x2d (docs/numerics.md §5.10).
+
+    Each copy is quantized from its own source, X [M, K] or X^T [K, M] read through strides (so the
+    16x16 4over6 colwise copy is not the rowwise transpose). A_g: amax(X) for both copies (§5.1), or
+    row-scaled one per row of the copy ([M] rowwise, [K] colwise: the columns of X). No RHT and no SR
+    (QuantConfig rejects them). Scales come zero-filled (§5.9 padding); the kernels write every block.
+    """
+    m, k = x2d.shape
+    blk, unit_rows = config.block, config.tile[0]
+    dev = x2d.device
+    sfx = _SUFFIX[x2d.dtype]
+    out: dict = {}
+    if not config.row_scaled:
+        # NUMERICS: §0.1 / §5.1 - A_g = amax(X), NaN ignored, into both slots (the copies' amaxes).
+        bits = torch.zeros(2, dtype=torch.float32, device=dev)
+        no_pads = [None, _i64(0), _i64(0), None, _i64(0), _i64(0)]
+        launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // blk), [x2d, _i64(m), _i64(k), bits[0:1], bits[1:2],
+               *no_pads], max_blocks=REDUCE_BLOCKS)  # fmt: skip
+    # (rows, cols, row stride, column stride) of each copy in X's elements.
+    sources = {"rowwise": (m, k, k, 1), "colwise": (k, m, 1, k)}
+    for slot, (on, orientation) in enumerate(((rowwise, "rowwise"), (colwise, "colwise"))):
+        if not on:
+            continue
+        rows, cols, rs, cs = sources[orientation]
+        src = [x2d, _i64(rows), _i64(cols), _i64(rs), _i64(cs)]
+        g = copy_geometry(config, orientation, m, k)
+        data = torch.empty(g.data_shape, dtype=torch.uint8, device=dev)
+        scale = torch.zeros(g.scale_padded_shape, dtype=torch.uint8, device=dev)
+        if config.row_scaled:
+            # NUMERICS: §5.10 row-scaled - A_g of each row of the copy (a row, or a column of X).
+            a_g = torch.empty(rows, dtype=torch.float32, device=dev)
+            launch(f"nvfp4_row_amax_{sfx}", rows, [*src, a_g])
+        else:
+            a_g = bits[slot : slot + 1]
+        if config.four_over_six:
+            launch(f"nvfp4_4over6_{sfx}", rows // unit_rows * (cols // blk),
+                   [*src, a_g, np.int32(config.row_scaled), data, scale, _i64(scale.shape[1])])  # fmt: skip
+        else:
+            launch(f"nvfp4_quantize_rows_{sfx}", rows * (cols // blk), [*src, a_g, data, scale, _i64(scale.shape[1])])
+        out.update({f"{orientation}_data": data, f"{orientation}_scale": scale, f"{orientation}_amax": a_g})
+    return out
 
 
 def dequantize_with(launch: Launcher, q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:
@@ -214,7 +268,25 @@ def dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torc
         raise ValueError(f"this QuantizedTensor has no {orientation} copy (quantize with {orientation}=True)")
     if not data.is_cuda:
         raise SpecViolation(f"native.nvfp4.dequantize needs CUDA tensors, got device {data.device}")
+    if q.config.row_scaled:
+        return dequantize_rows_with(_launcher(q.config, data.device), q, orientation, dtype)
     return dequantize_with(_launcher(q.config, data.device), q, orientation, dtype)
+
+
+def dequantize_rows_with(launch: Launcher, q: QuantizedTensor, orientation: str, dtype: torch.dtype) -> torch.Tensor:
+    """Row-scaled x_hat = RN_out(RN(v * g)), g from each row's own A_g (docs/numerics.md §5.8, §5.10)."""
+    data = getattr(q, f"{orientation}_data").contiguous()
+    scale = getattr(q, f"{orientation}_scale").contiguous()
+    a_g = getattr(q, f"{orientation}_amax").to(device=data.device, dtype=torch.float32).reshape(-1).contiguous()
+    rows, cols = data.shape[0], data.shape[1] * 2
+    if a_g.numel() != rows:
+        raise SpecViolation(f"{q.config.id}: the {orientation} amax has {a_g.numel()} entries, expected one per "
+                            f"row of the copy ({rows}; docs/numerics.md §5.10)")  # fmt: skip
+    out = torch.empty((rows, cols), dtype=torch.float32, device=data.device)
+    launch("nvfp4_dequantize_rows", rows * (cols // q.config.block),
+           [data, scale, _i64(scale.shape[1]), a_g, _i64(rows), _i64(cols), out])  # fmt: skip
+    xh = out.to(dtype)  # NUMERICS: §5.8 - RN(v * g) in fp32 by the kernel, then one RN_out
+    return xh if orientation == "rowwise" else xh.t().contiguous()
 
 
 # ---- GEMM ------------------------------------------------------------------------------------

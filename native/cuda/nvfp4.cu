@@ -613,3 +613,214 @@ extern "C" __global__ void __launch_bounds__(NVFP4_THREADS)
                      float* out) {
     NVFP4_GRID_STRIDE(u, rows * (cols / BLOCK)) dequantize_unit(data, scale, scale_stride, amax_g, cols, out, u);
 }
+
+// ---- NVFP4 variants: 4over6 and row-scaled (docs/numerics.md §5.10) -------------------------------
+// Simple one-thread-per-unit kernels, separate from the tiled quantize kernel above: a copy [R, C] of
+// X is read through strides (element (r, c) of the copy is x[r * rs + c * cs]: rowwise rs = K, cs = 1;
+// colwise X^T rs = 1, cs = K), so the columnwise copy is quantized from X^T on its own (§5.10), never
+// transposed from the rowwise one. The scale chain constants come from defines_for(config): with a
+// 4over6 variant NVFP4_GLOBAL_MAX = 6 * e4m3_max and NVFP4_RECIP_GLOBAL_MAX = fl(1 / (6 * e4m3_max))
+// (native/nvfp4.py scheme_defines). The scale tensors come zero-filled from the host (§5.9 padding).
+#if !defined(NVFP4_ERR_MSE) || !defined(NVFP4_MAP4_EXPAND)
+#error "nvfp4.cu needs NVFP4_ERR_MSE and NVFP4_MAP4_EXPAND (native/nvfp4.py scheme_defines)"
+#endif
+
+namespace nvfp4 {
+
+constexpr bool kMse = NVFP4_ERR_MSE != 0;
+
+// One copy [rows, cols] of X, read through strides.
+struct CopySrc {
+    const void* x;
+    i64 rows, cols, rs, cs;
+};
+
+// Block (r, cb) of the copy (16 elements along its row), widened exactly to fp32.
+template <int DT>
+NVFP4_HD void copy_block(const CopySrc& s, i64 r, i64 cb, float (&v)[BLOCK]) {
+    Raw<DT> raw;
+    load_raw<DT>(s.x, r * s.rs + cb * BLOCK * s.cs, s.cs, raw);  // cs = 1: 16-element aligned vector loads
+    widen<DT>(raw, v);
+}
+
+// Store a block's 16 packed codes (two words, element 2j in the low nibble of byte j; §5.4).
+NVFP4_HD void store_codes(u8* data, i64 cols, i64 r, i64 cb, const u32 (&word)[2]) {
+    u8* out = data + r * (cols / 2) + cb * (BLOCK / 2);
+    for (int i = 0; i < 4; ++i) {
+        out[i] = (u8)(word[0] >> (8 * i));
+        out[4 + i] = (u8)(word[1] >> (8 * i));
+    }
+}
+
+// NUMERICS: §5.3 f = fmin(RN(1 / RN(float(s_blk) * S_dec)), FLT_MAX); s_blk = 0 -> FLT_MAX (as block_scale).
+NVFP4_HD float four6_encode_factor(u32 code, float s_dec) {
+    return code == 0 ? flt_max() : fmin_nn(rcp_rn(mul_rn(ue4m3_value(code), s_dec)), flt_max());
+}
+
+struct Four6Scales {
+    u32 map4, map6;  // UE4M3 bits of the two candidates
+};
+
+// NUMERICS: §5.10 - base = RN(RN(A_b / 6) * S_enc) (a true division, unlike §5.2);
+// map4 = sat_e4m3(fmin(RN(1.5 * base), 448)), map6 = sat_e4m3(fmin(base, 448)). A_b >= 0 and not NaN
+// (NaN-ignoring amax), S_enc finite > 0: base is >= 0 and not NaN, as sat_e4m3 needs.
+NVFP4_HD Four6Scales four6_scales(float amax_b, float s_enc) {
+    const float base = mul_rn(div_rn(amax_b, ELEM_MAX), s_enc);
+    Four6Scales s;
+    s.map4 = sat_e4m3(fmin_nn(mul_rn(base, NVFP4_MAP4_EXPAND), SCALE_MAX));
+    s.map6 = sat_e4m3(fmin_nn(base, SCALE_MAX));
+    return s;
+}
+
+// One candidate of one block: its packed codes and its error.
+struct Four6Cand {
+    u32 word[2];
+    float err;
+};
+
+// Codes of v under block scale `code` (§5.3 f, §5.4 y = RN(x * f), e2m1_rn with NaN -> 0x7), and the
+// candidate error. NUMERICS: §5.10 - for elements 0..15 in order, every step RN (no contraction):
+// val = RN(RN(RN(v_e2m1 * sf) * A_g) / (6 * e4m3_max)) (true division), d = RN(val - x),
+// err = RN(err + |d|) (mae) or RN(err + RN(d * d)) (mse), from err = +0.
+NVFP4_HD Four6Cand four6_candidate(const float (&v)[BLOCK], u32 code, float s_dec, float amax_g) {
+    const float f = four6_encode_factor(code, s_dec);
+    const float sf = ue4m3_value(code);
+    Four6Cand c;
+    c.word[0] = c.word[1] = 0u;
+    c.err = 0.0f;
+#pragma unroll
+    for (int e = 0; e < BLOCK; ++e) {
+        const u32 q = e2m1_rn(mul_rn(v[e], f));
+        c.word[e / 8] |= q << (ELEM_BITS * (e % 8));
+        const float val = div_rn(mul_rn(mul_rn(e2m1_value(q), sf), amax_g), NVFP4_GLOBAL_MAX);
+        const float d = add_rn(val, -v[e]);  // RN(val - x): negation is exact
+        c.err = add_rn(c.err, kMse ? mul_rn(d, d) : fabsf(d));
+    }
+    return c;
+}
+
+// NUMERICS: §5.10 - 4over6 of 1x16 block (r, cb): A_b = amax of the block (§0.1, NaN ignored);
+// map4 iff err4 < err6 (ties, NaN and inf = inf go to map6). amax_g: this row's A_g (row-scaled) or
+// the tensor's.
+template <int DT>
+NVFP4_HD void four6_block(const CopySrc& s, float amax_g, i64 r, i64 cb, u8* data, u8* scale, i64 scale_stride) {
+    float v[BLOCK];
+    copy_block<DT>(s, r, cb, v);
+    const GlobalScale g = global_scale(amax_g);  // NUMERICS: §5.1 with 6 * e4m3_max (§5.10)
+    const Four6Scales sc = four6_scales(block_amax(v), g.s_enc);
+    const Four6Cand c4 = four6_candidate(v, sc.map4, g.s_dec, amax_g);
+    const Four6Cand c6 = four6_candidate(v, sc.map6, g.s_dec, amax_g);
+    const bool pick4 = c4.err < c6.err;
+    store_codes(data, s.cols, r, cb, pick4 ? c4.word : c6.word);
+    scale[r * scale_stride + cb] = (u8)(pick4 ? sc.map4 : sc.map6);
+}
+
+// NUMERICS: §5.10 - 4over6 of the 16x16 tile (rows 16 tr .. 16 tr + 15, block column cb) of the copy:
+// A_b = the tile amax (§5.5), each row's candidate error as four6_candidate, the 16 row errors summed
+// as a tree (row j + row j+8, then + 4, + 2, + 1, each RN; TE's warp reduction), one winner per tile.
+// The copy's rows are its own: for the columnwise copy these are the rows of X^T (the transposed
+// tile), so its sums differ in order from the rowwise copy's.
+template <int DT>
+NVFP4_HD void four6_tile(const CopySrc& s, float amax_g, i64 tr, i64 cb, u8* data, u8* scale, i64 scale_stride) {
+    const i64 r0 = tr * BLOCK;
+    float amax_t = 0.0f;
+    for (int j = 0; j < BLOCK; ++j) {
+        float v[BLOCK];
+        copy_block<DT>(s, r0 + j, cb, v);
+        amax_t = fmax_nn(amax_t, block_amax(v));  // NUMERICS: §0.1 exact in any order
+    }
+    const GlobalScale g = global_scale(amax_g);
+    const Four6Scales sc = four6_scales(amax_t, g.s_enc);
+    float e4[BLOCK], e6[BLOCK];
+    for (int j = 0; j < BLOCK; ++j) {
+        float v[BLOCK];
+        copy_block<DT>(s, r0 + j, cb, v);
+        e4[j] = four6_candidate(v, sc.map4, g.s_dec, amax_g).err;
+        e6[j] = four6_candidate(v, sc.map6, g.s_dec, amax_g).err;
+    }
+#pragma unroll
+    for (int h = BLOCK / 2; h > 0; h >>= 1) {  // NUMERICS: §5.10 tree offsets 8, 4, 2, 1
+#pragma unroll
+        for (int j = 0; j < h; ++j) {
+            e4[j] = add_rn(e4[j], e4[j + h]);
+            e6[j] = add_rn(e6[j], e6[j + h]);
+        }
+    }
+    const bool pick4 = e4[0] < e6[0];
+    const u32 code = pick4 ? sc.map4 : sc.map6;
+    for (int j = 0; j < BLOCK; ++j) {
+        float v[BLOCK];
+        copy_block<DT>(s, r0 + j, cb, v);
+        const Four6Cand c = four6_candidate(v, code, g.s_dec, amax_g);
+        store_codes(data, s.cols, r0 + j, cb, c.word);
+        scale[(r0 + j) * scale_stride + cb] = (u8)code;
+    }
+}
+
+// NUMERICS: §0.1 amax of row r of the copy: fmax over |v| from +0 (NaN ignored, +inf kept), exact in
+// any order; the row-scaled A_g of that row (§5.10).
+template <int DT>
+NVFP4_HD float copy_row_amax(const CopySrc& s, i64 r) {
+    float a = 0.0f;
+    for (i64 cb = 0; cb < s.cols / BLOCK; ++cb) {
+        float v[BLOCK];
+        copy_block<DT>(s, r, cb, v);
+        a = fmax_nn(a, block_amax(v));
+    }
+    return a;
+}
+
+}  // namespace nvfp4
+
+// Per input dtype, over one copy [rows, cols] read through strides (rs, cs):
+// - nvfp4_row_amax: the amax of each row of the copy into out[rows] (row-scaled A_g, §5.10);
+// - nvfp4_quantize_rows: the plain 1x16 chain (§5.1-§5.4, encode_block) with each row's own A_g
+//   amax_rows[r] (row-scaled NVFP4, §5.10);
+// - nvfp4_4over6: 4over6 (§5.10) with A_g amax_g[per_row ? r : 0]; one unit per 1x16 block, or per
+//   16x16 tile in IS_2D builds (per_row is 0 there: row-scaled is 1-D only).
+#define NVFP4_VARIANT_INSTANTIATE(SUFFIX, DT)                                                                     \
+    extern "C" __global__ void __launch_bounds__(NVFP4_THREADS)                                                   \
+        nvfp4_row_amax_##SUFFIX(const void* x, i64 rows, i64 cols, i64 rs, i64 cs, float* out) {                  \
+        const CopySrc s = {x, rows, cols, rs, cs};                                                                \
+        NVFP4_GRID_STRIDE(r, rows) out[r] = copy_row_amax<DT>(s, r);                                              \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(NVFP4_THREADS) nvfp4_quantize_rows_##SUFFIX(                     \
+        const void* x, i64 rows, i64 cols, i64 rs, i64 cs, const float* amax_rows, u8* data, u8* scale,          \
+        i64 scale_stride) {                                                                                       \
+        const CopySrc s = {x, rows, cols, rs, cs};                                                                \
+        const i64 nbc = cols / BLOCK;                                                                             \
+        NVFP4_GRID_STRIDE(u, rows * nbc) {                                                                        \
+            const i64 r = u / nbc, cb = u % nbc;                                                                  \
+            const QuantArgs a = {cols, amax_rows + r, 0ull, 0u, data, scale, scale_stride};                      \
+            float v[BLOCK];                                                                                       \
+            copy_block<DT>(s, r, cb, v);                                                                          \
+            const AmaxNan an = block_amax_nan(v);                                                                 \
+            encode_block<false>(a, global_scale(amax_rows[r]), r, cb, an.amax, an.has_nan, v);                    \
+        }                                                                                                         \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(NVFP4_THREADS)                                                   \
+        nvfp4_4over6_##SUFFIX(const void* x, i64 rows, i64 cols, i64 rs, i64 cs, const float* amax_g,             \
+                              int per_row, u8* data, u8* scale, i64 scale_stride) {                               \
+        const CopySrc s = {x, rows, cols, rs, cs};                                                                \
+        const i64 nbc = cols / BLOCK, unit_rows = k2d ? BLOCK : 1;                                                \
+        NVFP4_GRID_STRIDE(u, rows / unit_rows * nbc) {                                                            \
+            const i64 ur = u / nbc, cb = u % nbc;                                                                 \
+            if (k2d) {                                                                                            \
+                four6_tile<DT>(s, amax_g[0], ur, cb, data, scale, scale_stride);                                  \
+            } else {                                                                                              \
+                four6_block<DT>(s, amax_g[per_row ? ur : 0], ur, cb, data, scale, scale_stride);                  \
+            }                                                                                                     \
+        }                                                                                                         \
+    }
+
+NVFP4_VARIANT_INSTANTIATE(f32, IN_F32)
+NVFP4_VARIANT_INSTANTIATE(bf16, IN_BF16)
+NVFP4_VARIANT_INSTANTIATE(f16, IN_F16)
+
+// Dequantize a row-scaled copy: as nvfp4_dequantize with row r's own A_g amax_rows[r] (§5.8, §5.10).
+extern "C" __global__ void __launch_bounds__(NVFP4_THREADS)
+    nvfp4_dequantize_rows(const u8* data, const u8* scale, i64 scale_stride, const float* amax_rows, i64 rows,
+                          i64 cols, float* out) {
+    NVFP4_GRID_STRIDE(u, rows * (cols / BLOCK))
+    dequantize_unit(data, scale, scale_stride, amax_rows + u / (cols / BLOCK), cols, out, u);
+}

@@ -94,7 +94,7 @@ def test_parser_expands_instantiation_macros_and_object_macros():
 
 def test_every_source_kernel_is_declared_with_its_exact_parameters():
     found = _source_kernels()
-    assert len(found) == len(K.KERNELS) == 31  # 9 kernels x 3 dtypes + 4
+    assert len(found) == len(K.KERNELS) == 41  # 12 kernels x 3 dtypes + 5 (nvfp4 variants: 3 x 3 + 1)
     assert sorted(found) == sorted(K.KERNELS)
     for name, params in found.items():
         assert K.KERNELS[name].params == params, f"{name}: source {params} != declared {K.KERNELS[name].params}"
