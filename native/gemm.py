@@ -35,6 +35,7 @@ bias, RN_out, then RN_out(C + RN_out(Y)); the others: RN(Y + C), RN(. + bias), R
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -270,9 +271,42 @@ def gemm(
     device = av.data.device
     resolved, _ = resolve_method(a.config, method, device)
     with torch.cuda.device(device):
+        if a.config.row_scaled or b.config.row_scaled:
+            return _row_scaled(av, bv, resolved, out_dtype, bias, c)
         if resolved == "portable":
             return _portable(av, bv, out_dtype, bias, c)
         return _cublaslt(av, bv, out_dtype, bias, c, fast_accum=resolved == "cublaslt_fast_accum")
+
+
+def _row_scaled(av: OperandView, bv: OperandView, resolved: str, out_dtype, bias, c) -> torch.Tensor:
+    """A GEMM with a row-scaled NVFP4 operand in the order of TE's kernel path (docs/numerics.md §5.10).
+
+    The per-tensor GEMM (`resolved` method) runs with both amaxes replaced by 1 and an fp32 output:
+    y32 = RN(alpha_1 * sum), alpha_1 = fl(1/(36 * e4m3_max_a * e4m3_max_b)). Then, per (m, n), with
+    A_a the amax vector of a's consumed copy ([M] or [1]) and A_b of b's ([N] or [1]):
+    NUMERICS: §5.10 - one vector side: y = RN(y32 * RN(A_a[m] * A_b[n])); both: y = RN(RN(y32 * A_a[m]) *
+    A_b[n]); y = RN(y + bias) in fp32; RN_out; with C, D = RN_out(RN(C + RN_out(y))). Each step is one
+    torch elementwise op on the GPU (one fp32 rounding each, nothing fused).
+    """
+    one = torch.ones(1, dtype=torch.float32, device=av.data.device)
+    ua, ub = dataclasses.replace(av, amax=one), dataclasses.replace(bv, amax=one)
+    if resolved == "portable":
+        y32 = _portable(ua, ub, torch.float32, None, None)
+    else:
+        y32 = _cublaslt(ua, ub, torch.float32, None, None, fast_accum=resolved == "cublaslt_fast_accum")
+    ra = av.amax.to(torch.float32).reshape(-1, 1)  # (M or 1, 1)
+    rb = bv.amax.to(torch.float32).reshape(1, -1)  # (1, N or 1)
+    if av.config.row_scaled and bv.config.row_scaled:
+        y = (y32 * ra) * rb  # NUMERICS: §5.10 - two fp32 multiplies, a's rows first
+    else:
+        y = y32 * (ra * rb)  # NUMERICS: §5.10 - the two amaxes folded into one fp32 factor first
+    if bias is not None:
+        y = y + bias.to(torch.float32)[None, :]  # NUMERICS: §5.10 - bias in fp32 after the scales
+    z = y.to(out_dtype)
+    if c is not None:
+        # NUMERICS: §5.10 - TE adds the rounded output into C (out.add_): one fp32 add, then RN_out.
+        z = (c.to(torch.float32) + z.to(torch.float32)).to(out_dtype)
+    return z
 
 
 # ---- portable kernel ------------------------------------------------------------------------
@@ -306,6 +340,11 @@ def kernel_defines(a_config: QuantConfig, b_config: QuantConfig, out_dtype: torc
     # NUMERICS: §6 blockwise - 2D(a) x 1D(b) applies b's (the 1-D operand's) scale first.
     d["SCALE_B_FIRST"] = int(_tile_scaled(a_config) and not _tile_scaled(b_config))
     d["OUT_BF16"] = int(out_dtype == torch.bfloat16)
+    if a_config.scheme_row.global_amax:
+        # NUMERICS: §5.8 / §5.10 - the alpha constant of a global-amax scheme (NVFP4) from both operands:
+        # fl(1/(36 * e4m3_max_a * e4m3_max_b)), each operand's own E4M3 maximum (448, or 256 for 4over6).
+        recip_alpha = launcher(a_config.scheme).recip_alpha_range(a_config.e4m3_max, b_config.e4m3_max)
+        d["NVFP4_RECIP_ALPHA"] = float(recip_alpha)
     return d
 
 

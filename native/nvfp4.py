@@ -292,20 +292,25 @@ def dequantize_rows_with(launch: Launcher, q: QuantizedTensor, orientation: str,
 # ---- GEMM ------------------------------------------------------------------------------------
 
 
-def recip_alpha_range() -> np.float32:
+def recip_alpha_range(e4m3_max_a: int | None = None, e4m3_max_b: int | None = None) -> np.float32:
     """fl(1 / (E2M1 max * E4M3 max)^2) = fl(1/7225344), from the format rows (NUMERICS: §5.8; the kernels'
-    NVFP4_RECIP_ALPHA define)."""
+    NVFP4_RECIP_ALPHA define); with a 4over6 operand each side's own e4m3_max, fl(1/(36 * e_a * e_b))
+    (NUMERICS: §5.10: fl(1/4128768) or fl(1/2359296))."""
     from ._compile import recip
 
-    global_max = FORMATS["e2m1"].max_finite * FORMATS["e4m3"].max_finite  # 2688, exact
-    return np.float32(recip(global_max * global_max))  # 7225344 is exact in fp32
+    e4m3 = FORMATS["e4m3"].max_finite
+    range_a = FORMATS["e2m1"].max_finite * (e4m3 if e4m3_max_a is None else e4m3_max_a)  # 2688 or 1536, exact
+    range_b = FORMATS["e2m1"].max_finite * (e4m3 if e4m3_max_b is None else e4m3_max_b)
+    return np.float32(recip(range_a * range_b))  # 7225344, 4128768 and 2359296 are exact in fp32
 
 
-def alpha(amax_a: float | np.floating, amax_b: float | np.floating) -> np.float32:
+def alpha(amax_a: float | np.floating, amax_b: float | np.floating, e4m3_max_a: int | None = None,
+          e4m3_max_b: int | None = None) -> np.float32:
     """alpha = RN(RN(A_g,a * A_g,b) * fl(1/7225344)) in fp32 host arithmetic (NUMERICS: §5.8 - multiply by the
-    reciprocal, never divide; both products one RN each). numpy float32 arithmetic keeps subnormals."""
+    reciprocal, never divide; both products one RN each; §5.10 each operand's e4m3_max). numpy float32
+    arithmetic keeps subnormals."""
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-        return np.float32(np.float32(amax_a) * np.float32(amax_b)) * recip_alpha_range()
+        return np.float32(np.float32(amax_a) * np.float32(amax_b)) * recip_alpha_range(e4m3_max_a, e4m3_max_b)
 
 
 def lt_scale(view) -> LtScale:
@@ -319,4 +324,4 @@ def lt_alpha(a_view, b_view) -> float:
     """cuBLASLt's host alpha from the consumed copies' global amaxes (docs/numerics.md §5.8)."""
     a = a_view.amax.reshape(1).to(torch.float32).cpu().numpy()[0]
     b = b_view.amax.reshape(1).to(torch.float32).cpu().numpy()[0]
-    return float(alpha(a, b))
+    return float(alpha(a, b, a_view.config.e4m3_max, b_view.config.e4m3_max))  # NUMERICS: §5.10 per operand
