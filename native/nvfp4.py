@@ -18,6 +18,10 @@ Passes per call (the copy modes RHT / SR / 2-D are compile-time, from defines_fo
    there; 2-D builds reduce the 16x16 tile amaxes from the same tile (no separate pass). It writes
    the codes and the scale of every block; with pass 1, every output byte is written, so the
    outputs come from torch.empty.
+
+The §5.10 variants (4over6, row-scaled) take their own simple kernels (`quantize_variant_with`): amax(X), or
+one amax per row of each copy, then one thread per block (per 16x16 tile in 2-D builds) reading the copy
+from X through strides; row-scaled copies dequantize with each row's A_g (`dequantize_rows_with`).
 """
 
 from __future__ import annotations

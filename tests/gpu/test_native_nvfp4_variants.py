@@ -113,17 +113,25 @@ def test_4over6_hand_vector(tile):
 
 # ---- the nvfp4 tier's variant cases ------------------------------------------------------------
 
-_TIER = [c for c in load_cases("nvfp4") if c.config.variant is not None]
+def _variant_cases(tier: str) -> list:
+    return [c for c in load_cases(tier) if c.config.variant is not None
+            or (c.b_config is not None and c.b_config.variant is not None)]  # fmt: skip
 
 
-def test_tier_has_variant_cases():
-    assert len(_TIER) >= 1395  # python -m harness list --tier nvfp4 | grep -cE "4over6|row_scaled" (at c5d6631)
+_TIERS = {"nvfp4": _variant_cases("nvfp4"), "gemm": _variant_cases("gemm")}
 
 
-@pytest.mark.parametrize("chunk", range(8))
-def test_tier_variant_cases_pass_on_native(chunk):
+def test_tiers_have_variant_cases():
+    # python -m harness list --tier T | grep -cE "4over6|row_scaled" (at c5d6631: 1395 and 240)
+    assert len(_TIERS["nvfp4"]) >= 1395 and len(_TIERS["gemm"]) >= 240
+
+
+@pytest.mark.parametrize("tier,chunk", [("nvfp4", i) for i in range(8)] + [("gemm", i) for i in range(2)])
+def test_tier_variant_cases_pass_on_native(tier, chunk):
+    """The harness's own verdicts (quantize / dequantize: bit-exact; GEMM: the §6 rules) for native."""
+    n_chunks = 8 if tier == "nvfp4" else 2
     bad = []
-    for case in _TIER[chunk::8]:
+    for case in _TIERS[tier][chunk::n_chunks]:
         for row in runner.run_case(case, "native", "cuda"):
             if row.get("status") not in ("pass", "info"):  # info: the accuracy rows (no verdict)
                 bad.append((case.id, row.get("tensor"), row.get("status"), row.get("reason")))

@@ -132,6 +132,25 @@ def test_alpha_constant_is_the_kernel_define_and_hand_checked():
     assert float(native_nvfp4.alpha(2688.0, 2688.0)) == 1.0  # RN(7225344 * fl(1/7225344)) rounds back to 1
 
 
+@pytest.mark.parametrize("e_a,e_b", [(448, 448), (256, 448), (448, 256), (256, 256)])
+def test_alpha_takes_each_operands_e4m3_max(e_a, e_b):
+    """§5.10: fl(1/(36 * e_a * e_b)) on the host (cuBLASLt) and as the portable kernel's define, and the
+    host alpha equals reference.nvfp4.gemm_alpha bit for bit over the fp32 range."""
+    from native.gemm import kernel_defines
+
+    r = native_nvfp4.recip_alpha_range(e_a, e_b)
+    assert float(r) == float(np.float32(1) / np.float32(36 * e_a * e_b))
+    ca, cb = (QuantConfig("nvfp4", variant="4over6", e4m3_max=e) for e in (e_a, e_b))
+    assert kernel_defines(ca, cb, torch.float32)["NVFP4_RECIP_ALPHA"] == float(r)
+    a = _fp32_values()
+    b = np.roll(a, 5)
+    want = gemm_alpha(torch.from_numpy(a.copy()), torch.from_numpy(b.copy()), e_a, e_b).numpy().view(np.uint32)
+    got = np.array([native_nvfp4.alpha(x, y, e_a, e_b) for x, y in zip(a, b, strict=True)],
+                   dtype=np.float32).view(np.uint32)  # fmt: skip
+    nan = np.isnan(want.view(np.float32)) & np.isnan(got.view(np.float32))
+    assert np.array_equal(np.where(nan, 0, got), np.where(nan, 0, want))
+
+
 def test_cublaslt_host_alpha_from_the_consumed_copies():
     cfg = QuantConfig("nvfp4")
     a = reference.quantize(torch.randn(64, 96) * 37, cfg, rowwise=True, colwise=True)
