@@ -416,6 +416,7 @@ def cmd_repro(args) -> int:
     from . import runner  # noqa: PLC0415
     from .backends import UnknownBackend, get_backend  # noqa: PLC0415
     from .cases import Case  # noqa: PLC0415
+    from .classify import EXAMPLES_SHOWN, format_examples  # noqa: PLC0415
 
     try:
         case = Case.from_id(args.case_id)
@@ -447,6 +448,9 @@ def cmd_repro(args) -> int:
                 print(f"        {r['reason']}")
             if r.get("first_mismatch"):
                 print("        first mismatch:\n" + runner.format_first_mismatch(r["first_mismatch"], " " * 10))
+            shown = format_examples(r.get("mismatch_examples"), indent=" " * 10)
+            if shown:
+                print(f"        mismatch examples (up to {EXAMPLES_SHOWN} per class):\n" + "\n".join(shown))
         sev = rows[0].get("severity") if rows else ""
         if sev:
             conv = rows[0].get("matches_convention")
