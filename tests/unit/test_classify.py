@@ -462,3 +462,55 @@ def test_failure_message_and_repro_show_the_examples_of_every_class(capsys):
     for cls, n in classes.items():
         assert f"          {cls}: {n} element(s)" in text
     assert all(idx in text for idx in ("index=[0, 0]", "index=[1, 2]", "index=[4, 5]"))
+
+
+# ---- swizzled scales -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cfg, shape", [(Q("mxfp8"), (64, 256)), (Q("mxfp8", element="e5m2"), (160, 96)),
+                                        (Q("nvfp4"), (64, 128)), (Q("nvfp4"), (144, 48))])
+@pytest.mark.parametrize("as_flat", [True, False])
+def test_swizzled_scales_are_named_on_both_copies(cfg, shape, as_flat):
+    """A reference-derived candidate whose block scales are in cuBLASLt's swizzled order (as its GEMM
+    reads them, reference.layouts.swizzle_scales: the oracle), flat or reshaped to the compact padded
+    shape: every scale row names the layout, the data rows pass."""
+    from reference.layouts import swizzle_scales
+
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(5))
+    g = reference.quantize(x, cfg, rowwise=True, colwise=True)
+    cand = _clone(g)
+    for o in ("rowwise", "colwise"):
+        flat = swizzle_scales(g, o)
+        setattr(cand, f"{o}_scale", flat if as_flat else flat.reshape(getattr(g, f"{o}_scale").shape))
+    res = _by_name(compare_quantized(g, cand, x))
+    for o in ("rowwise", "colwise"):
+        tr = res[f"{o}_scale"]
+        assert tr.status == "fail" and tr.layout == "scales are the golden's swizzled (128x4 tiles)", (o, tr.layout)
+        assert set(tr.mismatch_classes) == {"layout_transposition"} and tr.mismatch_classes["layout_transposition"] > 0
+        assert res[f"{o}_data"].status == "pass"
+    assert layout_finding(list(res.values())).startswith("rowwise_scale: scales are the golden's swizzled")
+
+
+def test_harness_unswizzle_inverts_the_reference_swizzle_and_differs_from_a_plain_reshape():
+    from harness.compare import _unswizzle
+    from reference.layouts import swizzle
+
+    # docs/numerics.md §8 vectors: in T [256, 8], entries (0,0) (1,0) (32,0) (0,1) (0,4) (128,0) (37,5) sit at
+    # flat offsets 0, 16, 4, 1, 512, 1024, 597; unswizzling the offsets themselves gives each entry its offset.
+    u = _unswizzle(torch.arange(256 * 8, dtype=torch.int64), (256, 8))
+    vectors = {(0, 0): 0, (1, 0): 16, (32, 0): 4, (0, 1): 1, (0, 4): 512, (128, 0): 1024, (37, 5): 597}
+    assert {ij: int(u[ij]) for ij in vectors} == vectors
+    assert sorted(u.reshape(-1).tolist()) == list(range(256 * 8))  # a permutation
+    t = torch.randint(0, 255, (384, 12), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(_unswizzle(swizzle(t), (384, 12)), t)  # the inverse of the reference's swizzle
+    assert not torch.equal(swizzle(t).reshape(384, 12), t)
+
+
+def test_a_plain_scale_mismatch_is_not_called_swizzled():
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(2))
+    g = reference.quantize(x, Q("mxfp8"))
+    cand = _clone(g)
+    cand.rowwise_scale = g.rowwise_scale.clone()
+    cand.rowwise_scale[3, 1] += 1
+    tr = _by_name(compare_quantized(g, cand, x))["rowwise_scale"]
+    assert tr.layout is None and "layout_transposition" not in tr.mismatch_classes

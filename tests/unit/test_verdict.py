@@ -370,3 +370,29 @@ def test_list_with_a_backend_shows_what_supports_case_answers(capsys):
     assert cli.main(["list", "--tier", "smoke", "--filter", "|".join(ids), "--backend", spec, "--device", "cpu"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert f"{ids[0]}  rowwise_only:rowwise" in lines and f"{ids[1]}  rowwise_only:skip" in lines
+
+
+@pytest.mark.parametrize("scheme, shape", [("mxfp8", (64, 256)), ("nvfp4", (64, 128))])
+@pytest.mark.parametrize("as_flat", [True, False])
+def test_swizzled_scales_are_broken_with_their_layout_named_and_never_crash(scheme, shape, as_flat):
+    """A reference-derived candidate returning both copies' block scales in cuBLASLt's swizzled order
+    (reference.layouts.swizzle_scales) instead of the compact one: broken, the layout named, the data
+    rows kept (passing), the accuracy rows not measured, no error row."""
+    from reference.layouts import swizzle_scales
+
+    case = _case(scheme, shape, orientation="both")
+    x = generate(case)["x"]
+    g = reference.quantize(x, case.config, rowwise=True, colwise=True)
+    sw = {o: swizzle_scales(g, o) for o in ("rowwise", "colwise")}
+    q = dataclasses.replace(g, **{f"{o}_scale": (t if as_flat else t.reshape(getattr(g, f"{o}_scale").shape))
+                                  for o, t in sw.items()})
+    rows, sev = _run(case, q)
+    assert sev == "broken" and not any(r["status"] == "error" for r in rows)
+    for o in ("rowwise", "colwise"):
+        scale = _row(rows, f"{o}_scale")
+        assert scale["status"] == "fail" and set(scale["mismatch_classes"]) == {"layout_transposition"}
+        assert _row(rows, f"{o}_data")["status"] == "pass"
+        acc = _row(rows, f"accuracy_{o}")
+        assert acc["status"] == "info" and acc["reason"].startswith(f"not measured: {o}_scale")
+    assert ("broken: rowwise_scale is the golden swizzled (128x4 tiles) (wrong layout); "
+            "colwise_scale is the golden swizzled (128x4 tiles) (wrong layout)") in _row(rows, "rowwise_scale")["reason"]
