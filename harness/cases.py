@@ -779,6 +779,7 @@ class CaseList(list):
         self.duplicates = 0
         self.full_count = 0
         self.exclusion_reasons: Counter = Counter()
+        self.excluded: list[tuple[dict, str, str]] = []  # (grid combination, category, message) per spec exclusion
         self.grids: list[dict] = []
 
     def merge(self, other: "CaseList") -> None:
@@ -795,6 +796,7 @@ class CaseList(list):
         self.duplicates += other.duplicates
         self.full_count += other.full_count
         self.exclusion_reasons.update(other.exclusion_reasons)
+        self.excluded.extend(other.excluded)
         self.grids.extend(other.grids)
 
 
@@ -973,6 +975,7 @@ def _expand_grid(table: Mapping, idx: int, name: str, loc: _Locator, file_cover:
         except ValueError as e:
             stats["spec_excluded"] += 1
             out.exclusion_reasons[_reason_key(str(e))] += 1
+            out.excluded.append((combo, _reason_key(str(e)), str(e)))
             continue
         if excludes and any(_matches(case_values(case), e) for e in excludes):
             stats["user_excluded"] += 1

@@ -209,3 +209,52 @@ def class_counts(results: Any) -> dict[str, dict[str, int]]:
     """{tensor: {class: count}} of one TensorResult or several (only failing tensors)."""
     items: Iterable = results if isinstance(results, (list, tuple)) else [results]
     return {r.tensor: dict(r.mismatch_classes) for r in items if r.mismatch_classes}
+
+
+# ----------------------------------------------------------------------------------------------
+# Examples as text (repro output, pytest failure messages)
+# ----------------------------------------------------------------------------------------------
+
+EXAMPLES_SHOWN = 3  # examples per class in `python -m harness repro` and a pytest failure message
+
+
+def _value_text(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.9g}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_value_text(u) for u in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_value_text(u)}" for k, u in v.items()) + "}"
+    return str(v)
+
+
+def format_examples(examples: Any, n: int = EXAMPLES_SHOWN, indent: str = "") -> list[str]:
+    """The `mismatch_examples` of a row (its dict, or its JSON text in a report) as lines: per class its
+    count, then its first `n` examples (taken from its input patterns in turn), each `[pattern] key=value ...`."""
+    import json  # noqa: PLC0415
+
+    if isinstance(examples, str):
+        try:
+            examples = json.loads(examples) if examples.strip() else {}
+        except ValueError:
+            return []
+    if not isinstance(examples, dict):
+        return []
+    lines = []
+    for cls, entry in examples.items():
+        if not isinstance(entry, dict):
+            continue
+        patterns = entry.get("patterns") or {}
+        lines.append(f"{indent}{cls}: {entry.get('count', '?')} element(s)"
+                     + (f" in {len(patterns)} input pattern(s)" if len(patterns) > 1 else ""))
+        # Round-robin over the patterns: each pattern's first example before any pattern's second.
+        queue = [(pat, list((p or {}).get("examples", []))) for pat, p in patterns.items()]
+        shown = []
+        while len(shown) < n and any(exs for _, exs in queue):
+            for pat, exs in queue:
+                if exs and len(shown) < n:
+                    shown.append((pat, exs.pop(0)))
+        for pat, ex in shown:
+            fields = " ".join(f"{k}={_value_text(v)}" for k, v in ex.items()) if isinstance(ex, dict) else str(ex)
+            lines.append(f"{indent}  [{pat}] {fields}")
+    return lines

@@ -78,6 +78,7 @@ def select_cases(tier: str | None, cases_file: str | None, pattern: str | None, 
     picked = cases_mod.CaseList(c for c, k in zip(all_cases, keep, strict=True) if k)
     picked.spec_excluded, picked.user_excluded = all_cases.spec_excluded, all_cases.user_excluded
     picked.exclusion_reasons = all_cases.exclusion_reasons
+    picked.excluded = getattr(all_cases, "excluded", [])
     picked.full_count = len(all_cases)
     sh = parse_shard(shard)
     if sh:
@@ -90,18 +91,68 @@ def select_cases(tier: str | None, cases_file: str | None, pattern: str | None, 
 
 
 def why_no_cases(picked, source: str, pattern: str | None, shard: str | None) -> str:
-    """Why a selection is empty: what the spec rules and `exclude` entries dropped, then the filters."""
+    """Why a selection is empty, in one line: what the spec rules and `exclude` entries dropped (each
+    rule with the grid values it excluded), then the filters."""
     total = getattr(picked, "full_count", 0)
+    excluded = getattr(picked, "excluded", []) or []
     if total:
+        hit = [e for e in excluded if pattern and re.search(pattern, excluded_label(e[0]))]
+        if hit:
+            n = f"{len(hit)} grid combination" + ("s, all" if len(hit) > 1 else ",")
+            return f"{source} has {total} cases; --filter {pattern!r} matched none of them but {n} excluded by {_rules(hit)}"
         return f"{source} has {total} cases; --filter {pattern!r} and --shard {shard!r} kept none"
     reasons = getattr(picked, "exclusion_reasons", {}) or {}
     parts = []
     if getattr(picked, "spec_excluded", 0):
-        why = ", ".join(f"{k} {n}" for k, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
+        why = _rules(excluded) if excluded else ", ".join(
+            f"{k} {n}" for k, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])))
         parts.append(f"the spec rules excluded all {picked.spec_excluded} grid combinations ({why})")
     if getattr(picked, "user_excluded", 0):
         parts.append(f"{picked.user_excluded} matched an `exclude` entry")
     return f"{source}: " + ("; ".join(parts) if parts else "its grids define no case")
+
+
+def excluded_label(combo) -> str:
+    """An id-like text of a grid combination the spec excluded (it has no Case, hence no id), for
+    matching --filter: op, scheme, element, tile, the other set values, then as a case id ends."""
+    from .cases import GRID_KEYS  # noqa: PLC0415
+
+    text = _value_text
+    head = ("op", "scheme", "element", "tile")
+    tail = ("orientation", "in_dtype", "shape", "distribution")
+    combo = {"op": "quantize", **combo}
+    parts = [text(combo[k]) for k in head if k in combo]
+    parts += [text(combo[k]) for k in GRID_KEYS if k in combo and k not in head + tail + ("seed",)
+              and combo[k] not in (None, False, "default")]
+    parts += [text(combo[k]) for k in tail if k in combo]
+    return "-".join(parts) + f"-s{combo.get('seed', 0)}"
+
+
+def _value_text(v) -> str:
+    """A grid value as a case id writes it (shapes and tiles `AxB`, dtypes short)."""
+    from .cases import DTYPE_SHORT  # noqa: PLC0415
+
+    if isinstance(v, (tuple, list)):
+        return "x".join(str(d) for d in v)
+    return DTYPE_SHORT.get(v, v) if isinstance(v, str) else str(v)
+
+
+def _rules(excluded) -> str:
+    """`rule n (key=value, ...)` per spec-rule category of `excluded` ((combo, category, message)
+    triples), most first: the values of the rule's own grid key and of op/scheme among those combos."""
+    by: dict[str, list] = {}
+    for combo, category, _ in excluded:
+        by.setdefault(category, []).append(combo)
+    out = []
+    for category, combos in sorted(by.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        key = category.removeprefix("config.")
+        vals = []
+        for k in ("op", "scheme", key):
+            seen = sorted({_value_text(c[k]) for c in combos if k in c})
+            if seen and f"{k}=" not in " ".join(vals):
+                vals.append(f"{k}={'|'.join(seen)}")
+        out.append(f"{category} {len(combos)}" + (f" ({', '.join(vals)})" if vals else ""))
+    return "; ".join(out)
 
 
 def resolve_backends(text: str, cases: Sequence, device: str) -> list:
@@ -345,7 +396,11 @@ def cmd_list(args) -> int:
             print(f"{c.id}  {' '.join(marks)}")
         else:
             print(c.id)
-    print(f"{len(cases)} cases", file=sys.stderr)
+    if not cases:  # one line: why, with the grid values the spec rules excluded; still exit 0
+        print(f"0 cases: {why_no_cases(cases, args.cases or args.tier or 'smoke', args.filter, args.shard)}",
+              file=sys.stderr)
+    else:
+        print(f"{len(cases)} cases", file=sys.stderr)
     return 0
 
 
@@ -361,6 +416,7 @@ def cmd_repro(args) -> int:
     from . import runner  # noqa: PLC0415
     from .backends import UnknownBackend, get_backend  # noqa: PLC0415
     from .cases import Case  # noqa: PLC0415
+    from .classify import EXAMPLES_SHOWN, format_examples  # noqa: PLC0415
 
     try:
         case = Case.from_id(args.case_id)
@@ -392,6 +448,9 @@ def cmd_repro(args) -> int:
                 print(f"        {r['reason']}")
             if r.get("first_mismatch"):
                 print("        first mismatch:\n" + runner.format_first_mismatch(r["first_mismatch"], " " * 10))
+            shown = format_examples(r.get("mismatch_examples"), indent=" " * 10)
+            if shown:
+                print(f"        mismatch examples (up to {EXAMPLES_SHOWN} per class):\n" + "\n".join(shown))
         sev = rows[0].get("severity") if rows else ""
         if sev:
             conv = rows[0].get("matches_convention")

@@ -12,7 +12,8 @@ Mismatch classes, in priority order for one element (the causes `other` used to 
 `TensorResult.examples`):
   nan_sign                both codes are NaN encodings (0x7F vs 0xFF, ...)
   layout_transposition    the whole candidate is the golden in another layout (transposed, the other
-                          orientation, FP4 nibbles swapped); `TensorResult.layout` says which
+                          orientation, FP4 nibbles swapped, block scales in cuBLASLt's swizzled order);
+                          `TensorResult.layout` says which
   nonfinite_policy        a NaN/Inf input (or one in the block, with its scale differing), or exactly
                           one side non-finite: NaN/Inf propagated vs ignored/saturated
   scale_floor             (scale tensors) the block amax is zero, or the candidate's decode scale is over
@@ -735,6 +736,34 @@ def _scale_step_apart(g: torch.Tensor, c: torch.Tensor, sfmt) -> torch.Tensor:
     return same_sign & ((g64 - c64).abs() == 1) & ~_is_nan_code(c64, sfmt) & ~_is_nan_code(g64, sfmt)
 
 
+SWIZZLED = "scales are the golden's swizzled (128x4 tiles)"
+
+
+def _unswizzle(flat: torch.Tensor, t_shape: tuple[int, int]) -> torch.Tensor:
+    """The padded compact matrix T [R, C] read back from the flat cuBLASLt swizzled order, by gathering
+    each entry from its offset (the harness's own inverse; reference.layouts and native/swizzle.py have theirs)."""
+    r, c = t_shape
+    i = torch.arange(r, dtype=torch.int64).view(-1, 1)
+    j = torch.arange(c, dtype=torch.int64).view(1, -1)
+    # NUMERICS: §3 Layouts (§5.9 for NVFP4) - entry (i, j) of T sits at offset
+    # (i//128 * (C/4) + j//4) * 512 + (i % 32) * 16 + ((i % 128) // 32) * 4 + j % 4.
+    off = (i // 128 * (c // 4) + j // 4) * 512 + (i % 32) * 16 + (i % 128) // 32 * 4 + j % 4
+    return flat.reshape(-1)[off]
+
+
+def _is_swizzled(g_full: torch.Tensor, g: torch.Tensor, c_full: torch.Tensor, cp: _Copy, as_bits) -> bool:
+    """Whether the candidate's scale tensor (any shape with the padded element count) holds, in cuBLASLt's
+    swizzled order, the golden's valid region: a kernel that returned what it hands to the GEMM."""
+    if not cp.cfg.scheme_row.swizzled_scales or g_full.dim() != 2 or c_full.numel() != g_full.numel():
+        return False
+    t_shape = tuple(g_full.shape[::-1]) if cp.geom.swizzle_transposed else tuple(g_full.shape)
+    if t_shape[0] % 128 or t_shape[1] % 4:
+        return False
+    t = _unswizzle(c_full.to(g_full.dtype), t_shape)
+    s = t.t() if cp.geom.swizzle_transposed else t  # NUMERICS: §3 - MXFP8 colwise swizzles S_c^T
+    return torch.equal(as_bits(s[: g.shape[0], : g.shape[1]]), as_bits(g))
+
+
 def _compare_scale(golden, candidate, name, cp: _Copy, strict_padding: bool) -> TensorResult:
     cfg = golden.config
     sfmt = _scale_format(cfg)
@@ -749,7 +778,14 @@ def _compare_scale(golden, candidate, name, cp: _Copy, strict_padding: bool) -> 
     sl = tuple(slice(0, v) for v in valid)
     g = g_full[sl]
     n = g.numel()
+    as_bits = (lambda t: fp32.bits(t)) if sfmt is None else (lambda t: t.to(torch.int64))
     if c_full.dim() != g_full.dim() or any(cs < v for cs, v in zip(c_full.shape, valid, strict=False)):
+        if _is_swizzled(g_full, g, c_full, cp, as_bits):  # e.g. a flat [R*C] swizzled tensor
+            why = (f"candidate shape {tuple(c_full.shape)} holds the golden's scales in cuBLASLt's swizzled order "
+                   f"(golden compact {tuple(g_full.shape)})")
+            return TensorResult(name, "fail", n, n, {"layout_transposition": n}, {"field": name, "reason": why},
+                                detail={"reason": why, "layout": "golden swizzled (128x4 tiles)"}, layout=SWIZZLED,
+                                examples=classify.whole("layout_transposition", n, "shape", {"reason": why}))
         swap = None
         if c_full.dim() == 2 and g.dim() == 2 and c_full.shape[0] >= g.shape[1] and c_full.shape[1] >= g.shape[0]:
             if torch.equal(c_full[: g.shape[1], : g.shape[0]], g.t()):
@@ -766,7 +802,6 @@ def _compare_scale(golden, candidate, name, cp: _Copy, strict_padding: bool) -> 
         detail["dtype"] = f"candidate {c_full.dtype} != golden {g_full.dtype}"
         c_full = c_full.to(g_full.dtype)
     c = c_full[sl]
-    as_bits = (lambda t: fp32.bits(t)) if sfmt is None else (lambda t: t.to(torch.int64))
     mism = as_bits(g) != as_bits(c)
     classes = {k: 0 for k in MISMATCH_CLASSES}
     first_pad = None
@@ -792,11 +827,15 @@ def _compare_scale(golden, candidate, name, cp: _Copy, strict_padding: bool) -> 
         met, hist = _identical(n)
     first, ex, layout = None, {}, None
     if n_mis:
-        if g.dim() == 2 and c_full.dim() == 2 and g.shape[0] != g.shape[1] and c_full.shape[0] >= g.shape[1] \
-                and c_full.shape[1] >= g.shape[0] and torch.equal(as_bits(c_full[: g.shape[1], : g.shape[0]]), as_bits(g.t())):
+        swizzled = _is_swizzled(g_full, g, c_full, cp, as_bits)
+        if swizzled or (g.dim() == 2 and c_full.dim() == 2 and g.shape[0] != g.shape[1] and c_full.shape[0] >= g.shape[1]
+                        and c_full.shape[1] >= g.shape[0]
+                        and torch.equal(as_bits(c_full[: g.shape[1], : g.shape[0]]), as_bits(g.t()))):
             classes["layout_transposition"] = n_mis
             cls_t = torch.full(g.shape, MISMATCH_CLASSES.index("layout_transposition"))
-            layout = detail["reason"] = "scales are the golden's transposed"
+            layout = detail["reason"] = SWIZZLED if swizzled else "scales are the golden's transposed"
+            if swizzled:
+                detail["layout"] = "golden swizzled (128x4 tiles)"  # the row reason's words (harness.ops.layout_finding)
             pos = mism.reshape(-1).nonzero()[0, 0]
             idx = [int(t) for t in torch.unravel_index(pos, g.shape)]
             ex = classify.whole("layout_transposition", n_mis, "layout", {"index": idx})

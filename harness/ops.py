@@ -30,7 +30,7 @@ from .verdict import (
     Evidence,
     code_step,
     delta_db,
-    matching_convention,
+    find_convention,
     nonfinite_where_finite,
     ulps_within_step,
     within_one_step,
@@ -279,7 +279,7 @@ def _quantize_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
         if not ev.identical and ev.within_step:
             ev.within_step = within_one_step(g_deq, xh, code_step(g.quantized, o))
     if not ev.identical and not findings:  # NUMERICS: §11 - a convention match outranks non-finite findings
-        ev.matches_convention = matching_convention(case, g.on_device["x"], cand_g, _convention_quantize(case, g))
+        find_convention(ev, case, g.on_device["x"], cand_g, _convention_quantize(case, g))
     return rows
 
 

@@ -196,6 +196,7 @@ def _device(config) -> str:
 def failure_message(case, backend_spec: str, rows, device: str | None = None) -> str:
     """Failure text: each failing/erroring row with its located first mismatch, then the repro command."""
     from .artefacts import repro_command  # noqa: PLC0415
+    from .classify import EXAMPLES_SHOWN, format_examples  # noqa: PLC0415
     from .rows import format_first_mismatch  # noqa: PLC0415
 
     sev = rows[0].get("severity") if rows else ""
@@ -210,6 +211,10 @@ def failure_message(case, backend_spec: str, rows, device: str | None = None) ->
         if fm:
             lines.append("    first mismatch:")
             lines.append(format_first_mismatch(fm, " " * 6))
+        shown = format_examples(r.get("mismatch_examples"), indent=" " * 6)
+        if shown:
+            lines.append(f"    mismatch examples (up to {EXAMPLES_SHOWN} per class):")
+            lines += shown
     lines.append(f"repro: {repro_command(case.id, backend_spec, device=device)}")
     return "\n".join(lines)
 

@@ -48,7 +48,7 @@ from .rows import (  # noqa: F401 - harness.runner API
     result_row,
     status_row,
 )
-from .verdict import judge
+from .verdict import declared_conventions, judge
 
 
 def crash_reason(e: BaseException) -> str:
@@ -160,6 +160,7 @@ def _run_candidate(case, golden: Golden, backend, device, base: Row) -> list[Row
     else:
         handed = op.handed(case, golden, dev)
         out = op.candidate(case, golden, backend, device, {k: copy for k, (copy, _) in handed.items()})
+        out.evidence.preferred = declared_conventions(backend)  # tried first (docs/adapters.md §4)
         mutated = [k for k, (copy, original) in handed.items() if not _same(copy, original)]
         if mutated:
             return [status_row(base, "error", f"{backend.name} mutated its input ({', '.join(mutated)})")]

@@ -35,6 +35,8 @@ class Evidence:
     within_step: bool = True  # every finite golden value is matched within one code step
     identical: bool = True  # every compared value has the golden's bits
     matches_convention: str = ""
+    ignored: list[str] = field(default_factory=list)  # `field=value` of the case the matching convention replaced
+    preferred: tuple[str, ...] = ()  # the candidate's declared conventions (declared_conventions), tried first
 
 
 def delta_db(candidate: float | None, golden: float | None) -> float | None:
@@ -119,12 +121,58 @@ def _same_data(golden: QuantizedTensor, candidate: QuantizedTensor) -> bool:
     return True
 
 
-def matching_convention(case: Any, x: torch.Tensor, candidate: QuantizedTensor, quantize) -> str:
-    """The first convention of `reference.conventions.applicable(case.config)` under which the golden
-    (re-run through `quantize(x, config)`) equals `candidate` on every compared field; '' if none."""
+def declared_conventions(backend: Any) -> tuple[str, ...]:
+    """The catalogue conventions `backend` says its kernel follows: its optional `conventions` attribute
+    (a name or a tuple of names, most likely first; docs/adapters.md §4), unknown names dropped."""
+    names = getattr(backend, "conventions", ()) or ()
+    names = (names,) if isinstance(names, str) else tuple(names)
+    return tuple(n for n in names if isinstance(n, str) and n in conventions.CONVENTIONS)
+
+
+# The value each torchao MX mode realises of `e8m0_rule` (docs/numerics.md §3), which its catalogue row
+# fixes at `ceil` only as unused: FLOOR is the floor rule for finite normal amax (§10.3), RCEIL TE's ceil
+# of amax / fp8_max (§10.4); CEIL (ceil of log2 amax) and EVEN realise neither. Every other field
+# counts as ignored where the convention's config replaced the case's value.
+_REALISES: dict[str, dict[str, Any]] = {
+    "torchao_floor": {"e8m0_rule": "floor"},
+    "torchao_ceil": {"e8m0_rule": None},
+    "torchao_even": {"e8m0_rule": None},
+    "torchao_rceil": {"e8m0_rule": "ceil"},
+}
+
+
+def ignored_fields(config: Any, name: str) -> list[str]:
+    """`field=value` of `config` that a kernel following convention `name` does not honour: fields the
+    convention's config replaced, and a rule its own rule does not realise (docs/numerics.md §11)."""
+    under = conventions.with_convention(config, name)
+    realises = _REALISES.get(name, {})
+    out = []
+    for f in dataclasses.fields(config):
+        v = getattr(config, f.name)
+        if f.name == "convention":
+            continue
+        if (realises[f.name] != v) if f.name in realises else (getattr(under, f.name) != v):
+            out.append(f"{f.name}={v}")
+    return out
+
+
+def convention_order(config: Any, preferred: Sequence[str] = ()) -> list[str]:
+    """`reference.conventions.applicable(config)` in the order they are tried: the candidate's declared
+    conventions first (those that honour every field of the case before those that ignore one, then in
+    the declared order), then the rest in catalogue order."""
+    names = conventions.applicable(config)
+    rank = {n: i for i, n in enumerate(preferred)}
+    cat = {n: i for i, n in enumerate(names)}
+    return sorted(names, key=lambda n: (0, len(ignored_fields(config, n)), rank[n]) if n in rank else (1, 0, cat[n]))
+
+
+def matching_convention(case: Any, x: torch.Tensor, candidate: QuantizedTensor, quantize,
+                        preferred: Sequence[str] = ()) -> str:
+    """The first convention of `convention_order(case.config, preferred)` under which the golden (re-run
+    through `quantize(x, config)`) equals `candidate` on every compared field; '' if none."""
     from .compare import compare_quantized  # noqa: PLC0415
 
-    for name in conventions.applicable(case.config):
+    for name in convention_order(case.config, preferred):
         try:
             cfg = conventions.with_convention(case.config, name)
             g = quantize(x, cfg)
@@ -139,6 +187,21 @@ def matching_convention(case: Any, x: torch.Tensor, candidate: QuantizedTensor, 
         if all(tr.status == "pass" for tr in results):
             return name
     return ""
+
+
+def find_convention(ev: Evidence, case: Any, x: torch.Tensor, candidate: QuantizedTensor, quantize) -> None:
+    """Set `ev.matches_convention` (trying `ev.preferred` first) and `ev.ignored`, the case fields that
+    convention replaced."""
+    ev.matches_convention = matching_convention(case, x, candidate, quantize, ev.preferred)
+    ev.ignored = ignored_fields(case.config, ev.matches_convention) if ev.matches_convention else []
+
+
+def convention_note(ev: Evidence) -> str:
+    """The report's words for a convention match: "bit-exact under X", and what of the case it ignored."""
+    if not ev.matches_convention:
+        return ""
+    note = f"bit-exact under {ev.matches_convention}"
+    return f"{note}: the candidate ignored {', '.join(ev.ignored)}" if ev.ignored else note
 
 
 # ----------------------------------------------------------------------------------------------
@@ -169,14 +232,21 @@ def severity(rows: Sequence[Mapping], ev: Evidence) -> str:
 
 
 def judge(rows: Sequence[Mapping], ev: Evidence) -> list[dict]:
-    """`rows` with `severity` and `matches_convention` set on each, and the broken findings in the
-    reason of the pair's first failing conformance row."""
+    """`rows` with `severity` and `matches_convention` set on each, and the broken findings (or the
+    convention note) in the reason of the pair's first failing conformance row."""
     sev = severity(rows, ev)
     out = [dict(r, severity=sev, matches_convention=ev.matches_convention) for r in rows]
+    note = ""
     if sev == "broken" and ev.broken:
         note = "broken: " + "; ".join(ev.broken)
+    elif sev == "convention":
+        note = convention_note(ev)
+    if note:
         for r in out:
             if r.get("kind") == "conformance" and r.get("status") in ("fail", "error"):
-                r["reason"] = f"{r['reason']}; {note}" if r.get("reason") else note
+                if not r.get("reason"):
+                    r["reason"] = note
+                else:  # the convention first: it explains the mismatches after it
+                    r["reason"] = f"{note}; {r['reason']}" if sev == "convention" else f"{r['reason']}; {note}"
                 break
     return out

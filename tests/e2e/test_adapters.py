@@ -15,7 +15,9 @@ import pandas as pd
 import pytest
 import torch
 
-from harness.backends import get_backend
+from harness import runner
+from harness.backends import asks_for_case, get_backend
+from harness.cases import Case
 from reference import QuantConfig, Unsupported, quantize
 from reference.conventions import with_convention
 
@@ -71,21 +73,72 @@ def test_mx_mode_follows_the_case_convention():
     assert adapters.mx.mode_for(QuantConfig("mxfp8")) == "rceil"
     assert adapters.mx.mode_for(QuantConfig("mxfp8", convention="torchao_even")) == "even"
     assert adapters.mx_floor.mode_for(QuantConfig("mxfp8")) == "floor"
+    # `mx` honours the case's e8m0 rule with torchao's matching mode; `mx_rceil` is RCEIL whatever the rule.
+    assert adapters.mx.mode_for(QuantConfig("mxfp8", e8m0_rule="floor")) == "floor"
+    assert adapters.mx_rceil.mode_for(QuantConfig("mxfp8", e8m0_rule="floor")) == "rceil"
+    assert adapters.mx.conventions == ("torchao_rceil", "torchao_floor")
+    assert adapters.mx_even.conventions == ("torchao_even",)
+    assert (adapters.nvfp4.conventions, adapters.float8.conventions) == (("torchao_nvfp4",), ("torchao_float8",))
 
 
-def test_supports_and_unsupported():
+def test_mx_under_the_floor_rule_is_te_floor_on_normal_blocks():
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(3))
+    cfg = QuantConfig("mxfp8", e8m0_rule="floor")
+    assert same(adapters.mx.quantize(x, cfg, rowwise=True, colwise=True), quantize(x, cfg, rowwise=True, colwise=True))
+    # RCEIL on the same case is another rule: the scales differ.
+    assert not same(adapters.mx_rceil.quantize(x, cfg), quantize(x, cfg))
+
+
+def test_mx_refuses_a_rule_torchao_has_no_mode_for(monkeypatch):
+    monkeypatch.setattr(adapters, "RULE_MODES", {"ceil": "rceil"})
+    case = Case("quantize", QuantConfig("mxfp8", e8m0_rule="floor"), (64, 128))
+    assert adapters.mx.supports(case, "cpu") == (
+        False, "torchao_mx: torchao 0.18 has no ScaleCalculationMode for e8m0_rule=floor")
+    # A fixed-mode object runs it (and the report says which field it ignored).
+    assert adapters.mx_rceil.supports(case, "cpu") == (True, "")
+
+
+@pytest.mark.parametrize("spec, dist, expected", [
+    ("mx_rceil", "normal", ("convention", "torchao_rceil", "bit-exact under torchao_rceil: the candidate ignored "
+                                                           "e8m0_rule=floor")),
+    ("mx", "normal", ("exact", "", None)),
+    ("mx", "special", ("convention", "torchao_floor", "bit-exact under torchao_floor; ")),
+])
+def test_the_e8m0_rule_of_the_case_through_the_harness(spec, dist, expected):
+    """`mx` runs a floor case with torchao's FLOOR (exact on normal blocks, torchao_floor on special
+    ones); `mx_rceil` ignores the rule, and the report says so."""
+    case = Case("quantize", QuantConfig("mxfp8", e8m0_rule="floor"), (64, 128), "float32", dist, 0, "rowwise")
+    rows = runner.run_case(case, get_backend(f"harness.adapters.torchao:{spec}"), "cpu")
+    sev, conv, note = expected
+    assert {r["severity"] for r in rows} == {sev} and {r["matches_convention"] for r in rows} == {conv}
+    if note:
+        assert next(r for r in rows if r["status"] == "fail")["reason"].startswith(note)
+
+
+def test_supports_takes_the_case_and_unsupported():
     mx, nv, f8 = adapters.mx, adapters.nvfp4, adapters.float8
-    assert mx.supports("quantize", QuantConfig("mxfp8"), "cpu") == (True, "")
-    ok, why = mx.supports("quantize", QuantConfig("mxfp8", tile=(32, 32)), "cpu")
+    assert asks_for_case(mx) and asks_for_case(nv) and asks_for_case(f8)
+
+    def case(config, op="quantize", in_dtype="bfloat16"):
+        return Case(op, config, (64, 128), in_dtype=in_dtype)
+
+    assert mx.supports(case(QuantConfig("mxfp8")), "cpu") == (True, "")
+    ok, why = mx.supports(case(QuantConfig("mxfp8", tile=(32, 32))), "cpu")
     assert not ok and "1x32 mxfp8 only" in why
-    ok, why = mx.supports("dequantize", QuantConfig("mxfp8"), "cpu")
-    assert not ok and "only quantize" in why
-    ok, why = mx.supports("quantize", QuantConfig("mxfp8", e8m0_rule="floor", convention="ocp_mx"), "cpu")
+    ok, why = mx.supports(case(QuantConfig("mxfp8"), op="dequantize"), "cpu")
+    assert (ok, why) == (False, "torchao_mx: only quantize is adapted (torchao's dequantize is not)")
+    ok, why = mx.supports(case(QuantConfig("mxfp8", e8m0_rule="floor", convention="ocp_mx")), "cpu")
     assert not ok and "not ocp_mx" in why
-    ok, why = nv.supports("quantize", QuantConfig("nvfp4", rht=True), "cpu")
+    ok, why = nv.supports(case(QuantConfig("nvfp4", rht=True)), "cpu")
     assert not ok and "no RHT" in why
-    ok, why = f8.supports("quantize", QuantConfig("fp8_current", pow2_scales=True), "cpu")
+    ok, why = f8.supports(case(QuantConfig("fp8_current", pow2_scales=True)), "cpu")
     assert not ok and "no pow2" in why
+    # float16 input: refused by the MX and NVFP4 casts from the case alone, taken by float8's.
+    for be, cfg in ((mx, QuantConfig("mxfp8")), (nv, QuantConfig("nvfp4"))):
+        assert be.supports(case(cfg, in_dtype="float16"), "cpu") == (
+            False, f"{be.name}: torchao's cast takes float32 or bfloat16 input, not float16")
+    assert f8.supports(case(QuantConfig("fp8_current"), in_dtype="float16"), "cpu") == (True, "")
+    # A direct caller gets the same refusals at call time.
     with pytest.raises(Unsupported, match="float32 or bfloat16 input, not torch.float16"):
         mx.quantize(torch.zeros(32, 32, dtype=torch.float16), QuantConfig("mxfp8"))
     with pytest.raises(Unsupported, match="1x16, round-to-nearest"):
@@ -95,7 +148,7 @@ def test_supports_and_unsupported():
 
 def test_missing_torchao_is_a_clear_skip(monkeypatch):
     monkeypatch.setattr(adapters, "version", lambda: None)
-    ok, why = adapters.nvfp4.supports("quantize", QuantConfig("nvfp4"), "cpu")
+    ok, why = adapters.nvfp4.supports(Case("quantize", QuantConfig("nvfp4"), (64, 128)), "cpu")
     assert not ok and "pip install 'numerics-harness[torchao]'" in why
 
 
@@ -146,8 +199,21 @@ def test_mx_adapter_through_harness_run(tmp_path):
         "quantize-mxfp8-e4m3-1x32-rowwise-f16-64x96-normal-s0": "skip",
         "quantize-nvfp4-e2m1-1x16-rowwise-bf16-64x128-normal-s0": "skip",
     }
-    skips = df[df.status == "skip"].reason.tolist()
-    assert any("not torch.float16" in r for r in skips) and any("1x32 mxfp8 only" in r for r in skips)
+    skips = df[df.status == "skip"]
+    assert set(skips.reason) == {
+        "torchao_mx: torchao's cast takes float32 or bfloat16 input, not float16",
+        "torchao_mx: torchao's MX cast is 1x32 mxfp8 only, not nvfp4-e2m1-1x16",
+    }
+    # Refused from the case alone: no input was drawn and the golden never ran for the skips.
+    assert skips.golden_ms.isna().all() and skips.inputs_ms.isna().all()
+    assert df[df.status != "skip"].golden_ms.notna().all()
+    # `list --backend` gives the same answer as `run`, case by case.
+    p = subprocess.run(
+        [sys.executable, "-m", "harness", "list", "--cases", str(cases), "--backend", "harness.adapters.torchao:mx"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    listed = dict(line.split() for line in p.stdout.splitlines() if line.startswith("quantize-"))
+    assert listed == {k: "torchao_mx:" + ("skip" if v == "skip" else "yes") for k, v in status.items()}, p.stdout
     # The special-value case fails on a NaN block: torchao writes scale 0xFF where te ignores the NaN.
     fail = df[(df.status == "fail") & (df.tensor == "rowwise_scale")].first_mismatch.iloc[0]
     assert '"candidate":"0xFF"' in fail

@@ -305,6 +305,28 @@ def test_a_run_selecting_no_case_says_what_the_spec_rules_excluded(tmp_path, cap
     f.parent.mkdir()
     f.write_text('[[grid]]\nscheme = "mxfp8"\ntile = [[1, 16], [1, 8]]\nshape = [32, 64]\n')  # MXFP8 tiles are 1x32/32x32
     rc, _, err = main(capsys, "run", "--cases", str(f), "--out", str(tmp_path / "o"))
-    assert rc == 2 and "the spec rules excluded all 2 grid combinations (config.tile 2)" in err, err
+    assert rc == 2 and "the spec rules excluded all 2 grid combinations (config.tile 2 (scheme=mxfp8, tile=1x16|1x8))" \
+        in err, err
     rc, _, err = main(capsys, "run", "--tier", "smoke", "--filter", "no-such-case", "--out", str(tmp_path / "o"))
     assert rc == 2 and "--filter 'no-such-case' and --shard None kept none" in err, err
+
+
+def test_an_empty_selection_names_the_grid_values_the_spec_rules_excluded(tmp_path, capsys):
+    """One line, exit codes unchanged (run 2, list 0): the filter matched only combinations the spec
+    forbids, and each rule is named with the values it excluded."""
+    f = tmp_path / "mixed.toml"
+    f.write_text('[[grid]]\nscheme = ["nvfp4", "mxfp8"]\nelement = ["e4m3", "e5m2", "e2m1"]\n'
+                 'shape = [[32, 64], [64, 64]]\n')
+    rc, _, err = main(capsys, "run", "--cases", str(f), "--filter", "nvfp4.*e5m2", "--out", str(tmp_path / "o"))
+    assert rc == 2 and err == (
+        f"error: no cases selected: {f} has 6 cases; --filter 'nvfp4.*e5m2' matched none of them but 2 grid "
+        "combinations, all excluded by config.element 2 (scheme=nvfp4, element=e5m2)\n"), err
+    rc, out, err = main(capsys, "list", "--cases", str(f), "--filter", "nvfp4-e(4m3|5m2)")
+    assert rc == 0 and out == "" and err == (
+        f"0 cases: {f} has 6 cases; --filter 'nvfp4-e(4m3|5m2)' matched none of them but 4 grid combinations, "
+        "all excluded by config.element 4 (scheme=nvfp4, element=e4m3|e5m2)\n"), err
+    t = tmp_path / "tiles.toml"
+    t.write_text('[[grid]]\nscheme = "mxfp8"\ntile = [[1, 16], [1, 8]]\nshape = [32, 64]\n')
+    rc, _, err = main(capsys, "list", "--cases", str(t))
+    assert rc == 0 and err == (f"0 cases: {t}: the spec rules excluded all 2 grid combinations "
+                               "(config.tile 2 (scheme=mxfp8, tile=1x16|1x8))\n"), err

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import reference
-from harness.classify import class_counts, layout_finding
+from harness.classify import class_counts, format_examples, layout_finding
 from harness.compare import MISMATCH_CLASSES, compare_dequantized, compare_output, compare_quantized
 from harness.compare import layout_finding as compare_layout_finding
 from harness.rows import describe_mismatch
@@ -376,3 +376,141 @@ def test_amax_over_fmax_true_division_is_scale_rule():
     # x / sinv = 232 exactly ties to 224 (0x76); the golden's x * s = 232.00002 gives 240 (0x77).
     (dx,) = _examples(res["rowwise_data"], "block_scale_cascade")
     assert (dx["golden"], dx["candidate"], dx["index"]) == ("0x77", "0x76", [0, 1])
+
+
+# ---- examples as text (repro output, pytest failure message) ----------------------------------------
+
+
+def test_format_examples_shows_up_to_n_per_class_taking_the_patterns_in_turn():
+    ex = {
+        "tie_flip": {"count": 5, "patterns": {
+            "finite_block/same_scale/near_midpoint": {"count": 4, "examples": [
+                {"index": [0, 1], "golden": "0x76", "candidate": "0x77", "scaled": 232.0},
+                {"index": [0, 9], "golden": "0x06", "candidate": "0x05"},
+                {"index": [3, 2], "golden": "0x10", "candidate": "0x11"}]},
+            "subnormal_block/same_scale/near_midpoint": {"count": 1, "examples": [
+                {"index": [7, 7], "golden": "0x01", "candidate": "0x00", "input": 1e-40}]}}},
+        "scale_floor": {"count": 1, "patterns": {"finite_block": {"count": 1, "examples": [
+            {"index": [2], "golden": "0x00", "candidate": "0x08", "block_amax": 0.0}]}}},
+    }
+    assert format_examples(ex, n=2, indent="  ") == [
+        "  tie_flip: 5 element(s) in 2 input pattern(s)",
+        "    [finite_block/same_scale/near_midpoint] index=[0, 1] golden=0x76 candidate=0x77 scaled=232",
+        "    [subnormal_block/same_scale/near_midpoint] index=[7, 7] golden=0x01 candidate=0x00 input=1e-40",
+        "  scale_floor: 1 element(s)",
+        "    [finite_block] index=[2] golden=0x00 candidate=0x08 block_amax=0",
+    ]
+    # The report's JSON text reads the same; three per class by default; nothing for a passing row.
+    import json
+
+    lines = format_examples(json.dumps(ex))
+    assert len(lines) == 2 + 3 + 1 and lines[3] == "  [finite_block/same_scale/near_midpoint] index=[0, 9] golden=0x06 candidate=0x05"
+    assert format_examples({}) == format_examples("") == format_examples(None) == []
+
+
+def test_failure_message_and_repro_show_the_examples_of_every_class(capsys):
+    """A candidate with three injected differences (two codes one step up, a NaN where the golden is
+    finite): the pytest failure text and `harness repro` both list each class with its count and the
+    examples, every injected index among them."""
+    from harness import cli, runner
+    from harness.cases import Case
+    from harness.pytest_plugin import failure_message
+
+    case = Case("quantize", Q("fp8_current"), (32, 64), "float32", "normal", 0, "rowwise")
+
+    class Injected:
+        name = "injected"
+
+        def supports(self, op, config, device):
+            return True, ""
+
+        def quantize(self, x, config, *, rowwise=True, colwise=False, rng=None, state=None):
+            q = reference.quantize(x, config)
+            d = q.rowwise_data.clone()
+            d[0, 0] = (d[0, 0] & 0x80) | ((d[0, 0] & 0x7F) + 1)  # one step up
+            d[1, 2] = (d[1, 2] & 0x80) | ((d[1, 2] & 0x7F) + 1)
+            d[4, 5] = 0x7F  # NaN where the golden is finite
+            q.rowwise_data = d
+            return q
+
+    rows = runner.run_case(case, Injected(), "cpu")
+    data = next(r for r in rows if r["tensor"] == "rowwise_data")
+    classes = data["mismatch_classes"]
+    assert sum(classes.values()) == 3
+    msg = failure_message(case, "injected", rows)
+    assert "    mismatch examples (up to 3 per class):" in msg
+    for cls, n in classes.items():
+        assert f"      {cls}: {n} element(s)" in msg
+    for idx in ("index=[0, 0]", "index=[1, 2]", "index=[4, 5]"):
+        assert idx in msg
+    assert msg.index("mismatch examples") < msg.index("repro: ")
+
+    import sys
+    import types
+
+    mod = types.ModuleType("v3_injected_backend")
+    mod.backend = Injected()
+    sys.modules["v3_injected_backend"] = mod
+    try:
+        capsys.readouterr()
+        rc = cli.main(["repro", case.id, "--backend", "v3_injected_backend:backend", "--device", "cpu"])
+        text = capsys.readouterr().out
+    finally:
+        del sys.modules["v3_injected_backend"]
+    assert rc == 1
+    assert "        mismatch examples (up to 3 per class):" in text
+    for cls, n in classes.items():
+        assert f"          {cls}: {n} element(s)" in text
+    assert all(idx in text for idx in ("index=[0, 0]", "index=[1, 2]", "index=[4, 5]"))
+
+
+# ---- swizzled scales -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cfg, shape", [(Q("mxfp8"), (64, 256)), (Q("mxfp8", element="e5m2"), (160, 96)),
+                                        (Q("nvfp4"), (64, 128)), (Q("nvfp4"), (144, 48))])
+@pytest.mark.parametrize("as_flat", [True, False])
+def test_swizzled_scales_are_named_on_both_copies(cfg, shape, as_flat):
+    """A reference-derived candidate whose block scales are in cuBLASLt's swizzled order (as its GEMM
+    reads them, reference.layouts.swizzle_scales: the oracle), flat or reshaped to the compact padded
+    shape: every scale row names the layout, the data rows pass."""
+    from reference.layouts import swizzle_scales
+
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(5))
+    g = reference.quantize(x, cfg, rowwise=True, colwise=True)
+    cand = _clone(g)
+    for o in ("rowwise", "colwise"):
+        flat = swizzle_scales(g, o)
+        setattr(cand, f"{o}_scale", flat if as_flat else flat.reshape(getattr(g, f"{o}_scale").shape))
+    res = _by_name(compare_quantized(g, cand, x))
+    for o in ("rowwise", "colwise"):
+        tr = res[f"{o}_scale"]
+        assert tr.status == "fail" and tr.layout == "scales are the golden's swizzled (128x4 tiles)", (o, tr.layout)
+        assert set(tr.mismatch_classes) == {"layout_transposition"} and tr.mismatch_classes["layout_transposition"] > 0
+        assert res[f"{o}_data"].status == "pass"
+    assert layout_finding(list(res.values())).startswith("rowwise_scale: scales are the golden's swizzled")
+
+
+def test_harness_unswizzle_inverts_the_reference_swizzle_and_differs_from_a_plain_reshape():
+    from harness.compare import _unswizzle
+    from reference.layouts import swizzle
+
+    # docs/numerics.md §8 vectors: in T [256, 8], entries (0,0) (1,0) (32,0) (0,1) (0,4) (128,0) (37,5) sit at
+    # flat offsets 0, 16, 4, 1, 512, 1024, 597; unswizzling the offsets themselves gives each entry its offset.
+    u = _unswizzle(torch.arange(256 * 8, dtype=torch.int64), (256, 8))
+    vectors = {(0, 0): 0, (1, 0): 16, (32, 0): 4, (0, 1): 1, (0, 4): 512, (128, 0): 1024, (37, 5): 597}
+    assert {ij: int(u[ij]) for ij in vectors} == vectors
+    assert sorted(u.reshape(-1).tolist()) == list(range(256 * 8))  # a permutation
+    t = torch.randint(0, 255, (384, 12), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(_unswizzle(swizzle(t), (384, 12)), t)  # the inverse of the reference's swizzle
+    assert not torch.equal(swizzle(t).reshape(384, 12), t)
+
+
+def test_a_plain_scale_mismatch_is_not_called_swizzled():
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(2))
+    g = reference.quantize(x, Q("mxfp8"))
+    cand = _clone(g)
+    cand.rowwise_scale = g.rowwise_scale.clone()
+    cand.rowwise_scale[3, 1] += 1
+    tr = _by_name(compare_quantized(g, cand, x))["rowwise_scale"]
+    assert tr.layout is None and "layout_transposition" not in tr.mismatch_classes

@@ -156,6 +156,73 @@ def test_a_convention_match_outranks_non_finite_values_on_special_inputs():
     assert sev == "convention" and rows[0]["matches_convention"] in ("ocp_mx", "torchao_floor")
 
 
+def test_ignored_fields_name_what_a_convention_replaced_of_the_case():
+    floor, ceil = QuantConfig("mxfp8", e8m0_rule="floor"), QuantConfig("mxfp8")
+    assert verdict.ignored_fields(floor, "torchao_rceil") == ["e8m0_rule=floor"]
+    assert verdict.ignored_fields(floor, "torchao_floor") == []  # FLOOR realises the floor rule
+    assert verdict.ignored_fields(floor, "ocp_mx") == []
+    assert verdict.ignored_fields(ceil, "torchao_rceil") == []
+    assert verdict.ignored_fields(ceil, "torchao_floor") == ["e8m0_rule=ceil"]
+    assert verdict.ignored_fields(ceil, "torchao_even") == ["e8m0_rule=ceil"]  # EVEN is no rule of ours
+    assert verdict.ignored_fields(ceil, "ocp_mx") == ["e8m0_rule=ceil"]
+    block = QuantConfig("fp8_block", tile=(1, 128), pow2_scales=True)
+    assert verdict.ignored_fields(block, "vllm_group") == ["pow2_scales=True", "eps=0.0"]
+    assert verdict.ignored_fields(block, "vllm_group_ue8m0") == ["eps=0.0"]
+
+
+def test_declared_conventions_are_tried_first_those_honouring_the_case_before_the_rest():
+    floor, ceil = QuantConfig("mxfp8", e8m0_rule="floor"), QuantConfig("mxfp8")
+    assert verdict.convention_order(ceil) == conventions.applicable(ceil)  # undeclared: catalogue order
+    assert verdict.convention_order(ceil, ("torchao_rceil", "torchao_floor"))[:2] == ["torchao_rceil", "torchao_floor"]
+    assert verdict.convention_order(floor, ("torchao_rceil", "torchao_floor"))[:3] == [
+        "torchao_floor", "torchao_rceil", "ocp_mx"]
+    assert verdict.convention_order(ceil, ("vllm_group", "nonsense")) == conventions.applicable(ceil)
+
+    class Declares:
+        conventions = ("torchao_even", "nonsense")
+
+    assert verdict.declared_conventions(Declares()) == ("torchao_even",)
+    assert verdict.declared_conventions(object()) == ()
+
+
+def test_a_declared_convention_wins_where_the_catalogue_would_name_another_that_also_matches():
+    """On normal blocks ocp_mx and torchao_floor give the same bytes (docs/numerics.md §10.2, §10.3): the
+    catalogue names ocp_mx first, a backend declaring torchao_floor gets torchao_floor. Both ignore the
+    case's ceil rule, and the reason says so."""
+    case = Case("quantize", QuantConfig("mxfp8"), (128, 256), "bfloat16", "normal", 0, "rowwise")
+    x, _ = _golden(case)
+    q = dataclasses.replace(reference.quantize(x, conventions.with_convention(case.config, "torchao_floor")),
+                            config=case.config)
+    rows, sev = _run(case, q)
+    assert sev == "convention" and rows[0]["matches_convention"] == "ocp_mx"
+
+    class Declared(_Injected):
+        conventions = ("torchao_floor",)
+
+    rows = runner.run_case(case, Declared(q), "cpu")
+    assert {r["matches_convention"] for r in rows} == {"torchao_floor"}
+    first_fail = next(r for r in rows if r["status"] == "fail")
+    assert first_fail["reason"].startswith("bit-exact under torchao_floor: the candidate ignored e8m0_rule=ceil; ")
+
+
+def test_a_kernel_ignoring_the_case_rule_is_reported_truthfully():
+    """An RCEIL kernel handed a floor case: bit-exact under torchao_rceil, and the report says it ignored
+    e8m0_rule=floor instead of a plain convention match."""
+    case = Case("quantize", QuantConfig("mxfp8", e8m0_rule="floor"), (128, 256), "bfloat16", "normal", 0, "rowwise")
+    x, _ = _golden(case)
+    q = dataclasses.replace(reference.quantize(x, conventions.with_convention(case.config, "torchao_rceil")),
+                            config=case.config)
+    rows, sev = _run(case, q)
+    assert sev == "convention" and {r["matches_convention"] for r in rows} == {"torchao_rceil"}
+    reasons = [r["reason"] for r in rows if r["status"] == "fail"]
+    assert reasons[0].startswith("bit-exact under torchao_rceil: the candidate ignored e8m0_rule=floor; ")
+    assert sum("bit-exact under" in r for r in reasons) == 1
+    # A FLOOR kernel honours the floor case: on normal blocks it is te/floor byte for byte (§10.3).
+    q = dataclasses.replace(reference.quantize(x, conventions.with_convention(case.config, "torchao_floor")),
+                            config=case.config)
+    assert _run(case, q)[1] == "exact"
+
+
 def test_an_exception_is_broken():
     class Raises(_Injected):
         def quantize(self, x, config, **kw):
@@ -303,3 +370,29 @@ def test_list_with_a_backend_shows_what_supports_case_answers(capsys):
     assert cli.main(["list", "--tier", "smoke", "--filter", "|".join(ids), "--backend", spec, "--device", "cpu"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert f"{ids[0]}  rowwise_only:rowwise" in lines and f"{ids[1]}  rowwise_only:skip" in lines
+
+
+@pytest.mark.parametrize("scheme, shape", [("mxfp8", (64, 256)), ("nvfp4", (64, 128))])
+@pytest.mark.parametrize("as_flat", [True, False])
+def test_swizzled_scales_are_broken_with_their_layout_named_and_never_crash(scheme, shape, as_flat):
+    """A reference-derived candidate returning both copies' block scales in cuBLASLt's swizzled order
+    (reference.layouts.swizzle_scales) instead of the compact one: broken, the layout named, the data
+    rows kept (passing), the accuracy rows not measured, no error row."""
+    from reference.layouts import swizzle_scales
+
+    case = _case(scheme, shape, orientation="both")
+    x = generate(case)["x"]
+    g = reference.quantize(x, case.config, rowwise=True, colwise=True)
+    sw = {o: swizzle_scales(g, o) for o in ("rowwise", "colwise")}
+    q = dataclasses.replace(g, **{f"{o}_scale": (t if as_flat else t.reshape(getattr(g, f"{o}_scale").shape))
+                                  for o, t in sw.items()})
+    rows, sev = _run(case, q)
+    assert sev == "broken" and not any(r["status"] == "error" for r in rows)
+    for o in ("rowwise", "colwise"):
+        scale = _row(rows, f"{o}_scale")
+        assert scale["status"] == "fail" and set(scale["mismatch_classes"]) == {"layout_transposition"}
+        assert _row(rows, f"{o}_data")["status"] == "pass"
+        acc = _row(rows, f"accuracy_{o}")
+        assert acc["status"] == "info" and acc["reason"].startswith(f"not measured: {o}_scale")
+    assert ("broken: rowwise_scale is the golden swizzled (128x4 tiles) (wrong layout); "
+            "colwise_scale is the golden swizzled (128x4 tiles) (wrong layout)") in _row(rows, "rowwise_scale")["reason"]
