@@ -24,6 +24,9 @@ Mismatch classes, in priority order for one element (the causes `other` used to 
   scale_off_by_one        (scale tensors) codes one step apart: E8M0/E4M3 ±1, fp32 1 ulp or x2
   subnormal_flush         the candidate is zero where the golden code (or output) is subnormal, or the
                           input is subnormal
+  zero_scale_factor       (MXFP8 data) the block's E8M0 scale is e = 0 in both and the candidate's code is
+                          the input's own (encode factor 1.0, TE's exp2f_rcp(0)) where the contract
+                          multiplies by P(0) = 2^127 (docs/numerics.md §7.29)
   tie_flip                the scaled input is exactly a rounding midpoint and the codes are adjacent
   encode_factor_rounding  the scaled input lies within a few ulps of the midpoint of the two adjacent
                           codes (or the candidate's reported chain puts it off a tie): the candidate's
@@ -58,6 +61,7 @@ MISMATCH_CLASSES = (
     "block_scale_cascade",
     "scale_off_by_one",
     "subnormal_flush",
+    "zero_scale_factor",
     "tie_flip",
     "encode_factor_rounding",
     "decode_factor_rounding",
@@ -554,8 +558,8 @@ def _compare_data(golden, candidate, name, cp: _Copy) -> TensorResult:
 def _classify_data(golden, candidate, cp: _Copy, src, rr, cc, gm, cm):
     """Class and input pattern of each mismatching data element (codes gm, cm at data positions rr, cc).
 
-    Priority: nan_sign > nonfinite_policy > block_scale_cascade > subnormal_flush > tie_flip >
-    encode_factor_rounding > other.
+    Priority: nan_sign > nonfinite_policy > block_scale_cascade > subnormal_flush > zero_scale_factor >
+    tie_flip > encode_factor_rounding > other (a subnormal input flushed to zero is a flush, whatever the factor).
     """
     fmt = golden.config.element_format
     mag_mask = ~fmt.sign_mask if fmt.signed else (1 << fmt.bits) - 1
@@ -591,16 +595,31 @@ def _classify_data(golden, candidate, cp: _Copy, src, rr, cc, gm, cm):
     tiny = classify._TINY.get(cp.hp_dtype, classify._TINY["float32"])
     x_sub = (x.abs() > 0) & (x.abs() < tiny)
     flush = (c_mag == 0) & (g_mag != 0) & (g_sub | x_sub)
+    zero_factor = _zero_scale_factor(golden, cp, x, gm, cm, rr, cc) & ~diff_scale
     idx = MISMATCH_CLASSES.index
     cls = torch.full(rr.shape, idx("other"), dtype=torch.int64)
     cls = torch.where(near, idx("encode_factor_rounding"), cls)
     cls = torch.where(tie, idx("tie_flip"), cls)
+    cls = torch.where(zero_factor, idx("zero_scale_factor"), cls)
     cls = torch.where(flush, idx("subnormal_flush"), cls)
     cls = torch.where(diff_scale, idx("block_scale_cascade"), cls)
     cls = torch.where(nonfinite, idx("nonfinite_policy"), cls)
     cls = torch.where(nan_both, idx("nan_sign"), cls)
     pat, names = classify.pattern(blk_nf, blk_sub, diff_scale, mid | near | classify.near_midpoint(y, gval, cval))
     return cls, pat, names, y, None
+
+
+def _zero_scale_factor(golden, cp: _Copy, x: torch.Tensor, gm: torch.Tensor, cm: torch.Tensor, rr, cc) -> torch.Tensor:
+    """Elements of an E8M0 e = 0 block whose candidate code is sat(RN(x · 1.0)) and not the golden's.
+
+    NUMERICS: §0.5 P(0) = 2^127 (the contract) against §7.29 TE's exp2f_rcp(0) = 1.0 (also torchao's MX cast).
+    """
+    if _scale_format(golden.config) is not UE8M0:
+        return torch.zeros(rr.shape, dtype=torch.bool)
+    i, j = cp.scale_index(rr, cc)
+    e0 = getattr(golden, f"{cp.o}_scale").to("cpu")[i, j] == 0
+    own = casts.saturating_cast(x.to(torch.float32), golden.config.element_format)  # factor 1.0: x itself
+    return e0 & (own == cm) & (gm != cm)
 
 
 def _scale_entry(q: QuantizedTensor, cp: _Copy, r: int, c: int) -> str | None:

@@ -514,3 +514,23 @@ def test_a_plain_scale_mismatch_is_not_called_swizzled():
     cand.rowwise_scale[3, 1] += 1
     tr = _by_name(compare_quantized(g, cand, x))["rowwise_scale"]
     assert tr.layout is None and "layout_transposition" not in tr.mismatch_classes
+
+
+def test_e8m0_zero_block_scaled_by_one_is_zero_scale_factor():
+    """docs/numerics.md §7.29: an MXFP8 block with amax 3.08e-38 has e = 0 (§3); the contract multiplies by
+    P(0) = 2^127, TE's kernels and torchao by exp2f_rcp(0) = 1.0, which casts these tiny normal inputs to 0.
+    A subnormal input flushed to zero stays a subnormal_flush (the more specific cause)."""
+    x = torch.zeros(32, 32)
+    x[0, 0] = 3.08e-38  # the block max: RN32(3.08e-38 / 448) < 2^-127 -> e = 0
+    x[0, 1] = 1.5e-38  # normal fp32 (> 1.18e-38): golden code of 1.5e-38 * 2^127 = 2.55 -> 0x42 (E4M3 2.5)
+    x[0, 2] = 4.6e-39  # subnormal fp32
+    g = reference.quantize(x, Q("mxfp8"))
+    assert int(g.rowwise_scale[0, 0]) == 0
+    assert int(g.rowwise_data[0, 1]) == int(_e4m3(np.array([1.5e-38 * 2.0**127], dtype=np.float32))[0]) != 0
+    cand = _clone(g)
+    cand.rowwise_data[0, :3] = 0  # sat(RN(x * 1.0)) is +0 for all three
+    tr = _by_name(compare_quantized(g, cand, x))["rowwise_data"]
+    assert tr.mismatch_classes == {"zero_scale_factor": 2, "subnormal_flush": 1}
+    exs = _examples(tr, "zero_scale_factor")
+    assert [e["index"] for e in exs] == [[0, 0], [0, 1]]
+    assert [e["index"] for e in _examples(tr, "subnormal_flush")] == [[0, 2]]
