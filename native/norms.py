@@ -4,7 +4,8 @@ native/cuda/norms.cu, from torch CUDA tensors.
 Source: docs/numerics.md §9.2 (the norms: every sum the fp64 pairwise tree S, every fp32 rounding point named),
 §9.3 (dbias). Same signatures, fields and bits as `reference.norms.norm_forward` / `norm_backward` and the
 reference step's dbias, computed by our own kernels (built through `native._compile`, run on torch's current
-stream, `native.launch`). The kernels are typed by one element type: x, gamma, beta, dz and the outputs
+stream, `native.launch`; their arithmetic is native/cuda/norms.cuh, which tests/unit/host/ also replays on the
+CPU). The kernels are typed by one element type: x, gamma, beta, dz and the outputs
 (ln_out, dx, dgamma, dbeta, dbias) share a dtype, as they do in a module step (the activation dtype); mu,
 rsigma and the unrounded ln_out are fp32.
 """
