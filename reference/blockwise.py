@@ -28,6 +28,9 @@ from .types import QuantizedTensor
 
 # Elements per row chunk: bounds the fp32 temporaries (a few chunk-sized tensors at a time).
 CHUNK_ELEMENTS = 1 << 22
+# The `te` rule's NaN-free chunks take `_quantize_chunk_nan_free` (same bits, fewer passes); tests switch it off
+# to compare it with the general path.
+FAST_PATH = True
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -82,6 +85,75 @@ def _encode(blocks: torch.Tensor, s: torch.Tensor, sinv: torch.Tensor, config: Q
     return casts.saturating_cast(blocks * s, config.element_format)
 
 
+def _nan_free_amax(blocks: torch.Tensor, dim) -> torch.Tensor | None:
+    """amax over `dim` in the input dtype, widened to fp32; None if a block holds a NaN.
+
+    NUMERICS: §0.1 amax - max and |x| are exact in any float dtype and any order, and widening is exact, so for
+    NaN-free blocks this equals scaling.amax (§0.2.5's NaN-to-0 step changes nothing); torch's amax propagates
+    NaN, so a NaN anywhere in the blocks shows up in the result and the caller takes the general path.
+    """
+    a = blocks.abs().amax(dim=dim)
+    if bool(torch.isnan(a).any()):
+        return None
+    return a.to(torch.float32)
+
+
+def _encode_nan_free(blocks: torch.Tensor, s: torch.Tensor, fmt) -> torch.Tensor:
+    """sat_fp8(RN(x*s)) for NaN-free blocks in their input dtype and finite s > 0 (the `te` rule's scales)."""
+    # NUMERICS: §4 q = sat_fp8(RN(x*s)): bf16/fp16 x promotes to fp32 by exact widening, then one fp32 multiply
+    # (s is never 0-dim, so the product is fp32). x*s has no NaN: x is not NaN and s is finite and > 0 (§1 steps
+    # 2-4), so §0.2.3's NaN fix-up is a no-op and is skipped.
+    y = blocks * s
+    assert y.dtype == torch.float32
+    return casts.saturating_cast_nan_free_(y, fmt)
+
+
+def _quantize_chunk_nan_free(xb: torch.Tensor, config: QuantConfig, v_inf: float, dst: dict, m0: int, r: int,
+                             k: int) -> bool:
+    """The `te` rule on one zero-padded chunk [rp, kp] of x in its input dtype, if it holds no NaN.
+
+    Writes the chunk's codes and sinv into `dst` (quantize_2d's buffers) and returns True; returns False without
+    writing if any element is NaN. Same bits as quantize_2d's general path (one widened fp32 copy of the chunk,
+    NaN-ignoring amax, saturating_cast with the NaN fix-up) with fewer full passes over the chunk.
+    """
+    fmt, b = config.element_format, config.block
+    rp, kp = xb.shape
+    kb = kp // b
+    data, data_t, sinv_r, sinv_c = dst["data"], dst["data_t"], dst["sinv_r"], dst["sinv_c"]
+    if config.is_2d:
+        tiles = xb.view(rp // b, b, kb, b)
+        a = _nan_free_amax(tiles, (1, 3))
+        if a is None:
+            return False
+        s, sinv = _scale(a, config, v_inf)  # (rp/b, kb)
+        q = _encode_nan_free(tiles, s[:, None, :, None], fmt).view(rp, kp)[:r, :k]
+        if data is not None:
+            data[m0 : m0 + r] = q
+            sinv_r[m0 // b : m0 // b + rp // b, :kb] = sinv
+        if data_t is not None:
+            # NUMERICS: §4 2-D colwise data and sinv are exactly the transposes of the rowwise ones.
+            data_t[:, m0 : m0 + r] = q.T.contiguous()
+            sinv_c[:kb, m0 // b : m0 // b + rp // b] = sinv.T
+        return True
+    rows, cols = xb.view(rp, kb, b), xb.view(rp // b, b, kp)
+    a_r = _nan_free_amax(rows, 2) if data is not None else None
+    a_c = _nan_free_amax(cols, 1) if data_t is not None else None
+    if (data is not None and a_r is None) or (data_t is not None and a_c is None):
+        return False
+    if data is not None:
+        s, sinv = _scale(a_r, config, v_inf)  # (rp, kb)
+        data[m0 : m0 + r] = _encode_nan_free(rows, s[:, :, None], fmt).view(rp, kp)[:r, :k]
+        # NUMERICS: §4 1-D rowwise sinv is stored transposed: entry [kb, m].
+        sinv_r[:kb, m0 : m0 + r] = sinv[:r].T
+    if data_t is not None:
+        s, sinv = _scale(a_c, config, v_inf)  # (rp/b, kp)
+        q = _encode_nan_free(cols, s[:, None, :], fmt).view(rp, kp)[:r, :k]
+        # NUMERICS: §4 1-D colwise data is [K, M]: row k = 1x128 blocks of column k of x.
+        data_t[:, m0 : m0 + r] = q.T.contiguous()  # blocked transpose, then row-contiguous stores
+        sinv_c[m0 // b : m0 // b + rp // b, :k] = sinv[:, :k]
+    return True
+
+
 def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, rng=None, state=None) -> dict:
     """fp8_block quantization of a contiguous [M, K] tensor of any shape (docs/numerics.md §4).
 
@@ -102,13 +174,18 @@ def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwis
     sinv_r = torch.zeros(layouts.scale_padded_shape(config, "rowwise", m, k), **f32) if rowwise else None
     sinv_c = torch.zeros(layouts.scale_padded_shape(config, "colwise", m, k), **f32) if colwise else None
     kp = kb * b
+    dst = dict(data=data, data_t=data_t, sinv_r=sinv_r, sinv_c=sinv_c)
     for m0, m1 in _row_chunks(m, kp, b):
         r = m1 - m0
         rp = _roundup(r, b)
-        xc = x2d[m0:m1].to(torch.float32)  # (r, K), exact widening
+        xb = x2d[m0:m1]  # (r, K), input dtype
         if rp != r or kp != k:
             # NUMERICS: §4 edge blocks are zero-padded; +0 never raises an amax, so A is over the valid elements.
-            xc = F.pad(xc, (0, kp - k, 0, rp - r))  # (rp, kp)
+            xb = F.pad(xb, (0, kp - k, 0, rp - r))  # (rp, kp); zero padding is exact in any float dtype
+        if FAST_PATH and config.convention == "te" and _quantize_chunk_nan_free(xb, config, v_inf, dst, m0, r, k):
+            continue
+        # General path: vLLM's rules (a true division whose scale may be 0 or inf) and chunks holding a NaN.
+        xc = xb.to(torch.float32)  # (rp, kp), exact widening
         if two_d:
             tiles = xc.view(rp // b, b, kb, b)
             s, sinv = _scale(scaling.amax(tiles, dim=(1, 3)), config, v_inf)  # (rp/b, kb)

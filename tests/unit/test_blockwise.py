@@ -13,6 +13,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import reference
 from reference.formats import BF16_MAX, E4M3, E5M2, F16_MAX, FLT_MAX, QuantConfig
@@ -242,10 +244,14 @@ def padded(a: np.ndarray, cols: int) -> np.ndarray:
     return out
 
 
-def random_input(seed: int, shape, dtype) -> torch.Tensor:
-    """Per-row magnitudes over a wide exponent range (tiny rows overflow 448/A), zeros and NaN."""
-    return wide_range_input(seed, shape, dtype, row_exp=(-135, 100), row_exp_f16=(-20, 12), col_exp=(-3, 4),
-                            inf_frac=0.003)
+def random_input(seed: int, shape, dtype, nan_free: bool = False) -> torch.Tensor:
+    """Per-row magnitudes over a wide exponent range (tiny rows overflow 448/A), zeros and NaN.
+
+    `nan_free` replaces the NaN lanes by -0.0: such an input takes blockwise's NaN-free path.
+    """
+    x = wide_range_input(seed, shape, dtype, row_exp=(-135, 100), row_exp_f16=(-20, 12), col_exp=(-3, 4),
+                         inf_frac=0.003)
+    return torch.where(torch.isnan(x), torch.tensor(-0.0, dtype=dtype), x) if nan_free else x
 
 
 CASES = [
@@ -266,10 +272,12 @@ def _id(c):
     )
 
 
+@pytest.mark.parametrize("nan_free", [False, True], ids=["with_nan", "nan_free"])
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
-def test_1x128_matches_oracle(case):
+def test_1x128_matches_oracle(case, nan_free):
+    # With NaN every chunk takes quantize_2d's general path; NaN-free inputs take the fast one.
     shape, dtype, element, pow2, eps = case
-    x = random_input(zlib.crc32(_id(case).encode()), shape, dtype)
+    x = random_input(zlib.crc32(_id(case).encode()), shape, dtype, nan_free)
     q = quant(x, element=element, pow2_scales=pow2, eps=eps)
     xs = x.float().numpy()
     m, k = shape
@@ -295,10 +303,12 @@ def test_1x128_matches_oracle(case):
         assert np.array_equal(got_c.float().numpy(), ref_c, equal_nan=True)
 
 
+@pytest.mark.parametrize("nan_free", [False, True], ids=["with_nan", "nan_free"])
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
-def test_128x128_matches_oracle(case):
+def test_128x128_matches_oracle(case, nan_free):
+    # With NaN every chunk takes quantize_2d's general path; NaN-free inputs take the fast one.
     shape, dtype, element, pow2, eps = case
-    x = random_input(zlib.crc32(_id(case).encode()) + 1, shape, dtype)
+    x = random_input(zlib.crc32(_id(case).encode()) + 1, shape, dtype, nan_free)
     q = quant(x, tile=(128, 128), element=element, pow2_scales=pow2, eps=eps)
     xs = x.float().numpy()
     d, s = oracle_128x128(xs, element, pow2, eps, VINF[dtype])
@@ -371,3 +381,65 @@ def test_chunked_rows_match_small_chunks(monkeypatch):
     for a, b in ((full, small), (full2d, small2d)):
         for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
             assert torch.equal(getattr(a, f), getattr(b, f)), f
+
+
+# ---- the NaN-free path against the general path ------------------------------------------------
+
+SPECIALS = [0.0, -0.0, float("inf"), float("-inf"), 448.0, -448.0, 464.0, 1e-40, -1e-45, 3.0e38, 65504.0,
+            57344.0, 2.0**-126, 1.0 + 2.0**-23]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    m=st.integers(1, 300),
+    k=st.integers(1, 300),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    tile=st.sampled_from([(1, 128), (128, 128)]),
+    element=st.sampled_from(["e4m3", "e5m2"]),
+    pow2=st.booleans(),
+    eps=st.sampled_from([0.0, 1e-3, 2.0**-140]),
+    convention=st.sampled_from(["te", "vllm_group", "vllm_group_ue8m0"]),
+    copies=st.sampled_from([(True, True), (True, False), (False, True)]),
+    nan_rows=st.sets(st.integers(0, 299), max_size=2),
+    special_frac=st.sampled_from([0.0, 0.02, 0.3]),
+)
+def test_nan_free_path_matches_general_path(seed, m, k, dtype, tile, element, pow2, eps, convention, copies,
+                                            nan_rows, special_frac):
+    """quantize_2d with FAST_PATH on equals it with FAST_PATH off, bit for bit, over many chunks.
+
+    CHUNK_ELEMENTS = 1 gives one 128-row chunk each, so a NaN planted in a few rows sends only their chunks
+    down the general path; the others take the NaN-free one. Special values: ±0, ±inf, ±max of each format,
+    subnormals of fp32 / fp16, values that overflow 448/A and fp16's max.
+    """
+    from reference import blockwise
+
+    if convention != "te" and (tile != (1, 128) or element != "e4m3"):
+        tile, element = (1, 128), "e4m3"  # vLLM's rules are 1x128 E4M3 only
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g, dtype=torch.float64) * torch.exp2(
+        torch.randint(-140, 120, (m, 1), generator=g).to(torch.float64))
+    sp = torch.tensor(SPECIALS, dtype=torch.float64)
+    pick = torch.rand(m, k, generator=g) < special_frac
+    x = torch.where(pick, sp[torch.randint(0, len(sp), (m, k), generator=g)], x).to(torch.float32).to(dtype)
+    for r in nan_rows:
+        if r < m:
+            x[r, (r * 7) % k] = float("nan")
+    cfg = dict(tile=tile, element=element, pow2_scales=pow2, eps=eps)
+    if convention != "te":
+        cfg = dict(convention=convention, pow2_scales=convention == "vllm_group_ue8m0", eps=eps or 1e-10)
+    config = QuantConfig("fp8_block", **cfg)
+    rowwise, colwise = copies
+    old_chunk = blockwise.CHUNK_ELEMENTS
+    try:
+        blockwise.CHUNK_ELEMENTS = 1
+        fast = reference.quantize(x, config, rowwise=rowwise, colwise=colwise)
+        blockwise.FAST_PATH = False
+        slow = reference.quantize(x, config, rowwise=rowwise, colwise=colwise)
+    finally:
+        blockwise.FAST_PATH, blockwise.CHUNK_ELEMENTS = True, old_chunk
+    for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
+        a, b = getattr(fast, f), getattr(slow, f)
+        assert (a is None) == (b is None), f
+        if a is not None:
+            assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f
