@@ -85,27 +85,24 @@ def _encode(blocks: torch.Tensor, s: torch.Tensor, sinv: torch.Tensor, config: Q
     return casts.saturating_cast(blocks * s, config.element_format)
 
 
-def _nan_free_amax(blocks: torch.Tensor, dim) -> torch.Tensor | None:
-    """amax over `dim` in the input dtype, widened to fp32; None if a block holds a NaN.
+def _nan_free_amax(abs_blocks: torch.Tensor, dim) -> torch.Tensor | None:
+    """amax over `dim` of |x| (given in the input dtype), widened to fp32; None if a block holds a NaN.
 
-    NUMERICS: §0.1 amax - max and |x| are exact in any float dtype and any order, and widening is exact, so for
+    NUMERICS: §0.1 amax - |x| and max are exact in any float dtype and any order, and widening is exact, so for
     NaN-free blocks this equals scaling.amax (§0.2.5's NaN-to-0 step changes nothing); torch's amax propagates
     NaN, so a NaN anywhere in the blocks shows up in the result and the caller takes the general path.
     """
-    a = blocks.abs().amax(dim=dim)
+    a = abs_blocks.amax(dim=dim)
     if bool(torch.isnan(a).any()):
         return None
     return a.to(torch.float32)
 
 
-def _encode_nan_free(blocks: torch.Tensor, s: torch.Tensor, fmt) -> torch.Tensor:
-    """sat_fp8(RN(x*s)) for NaN-free blocks in their input dtype and finite s > 0 (the `te` rule's scales)."""
-    # NUMERICS: §4 q = sat_fp8(RN(x*s)): bf16/fp16 x promotes to fp32 by exact widening, then one fp32 multiply
-    # (s is never 0-dim, so the product is fp32). x*s has no NaN: x is not NaN and s is finite and > 0 (§1 steps
-    # 2-4), so §0.2.3's NaN fix-up is a no-op and is skipped.
-    y = blocks * s
-    assert y.dtype == torch.float32
-    return casts.saturating_cast_nan_free_(y, fmt)
+def _encode_nan_free(blocks: torch.Tensor, s: torch.Tensor, fmt, out: torch.Tensor | None = None) -> torch.Tensor:
+    """sat_fp8(RN(x*s)) for NaN-free fp32 blocks and finite s > 0 (the `te` rule's scales); codes into `out`."""
+    # NUMERICS: §4 q = sat_fp8(RN(x*s)), one fp32 multiply. x*s has no NaN: x is not NaN and s is finite and > 0
+    # (§1 steps 2-4), so §0.2.3's NaN fix-up is a no-op and is skipped.
+    return casts.saturating_cast_nan_free_(blocks * s, fmt, out)
 
 
 def _quantize_chunk_nan_free(xb: torch.Tensor, config: QuantConfig, v_inf: float, dst: dict, m0: int, r: int,
@@ -113,19 +110,22 @@ def _quantize_chunk_nan_free(xb: torch.Tensor, config: QuantConfig, v_inf: float
     """The `te` rule on one zero-padded chunk [rp, kp] of x in its input dtype, if it holds no NaN.
 
     Writes the chunk's codes and sinv into `dst` (quantize_2d's buffers) and returns True; returns False without
-    writing if any element is NaN. Same bits as quantize_2d's general path (one widened fp32 copy of the chunk,
-    NaN-ignoring amax, saturating_cast with the NaN fix-up) with fewer full passes over the chunk.
+    writing if any element is NaN. Same bits as quantize_2d's general path (NaN-ignoring amax on fp32,
+    saturating_cast with the NaN fix-up) with fewer full passes: one |x| in the input dtype for both copies'
+    amaxes, one widening, the rowwise codes written straight into the output.
     """
     fmt, b = config.element_format, config.block
     rp, kp = xb.shape
     kb = kp // b
     data, data_t, sinv_r, sinv_c = dst["data"], dst["data_t"], dst["sinv_r"], dst["sinv_c"]
+    ax = xb.abs()
     if config.is_2d:
-        tiles = xb.view(rp // b, b, kb, b)
-        a = _nan_free_amax(tiles, (1, 3))
+        a = _nan_free_amax(ax.view(rp // b, b, kb, b), (1, 3))
+        del ax
         if a is None:
             return False
         s, sinv = _scale(a, config, v_inf)  # (rp/b, kb)
+        tiles = xb.to(torch.float32).view(rp // b, b, kb, b)  # exact widening
         q = _encode_nan_free(tiles, s[:, None, :, None], fmt).view(rp, kp)[:r, :k]
         if data is not None:
             data[m0 : m0 + r] = q
@@ -135,19 +135,23 @@ def _quantize_chunk_nan_free(xb: torch.Tensor, config: QuantConfig, v_inf: float
             data_t[:, m0 : m0 + r] = q.T.contiguous()
             sinv_c[:kb, m0 // b : m0 // b + rp // b] = sinv.T
         return True
-    rows, cols = xb.view(rp, kb, b), xb.view(rp // b, b, kp)
-    a_r = _nan_free_amax(rows, 2) if data is not None else None
-    a_c = _nan_free_amax(cols, 1) if data_t is not None else None
+    a_r = _nan_free_amax(ax.view(rp, kb, b), 2) if data is not None else None
+    a_c = _nan_free_amax(ax.view(rp // b, b, kp), 1) if data_t is not None else None
+    del ax
     if (data is not None and a_r is None) or (data_t is not None and a_c is None):
         return False
+    xf = xb.to(torch.float32)  # (rp, kp), exact widening, shared by both copies
     if data is not None:
         s, sinv = _scale(a_r, config, v_inf)  # (rp, kb)
-        data[m0 : m0 + r] = _encode_nan_free(rows, s[:, :, None], fmt).view(rp, kp)[:r, :k]
+        if rp == r and kp == k:  # no padding: the codes go straight into the output rows
+            _encode_nan_free(xf.view(rp, kb, b), s[:, :, None], fmt, data[m0 : m0 + r].view(rp, kb, b))
+        else:
+            data[m0 : m0 + r] = _encode_nan_free(xf.view(rp, kb, b), s[:, :, None], fmt).view(rp, kp)[:r, :k]
         # NUMERICS: §4 1-D rowwise sinv is stored transposed: entry [kb, m].
         sinv_r[:kb, m0 : m0 + r] = sinv[:r].T
     if data_t is not None:
         s, sinv = _scale(a_c, config, v_inf)  # (rp/b, kp)
-        q = _encode_nan_free(cols, s[:, None, :], fmt).view(rp, kp)[:r, :k]
+        q = _encode_nan_free(xf.view(rp // b, b, kp), s[:, None, :], fmt).view(rp, kp)[:r, :k]
         # NUMERICS: §4 1-D colwise data is [K, M]: row k = 1x128 blocks of column k of x.
         data_t[:, m0 : m0 + r] = q.T.contiguous()  # blocked transpose, then row-contiguous stores
         sinv_c[m0 // b : m0 // b + rp // b, :k] = sinv[:, :k]
