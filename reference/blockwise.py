@@ -29,8 +29,11 @@ from .types import QuantizedTensor
 # Elements per row chunk: bounds the fp32 temporaries (a few chunk-sized tensors at a time).
 CHUNK_ELEMENTS = 1 << 22
 # The `te` rule's NaN-free chunks take `_quantize_chunk_nan_free` (same bits, fewer passes); tests switch it off
-# to compare it with the general path.
+# to compare it with the general path. Its temporaries are smaller (|x| in the input dtype, no NaN mask), so its
+# chunks are larger: fewer, longer operations, which matters most on a loaded machine. A chunk holding a NaN is
+# redone by the general path in chunks of CHUNK_ELEMENTS.
 FAST_PATH = True
+FAST_CHUNK_ELEMENTS = 1 << 23
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -41,9 +44,9 @@ def _roundup(a: int, b: int) -> int:
     return _ceil_div(a, b) * b
 
 
-def _row_chunks(m: int, k: int, rows_multiple: int):
-    """(m0, m1) row ranges of about CHUNK_ELEMENTS elements, m0 a multiple of `rows_multiple`."""
-    rows = max(1, CHUNK_ELEMENTS // max(k, 1) // rows_multiple) * rows_multiple
+def _row_chunks(m: int, k: int, rows_multiple: int, elements: int):
+    """(m0, m1) row ranges of about `elements` elements, m0 a multiple of `rows_multiple`."""
+    rows = max(1, elements // max(k, 1) // rows_multiple) * rows_multiple
     for m0 in range(0, m, rows):
         yield m0, min(m, m0 + rows)
 
@@ -158,18 +161,64 @@ def _quantize_chunk_nan_free(xb: torch.Tensor, config: QuantConfig, v_inf: float
     return True
 
 
+def _padded_rows(x2d: torch.Tensor, m0: int, m1: int, kp: int, b: int) -> torch.Tensor:
+    """Rows m0..m1 of x, zero-padded to [roundup(m1 - m0, b), kp], in the input dtype."""
+    xb = x2d[m0:m1]
+    r, k = xb.shape
+    rp = _roundup(r, b)
+    if rp != r or kp != k:
+        # NUMERICS: §4 edge blocks are zero-padded; +0 never raises an amax, so A is over the valid elements.
+        xb = F.pad(xb, (0, kp - k, 0, rp - r))  # zero padding is exact in any float dtype
+    return xb
+
+
+def _quantize_chunk_general(xc: torch.Tensor, config: QuantConfig, v_inf: float, dst: dict, m0: int, r: int,
+                            k: int) -> None:
+    """Any rule on one zero-padded fp32 chunk [rp, kp] (NaN included): writes its codes and sinv into `dst`."""
+    fmt, b = config.element_format, config.block
+    rp, kp = xc.shape
+    kb = kp // b
+    m1 = m0 + r
+    data, data_t, sinv_r, sinv_c = dst["data"], dst["data_t"], dst["sinv_r"], dst["sinv_c"]
+    if config.is_2d:
+        tiles = xc.view(rp // b, b, kb, b)
+        s, sinv = _scale(scaling.amax(tiles, dim=(1, 3)), config, v_inf)  # (rp/b, kb)
+        # NUMERICS: §4 q = sat_fp8(RN(x*s)): multiply by s, never divide by sinv.
+        q = casts.saturating_cast(tiles * s[:, None, :, None], fmt).view(rp, kp)[:r, :k]
+        if data is not None:
+            data[m0:m1] = q
+            sinv_r[m0 // b : m0 // b + rp // b, :kb] = sinv
+        if data_t is not None:
+            # NUMERICS: §4 2-D colwise data and sinv are exactly the transposes of the rowwise ones.
+            data_t[:, m0:m1] = q.T.contiguous()  # blocked transpose, then row-contiguous stores
+            sinv_c[:kb, m0 // b : m0 // b + rp // b] = sinv.T
+        return
+    if data is not None:
+        rows = xc.view(rp, kb, b)
+        s, sinv = _scale(scaling.amax(rows, dim=2), config, v_inf)  # (rp, kb)
+        q = _encode(rows, s[:, :, None], sinv[:, :, None], config).view(rp, kp)[:r, :k]
+        data[m0:m1] = q
+        # NUMERICS: §4 1-D rowwise sinv is stored transposed: entry [kb, m].
+        sinv_r[:kb, m0:m1] = sinv[:r].T
+    if data_t is not None:
+        cols = xc.view(rp // b, b, kp)
+        s, sinv = _scale(scaling.amax(cols, dim=1), config, v_inf)  # (rp/b, kp)
+        q = _encode(cols, s[:, None, :], sinv[:, None, :], config).view(rp, kp)[:r, :k]
+        # NUMERICS: §4 1-D colwise data is [K, M]: row k = 1x128 blocks of column k of x.
+        data_t[:, m0:m1] = q.T.contiguous()  # blocked transpose, then row-contiguous stores
+        sinv_c[m0 // b : m0 // b + rp // b, :k] = sinv[:, :k]
+
+
 def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, rng=None, state=None) -> dict:
     """fp8_block quantization of a contiguous [M, K] tensor of any shape (docs/numerics.md §4).
 
     `rng` and `state` are unused (no stochastic rounding, no history).
     """
-    fmt = config.element_format
     b = config.block  # 128
     assert b is not None
     m, k = x2d.shape
     kb = _ceil_div(k, b)
     v_inf = INPUT_DTYPE_MAX[DTYPE_NAMES[x2d.dtype]]
-    two_d = config.is_2d
     dev = x2d.device
     f32 = dict(dtype=torch.float32, device=dev)
     data = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None  # (M, K)
@@ -179,44 +228,15 @@ def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwis
     sinv_c = torch.zeros(layouts.scale_padded_shape(config, "colwise", m, k), **f32) if colwise else None
     kp = kb * b
     dst = dict(data=data, data_t=data_t, sinv_r=sinv_r, sinv_c=sinv_c)
-    for m0, m1 in _row_chunks(m, kp, b):
-        r = m1 - m0
-        rp = _roundup(r, b)
-        xb = x2d[m0:m1]  # (r, K), input dtype
-        if rp != r or kp != k:
-            # NUMERICS: §4 edge blocks are zero-padded; +0 never raises an amax, so A is over the valid elements.
-            xb = F.pad(xb, (0, kp - k, 0, rp - r))  # (rp, kp); zero padding is exact in any float dtype
-        if FAST_PATH and config.convention == "te" and _quantize_chunk_nan_free(xb, config, v_inf, dst, m0, r, k):
+    fast = FAST_PATH and config.convention == "te"
+    for m0, m1 in _row_chunks(m, kp, b, FAST_CHUNK_ELEMENTS if fast else CHUNK_ELEMENTS):
+        if fast and _quantize_chunk_nan_free(_padded_rows(x2d, m0, m1, kp, b), config, v_inf, dst, m0, m1 - m0, k):
             continue
-        # General path: vLLM's rules (a true division whose scale may be 0 or inf) and chunks holding a NaN.
-        xc = xb.to(torch.float32)  # (rp, kp), exact widening
-        if two_d:
-            tiles = xc.view(rp // b, b, kb, b)
-            s, sinv = _scale(scaling.amax(tiles, dim=(1, 3)), config, v_inf)  # (rp/b, kb)
-            # NUMERICS: §4 q = sat_fp8(RN(x*s)): multiply by s, never divide by sinv.
-            q = casts.saturating_cast(tiles * s[:, None, :, None], fmt).view(rp, kp)[:r, :k]
-            if rowwise:
-                data[m0:m1] = q
-                sinv_r[m0 // b : m0 // b + rp // b, :kb] = sinv
-            if colwise:
-                # NUMERICS: §4 2-D colwise data and sinv are exactly the transposes of the rowwise ones.
-                data_t[:, m0:m1] = q.T.contiguous()  # blocked transpose, then row-contiguous stores
-                sinv_c[:kb, m0 // b : m0 // b + rp // b] = sinv.T
-            continue
-        if rowwise:
-            rows = xc.view(rp, kb, b)
-            s, sinv = _scale(scaling.amax(rows, dim=2), config, v_inf)  # (rp, kb)
-            q = _encode(rows, s[:, :, None], sinv[:, :, None], config).view(rp, kp)[:r, :k]
-            data[m0:m1] = q
-            # NUMERICS: §4 1-D rowwise sinv is stored transposed: entry [kb, m].
-            sinv_r[:kb, m0:m1] = sinv[:r].T
-        if colwise:
-            cols = xc.view(rp // b, b, kp)
-            s, sinv = _scale(scaling.amax(cols, dim=1), config, v_inf)  # (rp/b, kp)
-            q = _encode(cols, s[:, None, :], sinv[:, None, :], config).view(rp, kp)[:r, :k]
-            # NUMERICS: §4 1-D colwise data is [K, M]: row k = 1x128 blocks of column k of x.
-            data_t[:, m0:m1] = q.T.contiguous()  # blocked transpose, then row-contiguous stores
-            sinv_c[m0 // b : m0 // b + rp // b, :k] = sinv[:, :k]
+        # General path: vLLM's rules (a true division whose scale may be 0 or inf) and chunks holding a NaN,
+        # in chunks of CHUNK_ELEMENTS.
+        for g0, g1 in _row_chunks(m1 - m0, kp, b, CHUNK_ELEMENTS):
+            xc = _padded_rows(x2d, m0 + g0, m0 + g1, kp, b).to(torch.float32)  # exact widening
+            _quantize_chunk_general(xc, config, v_inf, dst, m0 + g0, g1 - g0, k)
     out: dict = {}
     if rowwise:
         out.update(rowwise_data=data, rowwise_scale=sinv_r, rowwise_amax=None)

@@ -372,15 +372,19 @@ def test_chunked_rows_match_small_chunks(monkeypatch):
     # Row chunking bounds memory; the result must not depend on the chunk size.
     from reference import blockwise
 
-    x = random_input(6, (700, 300), torch.bfloat16)
-    full = quant(x, colwise=True)
-    full2d = quant(x, tile=(128, 128))
-    monkeypatch.setattr(blockwise, "CHUNK_ELEMENTS", 1)  # one tile row (128 rows) per chunk
-    small = quant(x, colwise=True)
-    small2d = quant(x, tile=(128, 128))
-    for a, b in ((full, small), (full2d, small2d)):
-        for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
-            assert torch.equal(getattr(a, f), getattr(b, f)), f
+    for nan_free in (False, True):  # the general path's chunks, then the NaN-free path's
+        x = random_input(6, (700, 300), torch.bfloat16, nan_free)
+        full = quant(x, colwise=True)
+        full2d = quant(x, tile=(128, 128))
+        monkeypatch.setattr(blockwise, "CHUNK_ELEMENTS", 1)  # one tile row (128 rows) per chunk
+        # Two tile rows per NaN-free-path chunk: with NaN each is redone as two general chunks (rows 0, 128).
+        monkeypatch.setattr(blockwise, "FAST_CHUNK_ELEMENTS", 256 * 384)
+        small = quant(x, colwise=True)
+        small2d = quant(x, tile=(128, 128))
+        monkeypatch.undo()
+        for a, b in ((full, small), (full2d, small2d)):
+            for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
+                assert torch.equal(getattr(a, f), getattr(b, f)), f
 
 
 # ---- the NaN-free path against the general path ------------------------------------------------
@@ -403,14 +407,16 @@ SPECIALS = [0.0, -0.0, float("inf"), float("-inf"), 448.0, -448.0, 464.0, 1e-40,
     copies=st.sampled_from([(True, True), (True, False), (False, True)]),
     nan_rows=st.sets(st.integers(0, 299), max_size=2),
     special_frac=st.sampled_from([0.0, 0.02, 0.3]),
+    fast_rows=st.sampled_from([128, 256]),
 )
 def test_nan_free_path_matches_general_path(seed, m, k, dtype, tile, element, pow2, eps, convention, copies,
-                                            nan_rows, special_frac):
+                                            nan_rows, special_frac, fast_rows):
     """quantize_2d with FAST_PATH on equals it with FAST_PATH off, bit for bit, over many chunks.
 
-    CHUNK_ELEMENTS = 1 gives one 128-row chunk each, so a NaN planted in a few rows sends only their chunks
-    down the general path; the others take the NaN-free one. Special values: ±0, ±inf, ±max of each format,
-    subnormals of fp32 / fp16, values that overflow 448/A and fp16's max.
+    The NaN-free path's chunks are `fast_rows` rows, the general path's 128 rows (CHUNK_ELEMENTS = 1), so a
+    NaN planted in a few rows sends only their chunks down the general path (a 256-row chunk in two pieces);
+    the others take the NaN-free one. Special values: ±0, ±inf, ±max of each format, subnormals of fp32 /
+    fp16, values that overflow 448/A and fp16's max.
     """
     from reference import blockwise
 
@@ -430,14 +436,15 @@ def test_nan_free_path_matches_general_path(seed, m, k, dtype, tile, element, po
         cfg = dict(convention=convention, pow2_scales=convention == "vllm_group_ue8m0", eps=eps or 1e-10)
     config = QuantConfig("fp8_block", **cfg)
     rowwise, colwise = copies
-    old_chunk = blockwise.CHUNK_ELEMENTS
+    old_chunks = blockwise.CHUNK_ELEMENTS, blockwise.FAST_CHUNK_ELEMENTS
     try:
-        blockwise.CHUNK_ELEMENTS = 1
+        blockwise.CHUNK_ELEMENTS, blockwise.FAST_CHUNK_ELEMENTS = 1, fast_rows * -(-k // B) * B
         fast = reference.quantize(x, config, rowwise=rowwise, colwise=colwise)
         blockwise.FAST_PATH = False
         slow = reference.quantize(x, config, rowwise=rowwise, colwise=colwise)
     finally:
-        blockwise.FAST_PATH, blockwise.CHUNK_ELEMENTS = True, old_chunk
+        blockwise.FAST_PATH = True
+        blockwise.CHUNK_ELEMENTS, blockwise.FAST_CHUNK_ELEMENTS = old_chunks
     for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
         a, b = getattr(fast, f), getattr(slow, f)
         assert (a is None) == (b is None), f
