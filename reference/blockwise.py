@@ -138,25 +138,32 @@ def _quantize_chunk_nan_free(xb: torch.Tensor, config: QuantConfig, v_inf: float
             data_t[:, m0 : m0 + r] = q.T.contiguous()
             sinv_c[:kb, m0 // b : m0 // b + rp // b] = sinv.T
         return True
+    codes_c = dst["codes_c"]  # 1-D colwise codes [M, K] in x's layout (quantize_2d transposes them once)
     a_r = _nan_free_amax(ax.view(rp, kb, b), 2) if data is not None else None
-    a_c = _nan_free_amax(ax.view(rp // b, b, kp), 1) if data_t is not None else None
+    a_c = _nan_free_amax(ax.view(rp // b, b, kp), 1) if codes_c is not None else None
     del ax
-    if (data is not None and a_r is None) or (data_t is not None and a_c is None):
+    if (data is not None and a_r is None) or (codes_c is not None and a_c is None):
         return False
     xf = xb.to(torch.float32)  # (rp, kp), exact widening, shared by both copies
+    unpadded = rp == r and kp == k  # then the codes go straight into the output rows
     if data is not None:
         s, sinv = _scale(a_r, config, v_inf)  # (rp, kb)
-        if rp == r and kp == k:  # no padding: the codes go straight into the output rows
+        if unpadded:
             _encode_nan_free(xf.view(rp, kb, b), s[:, :, None], fmt, data[m0 : m0 + r].view(rp, kb, b))
         else:
             data[m0 : m0 + r] = _encode_nan_free(xf.view(rp, kb, b), s[:, :, None], fmt).view(rp, kp)[:r, :k]
         # NUMERICS: §4 1-D rowwise sinv is stored transposed: entry [kb, m].
         sinv_r[:kb, m0 : m0 + r] = sinv[:r].T
-    if data_t is not None:
+    if codes_c is not None:
         s, sinv = _scale(a_c, config, v_inf)  # (rp/b, kp)
-        q = _encode_nan_free(xf.view(rp // b, b, kp), s[:, None, :], fmt).view(rp, kp)[:r, :k]
-        # NUMERICS: §4 1-D colwise data is [K, M]: row k = 1x128 blocks of column k of x.
-        data_t[:, m0 : m0 + r] = q.T.contiguous()  # blocked transpose, then row-contiguous stores
+        # NUMERICS: §4 q = sat_fp8(RN(x*s)), the same fp32 multiply, in place when xf is our own copy (an fp32
+        # input's chunk is the caller's tensor and stays untouched).
+        cols = xf.view(rp // b, b, kp)
+        cols = cols.mul_(s[:, None, :]) if xf is not xb else cols * s[:, None, :]
+        if unpadded:
+            casts.saturating_cast_nan_free_(cols, fmt, codes_c[m0 : m0 + r].view(rp // b, b, kp))
+        else:
+            codes_c[m0 : m0 + r] = casts.saturating_cast_nan_free_(cols, fmt).view(rp, kp)[:r, :k]
         sinv_c[m0 // b : m0 // b + rp // b, :k] = sinv[:, :k]
     return True
 
@@ -200,12 +207,10 @@ def _quantize_chunk_general(xc: torch.Tensor, config: QuantConfig, v_inf: float,
         data[m0:m1] = q
         # NUMERICS: §4 1-D rowwise sinv is stored transposed: entry [kb, m].
         sinv_r[:kb, m0:m1] = sinv[:r].T
-    if data_t is not None:
+    if dst["codes_c"] is not None:
         cols = xc.view(rp // b, b, kp)
         s, sinv = _scale(scaling.amax(cols, dim=1), config, v_inf)  # (rp/b, kp)
-        q = _encode(cols, s[:, None, :], sinv[:, None, :], config).view(rp, kp)[:r, :k]
-        # NUMERICS: §4 1-D colwise data is [K, M]: row k = 1x128 blocks of column k of x.
-        data_t[:, m0:m1] = q.T.contiguous()  # blocked transpose, then row-contiguous stores
+        dst["codes_c"][m0:m1] = _encode(cols, s[:, None, :], sinv[:, None, :], config).view(rp, kp)[:r, :k]
         sinv_c[m0 // b : m0 // b + rp // b, :k] = sinv[:, :k]
 
 
@@ -222,12 +227,14 @@ def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwis
     dev = x2d.device
     f32 = dict(dtype=torch.float32, device=dev)
     data = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None  # (M, K)
-    data_t = torch.empty((k, m), dtype=torch.uint8, device=dev) if colwise else None  # (K, M)
+    data_t = torch.empty((k, m), dtype=torch.uint8, device=dev) if colwise and config.is_2d else None  # (K, M)
+    # 1-D colwise codes in x's layout [M, K], written chunk by chunk, transposed once at the end.
+    codes_c = torch.empty((m, k), dtype=torch.uint8, device=dev) if colwise and not config.is_2d else None
     # NUMERICS: §4 layouts (1-D rowwise sinv transposed [kb, m]); padding zero.
     sinv_r = torch.zeros(layouts.scale_padded_shape(config, "rowwise", m, k), **f32) if rowwise else None
     sinv_c = torch.zeros(layouts.scale_padded_shape(config, "colwise", m, k), **f32) if colwise else None
     kp = kb * b
-    dst = dict(data=data, data_t=data_t, sinv_r=sinv_r, sinv_c=sinv_c)
+    dst = dict(data=data, data_t=data_t, codes_c=codes_c, sinv_r=sinv_r, sinv_c=sinv_c)
     fast = FAST_PATH and config.convention == "te"
     for m0, m1 in _row_chunks(m, kp, b, FAST_CHUNK_ELEMENTS if fast else CHUNK_ELEMENTS):
         if fast and _quantize_chunk_nan_free(_padded_rows(x2d, m0, m1, kp, b), config, v_inf, dst, m0, m1 - m0, k):
@@ -237,6 +244,10 @@ def quantize_2d(x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwis
         for g0, g1 in _row_chunks(m1 - m0, kp, b, CHUNK_ELEMENTS):
             xc = _padded_rows(x2d, m0 + g0, m0 + g1, kp, b).to(torch.float32)  # exact widening
             _quantize_chunk_general(xc, config, v_inf, dst, m0 + g0, g1 - g0, k)
+    if codes_c is not None:
+        # NUMERICS: §4 1-D colwise data is [K, M]: row k = 1x128 blocks of column k of x.
+        data_t = codes_c.T.contiguous()
+        del codes_c
     out: dict = {}
     if rowwise:
         out.update(rowwise_data=data, rowwise_scale=sinv_r, rowwise_amax=None)

@@ -439,7 +439,9 @@ def test_nan_free_path_matches_general_path(seed, m, k, dtype, tile, element, po
     old_chunks = blockwise.CHUNK_ELEMENTS, blockwise.FAST_CHUNK_ELEMENTS
     try:
         blockwise.CHUNK_ELEMENTS, blockwise.FAST_CHUNK_ELEMENTS = 1, fast_rows * -(-k // B) * B
+        x_before = x.clone()
         fast = reference.quantize(x, config, rowwise=rowwise, colwise=colwise)
+        assert torch.equal(x.float().view(torch.int32), x_before.float().view(torch.int32)), "input modified"
         blockwise.FAST_PATH = False
         slow = reference.quantize(x, config, rowwise=rowwise, colwise=colwise)
     finally:
