@@ -33,7 +33,7 @@ CHUNK_ELEMENTS = 1 << 22
 # chunks are larger: fewer, longer operations, which matters most on a loaded machine. A chunk holding a NaN is
 # redone by the general path in chunks of CHUNK_ELEMENTS.
 FAST_PATH = True
-FAST_CHUNK_ELEMENTS = 1 << 23
+FAST_CHUNK_ELEMENTS = 1 << 24
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -88,17 +88,26 @@ def _encode(blocks: torch.Tensor, s: torch.Tensor, sinv: torch.Tensor, config: Q
     return casts.saturating_cast(blocks * s, config.element_format)
 
 
-def _nan_free_amax(abs_blocks: torch.Tensor, dim) -> torch.Tensor | None:
-    """amax over `dim` of |x| (given in the input dtype), widened to fp32; None if a block holds a NaN.
+def _holds_nan(abs_amax: torch.Tensor) -> bool:
+    """Whether a NaN-propagating amax (torch's amax of |x| in the input dtype) met a NaN.
 
     NUMERICS: §0.1 amax - |x| and max are exact in any float dtype and any order, and widening is exact, so for
-    NaN-free blocks this equals scaling.amax (§0.2.5's NaN-to-0 step changes nothing); torch's amax propagates
-    NaN, so a NaN anywhere in the blocks shows up in the result and the caller takes the general path.
+    NaN-free blocks torch's amax equals scaling.amax (§0.2.5's NaN-to-0 step changes nothing); torch's amax
+    propagates NaN, so a NaN anywhere in the blocks shows up here and the caller takes the general path.
     """
-    a = abs_blocks.amax(dim=dim)
-    if bool(torch.isnan(a).any()):
-        return None
-    return a.to(torch.float32)
+    return abs_amax.numel() > 0 and bool(torch.isnan(abs_amax.max()))
+
+
+def _scales(amaxes: list[torch.Tensor], config: QuantConfig, v_inf: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(s, sinv) for each amax tensor, from one `_scale` call on all of them (the rule is elementwise)."""
+    flat = torch.cat([a.reshape(-1) for a in amaxes]).to(torch.float32)  # exact widening
+    s, sinv = _scale(flat, config, v_inf)
+    out, i = [], 0
+    for a in amaxes:
+        n = a.numel()
+        out.append((s[i : i + n].view(a.shape), sinv[i : i + n].view(a.shape)))
+        i += n
+    return out
 
 
 def _encode_nan_free(blocks: torch.Tensor, s: torch.Tensor, fmt, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -115,7 +124,7 @@ def _quantize_chunk_nan_free(xb: torch.Tensor, config: QuantConfig, v_inf: float
     Writes the chunk's codes and sinv into `dst` (quantize_2d's buffers) and returns True; returns False without
     writing if any element is NaN. Same bits as quantize_2d's general path (NaN-ignoring amax on fp32,
     saturating_cast with the NaN fix-up) with fewer full passes: one |x| in the input dtype for both copies'
-    amaxes, one widening, the rowwise codes written straight into the output.
+    amaxes, one scale computation for both, one widening, the codes written straight into the outputs.
     """
     fmt, b = config.element_format, config.block
     rp, kp = xb.shape
@@ -123,11 +132,11 @@ def _quantize_chunk_nan_free(xb: torch.Tensor, config: QuantConfig, v_inf: float
     data, data_t, sinv_r, sinv_c = dst["data"], dst["data_t"], dst["sinv_r"], dst["sinv_c"]
     ax = xb.abs()
     if config.is_2d:
-        a = _nan_free_amax(ax.view(rp // b, b, kb, b), (1, 3))
+        a = ax.view(rp // b, b, kb, b).amax(dim=(1, 3))
         del ax
-        if a is None:
+        if _holds_nan(a):
             return False
-        s, sinv = _scale(a, config, v_inf)  # (rp/b, kb)
+        ((s, sinv),) = _scales([a], config, v_inf)  # (rp/b, kb)
         tiles = xb.to(torch.float32).view(rp // b, b, kb, b)  # exact widening
         q = _encode_nan_free(tiles, s[:, None, :, None], fmt).view(rp, kp)[:r, :k]
         if data is not None:
@@ -139,15 +148,19 @@ def _quantize_chunk_nan_free(xb: torch.Tensor, config: QuantConfig, v_inf: float
             sinv_c[:kb, m0 // b : m0 // b + rp // b] = sinv.T
         return True
     codes_c = dst["codes_c"]  # 1-D colwise codes [M, K] in x's layout (quantize_2d transposes them once)
-    a_r = _nan_free_amax(ax.view(rp, kb, b), 2) if data is not None else None
-    a_c = _nan_free_amax(ax.view(rp // b, b, kp), 1) if codes_c is not None else None
+    amaxes = []
+    if data is not None:
+        amaxes.append(ax.view(rp, kb, b).amax(dim=2))  # (rp, kb)
+    if codes_c is not None:
+        amaxes.append(ax.view(rp // b, b, kp).amax(dim=1))  # (rp/b, kp)
     del ax
-    if (data is not None and a_r is None) or (codes_c is not None and a_c is None):
+    if _holds_nan(amaxes[0]):  # either copy's amaxes cover every element of the chunk
         return False
+    scales = _scales(amaxes, config, v_inf)  # one scale computation for both copies
     xf = xb.to(torch.float32)  # (rp, kp), exact widening, shared by both copies
     unpadded = rp == r and kp == k  # then the codes go straight into the output rows
     if data is not None:
-        s, sinv = _scale(a_r, config, v_inf)  # (rp, kb)
+        s, sinv = scales.pop(0)  # (rp, kb)
         if unpadded:
             _encode_nan_free(xf.view(rp, kb, b), s[:, :, None], fmt, data[m0 : m0 + r].view(rp, kb, b))
         else:
@@ -155,7 +168,7 @@ def _quantize_chunk_nan_free(xb: torch.Tensor, config: QuantConfig, v_inf: float
         # NUMERICS: §4 1-D rowwise sinv is stored transposed: entry [kb, m].
         sinv_r[:kb, m0 : m0 + r] = sinv[:r].T
     if codes_c is not None:
-        s, sinv = _scale(a_c, config, v_inf)  # (rp/b, kp)
+        s, sinv = scales.pop(0)  # (rp/b, kp)
         # NUMERICS: §4 q = sat_fp8(RN(x*s)), the same fp32 multiply, in place when xf is our own copy (an fp32
         # input's chunk is the caller's tensor and stays untouched).
         cols = xf.view(rp // b, b, kp)
