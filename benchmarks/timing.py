@@ -5,7 +5,9 @@
 - stream_ms: `iters` calls issued back to back between two events, divided by `iters`: the
   throughput a caller that keeps the GPU fed sees (host cost counts only where it exceeds GPU time);
 - host_ms: host clock around synchronize -> call -> synchronize (all Python overhead included);
-- kernel_ms: the call's GPU activity (kernels, memsets, copies) from CUPTI via torch.profiler.
+- kernel_ms: the call's GPU activity (kernels, memsets, copies) from CUPTI via torch.profiler;
+- issue_us: host clock per call over calls issued back to back without waiting for the GPU: the
+  call's CPU-side cost (Python, checks, launches), hidden whenever the GPU is the slower side.
 Each returns one value per timed call (or run); the scripts report medians.
 """
 
@@ -54,6 +56,19 @@ def host_ms(fn, iters: int) -> list[float]:
         fn()
         torch.cuda.synchronize()
         out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def issue_us(fn, iters: int, runs: int = 3) -> list[float]:
+    """Host-clock microseconds per call of `iters` calls issued back to back (GPU idle before, not waited on)."""
+    out = []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        out.append((time.perf_counter() - t0) * 1e6 / iters)
+        torch.cuda.synchronize()
     return out
 
 

@@ -13,6 +13,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import reference
 from reference.formats import BF16_MAX, E4M3, E5M2, F16_MAX, FLT_MAX, QuantConfig
@@ -242,10 +244,14 @@ def padded(a: np.ndarray, cols: int) -> np.ndarray:
     return out
 
 
-def random_input(seed: int, shape, dtype) -> torch.Tensor:
-    """Per-row magnitudes over a wide exponent range (tiny rows overflow 448/A), zeros and NaN."""
-    return wide_range_input(seed, shape, dtype, row_exp=(-135, 100), row_exp_f16=(-20, 12), col_exp=(-3, 4),
-                            inf_frac=0.003)
+def random_input(seed: int, shape, dtype, nan_free: bool = False) -> torch.Tensor:
+    """Per-row magnitudes over a wide exponent range (tiny rows overflow 448/A), zeros and NaN.
+
+    `nan_free` replaces the NaN lanes by -0.0: such an input takes blockwise's NaN-free path.
+    """
+    x = wide_range_input(seed, shape, dtype, row_exp=(-135, 100), row_exp_f16=(-20, 12), col_exp=(-3, 4),
+                         inf_frac=0.003)
+    return torch.where(torch.isnan(x), torch.tensor(-0.0, dtype=dtype), x) if nan_free else x
 
 
 CASES = [
@@ -266,10 +272,12 @@ def _id(c):
     )
 
 
+@pytest.mark.parametrize("nan_free", [False, True], ids=["with_nan", "nan_free"])
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
-def test_1x128_matches_oracle(case):
+def test_1x128_matches_oracle(case, nan_free):
+    # With NaN every chunk takes quantize_2d's general path; NaN-free inputs take the fast one.
     shape, dtype, element, pow2, eps = case
-    x = random_input(zlib.crc32(_id(case).encode()), shape, dtype)
+    x = random_input(zlib.crc32(_id(case).encode()), shape, dtype, nan_free)
     q = quant(x, element=element, pow2_scales=pow2, eps=eps)
     xs = x.float().numpy()
     m, k = shape
@@ -295,10 +303,12 @@ def test_1x128_matches_oracle(case):
         assert np.array_equal(got_c.float().numpy(), ref_c, equal_nan=True)
 
 
+@pytest.mark.parametrize("nan_free", [False, True], ids=["with_nan", "nan_free"])
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
-def test_128x128_matches_oracle(case):
+def test_128x128_matches_oracle(case, nan_free):
+    # With NaN every chunk takes quantize_2d's general path; NaN-free inputs take the fast one.
     shape, dtype, element, pow2, eps = case
-    x = random_input(zlib.crc32(_id(case).encode()) + 1, shape, dtype)
+    x = random_input(zlib.crc32(_id(case).encode()) + 1, shape, dtype, nan_free)
     q = quant(x, tile=(128, 128), element=element, pow2_scales=pow2, eps=eps)
     xs = x.float().numpy()
     d, s = oracle_128x128(xs, element, pow2, eps, VINF[dtype])
@@ -362,12 +372,98 @@ def test_chunked_rows_match_small_chunks(monkeypatch):
     # Row chunking bounds memory; the result must not depend on the chunk size.
     from reference import blockwise
 
-    x = random_input(6, (700, 300), torch.bfloat16)
-    full = quant(x, colwise=True)
-    full2d = quant(x, tile=(128, 128))
-    monkeypatch.setattr(blockwise, "CHUNK_ELEMENTS", 1)  # one tile row (128 rows) per chunk
-    small = quant(x, colwise=True)
-    small2d = quant(x, tile=(128, 128))
-    for a, b in ((full, small), (full2d, small2d)):
+    for nan_free in (False, True):  # the general path's chunks, then the NaN-free path's
+        x = random_input(6, (700, 300), torch.bfloat16, nan_free)
+        full = quant(x, colwise=True)
+        full2d = quant(x, tile=(128, 128))
+        monkeypatch.setattr(blockwise, "CHUNK_ELEMENTS", 1)  # one tile row (128 rows) per chunk
+        # Two tile rows per NaN-free-path chunk: with NaN each is redone as two general chunks (rows 0, 128).
+        monkeypatch.setattr(blockwise, "FAST_CHUNK_ELEMENTS", 256 * 384)
+        small = quant(x, colwise=True)
+        small2d = quant(x, tile=(128, 128))
+        monkeypatch.undo()
+        for a, b in ((full, small), (full2d, small2d)):
+            for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
+                assert torch.equal(getattr(a, f), getattr(b, f)), f
+
+
+# ---- the NaN-free path against the general path ------------------------------------------------
+
+SPECIALS = [0.0, -0.0, float("inf"), float("-inf"), 448.0, -448.0, 464.0, 1e-40, -1e-45, 3.0e38, 65504.0,
+            57344.0, 2.0**-126, 1.0 + 2.0**-23]
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    m=st.one_of(st.sampled_from([128, 256]), st.integers(1, 300)),  # whole blocks: no padding
+    k=st.one_of(st.sampled_from([128, 256]), st.integers(1, 300)),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    tile=st.sampled_from([(1, 128), (128, 128)]),
+    element=st.sampled_from(["e4m3", "e5m2"]),
+    pow2=st.booleans(),
+    eps=st.sampled_from([0.0, 1e-3, 2.0**-140]),
+    convention=st.sampled_from(["te", "vllm_group", "vllm_group_ue8m0"]),
+    copies=st.sampled_from([(True, True), (True, False), (False, True)]),
+    nan_rows=st.sets(st.integers(0, 299), max_size=2),
+    special_frac=st.sampled_from([0.0, 0.02, 0.3]),
+    fast_rows=st.sampled_from([128, 256]),
+)
+def test_nan_free_path_matches_general_path(seed, m, k, dtype, tile, element, pow2, eps, convention, copies,
+                                            nan_rows, special_frac, fast_rows):
+    """quantize_2d with FAST_PATH on equals it with FAST_PATH off, bit for bit, over many chunks.
+
+    The NaN-free path's chunks are `fast_rows` rows, the general path's 128 rows (CHUNK_ELEMENTS = 1), so a
+    NaN planted in a few rows sends only their chunks down the general path (a 256-row chunk in two pieces);
+    the others take the NaN-free one. Special values: ±0, ±inf, ±max of each format, subnormals of fp32 /
+    fp16, values that overflow 448/A and fp16's max.
+    """
+    from reference import blockwise
+
+    if convention != "te" and (tile != (1, 128) or element != "e4m3"):
+        tile, element = (1, 128), "e4m3"  # vLLM's rules are 1x128 E4M3 only
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g, dtype=torch.float64) * torch.exp2(
+        torch.randint(-140, 120, (m, 1), generator=g).to(torch.float64))
+    sp = torch.tensor(SPECIALS, dtype=torch.float64)
+    pick = torch.rand(m, k, generator=g) < special_frac
+    x = torch.where(pick, sp[torch.randint(0, len(sp), (m, k), generator=g)], x).to(torch.float32).to(dtype)
+    for r in nan_rows:
+        if r < m:
+            x[r, (r * 7) % k] = float("nan")
+    cfg = dict(tile=tile, element=element, pow2_scales=pow2, eps=eps)
+    if convention != "te":
+        cfg = dict(convention=convention, pow2_scales=convention == "vllm_group_ue8m0", eps=eps or 1e-10)
+    config = QuantConfig("fp8_block", **cfg)
+    rowwise, colwise = copies
+    old_chunks = blockwise.CHUNK_ELEMENTS, blockwise.FAST_CHUNK_ELEMENTS
+    try:
+        blockwise.CHUNK_ELEMENTS, blockwise.FAST_CHUNK_ELEMENTS = 1, fast_rows * -(-k // B) * B
+        x_before = x.clone()
+        fast = reference.quantize(x, config, rowwise=rowwise, colwise=colwise)
+        assert torch.equal(x.float().view(torch.int32), x_before.float().view(torch.int32)), "input modified"
+        blockwise.FAST_PATH = False
+        slow = reference.quantize(x, config, rowwise=rowwise, colwise=colwise)
+    finally:
+        blockwise.FAST_PATH = True
+        blockwise.CHUNK_ELEMENTS, blockwise.FAST_CHUNK_ELEMENTS = old_chunks
+    for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
+        a, b = getattr(fast, f), getattr(slow, f)
+        assert (a is None) == (b is None), f
+        if a is not None:
+            assert a.dtype == b.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8)), f
+
+
+def test_nan_free_path_without_torch_cast(monkeypatch):
+    """Where PyTorch's float8 cast disagrees with §0.5, both paths use the arithmetic cast: still the same bits."""
+    from reference import blockwise, casts
+
+    x = random_input(21, (256, 384), torch.bfloat16, nan_free=True)
+    monkeypatch.setattr(casts, "torch_cast_agrees", lambda fmt, device="cpu": False)
+    for cfg in (QuantConfig("fp8_block"), QuantConfig("fp8_block", tile=(128, 128), element="e5m2")):
+        fast = reference.quantize(x, cfg, rowwise=True, colwise=True)
+        monkeypatch.setattr(blockwise, "FAST_PATH", False)
+        slow = reference.quantize(x, cfg, rowwise=True, colwise=True)
+        monkeypatch.setattr(blockwise, "FAST_PATH", True)
         for f in ("rowwise_data", "colwise_data", "rowwise_scale", "colwise_scale"):
-            assert torch.equal(getattr(a, f), getattr(b, f)), f
+            assert torch.equal(getattr(fast, f), getattr(slow, f)), f
