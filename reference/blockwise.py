@@ -14,6 +14,8 @@ q = sat_fp8(RN(x*s)). Layouts (padding zero):
   the rowwise sinv.
 Conventions `vllm_group` and `vllm_group_ue8m0` (1x128; docs/numerics.md §10.7) replace the
 scale rule and the element step in `_scale` and `_encode`; layouts are unchanged.
+Under the `te` rule a chunk without NaN takes `_quantize_chunk_nan_free`: the same bits with fewer passes
+(amaxes in the input dtype, one scale computation, no NaN fix-up); the general path handles everything else.
 """
 
 from __future__ import annotations
