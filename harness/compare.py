@@ -25,8 +25,9 @@ Mismatch classes, in priority order for one element (the causes `other` used to 
   subnormal_flush         the candidate is zero where the golden code (or output) is subnormal, or the
                           input is subnormal
   zero_scale_factor       (MXFP8 data) the block's E8M0 scale is e = 0 in both and the candidate's code is
-                          the input's own (encode factor 1.0, TE's exp2f_rcp(0)) where the contract
-                          multiplies by P(0) = 2^127 (docs/numerics.md §7.29)
+                          the input times 1.0 (TE's exp2f_rcp(0)) or 2^126 (a scale clamped at fp32's
+                          smallest normal, torchao FLOOR) where the contract multiplies by P(0) = 2^127
+                          (docs/numerics.md §7.29)
   tie_flip                the scaled input is exactly a rounding midpoint and the codes are adjacent
   encode_factor_rounding  the scaled input lies within a few ulps of the midpoint of the two adjacent
                           codes (or the candidate's reported chain puts it off a tie): the candidate's
@@ -68,6 +69,9 @@ MISMATCH_CLASSES = (
     "padding",
     "other",
 )
+# Encode factors other frameworks use for an E8M0 e = 0 block (the contract's P(0) is 2^127): TE's
+# exp2f_rcp(0) = 1.0, and 2^126 from a scale clamped at fp32's smallest normal (torchao FLOOR).
+ZERO_SCALE_FACTORS = (1.0, 2.0**126)
 IMPLIED = "implied by the contract: recomputed from the candidate's stored scale and amax"
 ULP_BUCKETS = ("0", "0*", "1", "2", "3-4", "5-16", "17+", "nan")  # "0*": same value, other bits (±0)
 _BLOCK_WINDOW = 32  # input values shown around a mismatch (per-tensor schemes: a window of the row)
@@ -610,16 +614,21 @@ def _classify_data(golden, candidate, cp: _Copy, src, rr, cc, gm, cm):
 
 
 def _zero_scale_factor(golden, cp: _Copy, x: torch.Tensor, gm: torch.Tensor, cm: torch.Tensor, rr, cc) -> torch.Tensor:
-    """Elements of an E8M0 e = 0 block whose candidate code is sat(RN(x · 1.0)) and not the golden's.
+    """Elements of an E8M0 e = 0 block whose candidate code is sat(RN(x · f)), f one of ZERO_SCALE_FACTORS,
+    and not the golden's.
 
-    NUMERICS: §0.5 P(0) = 2^127 (the contract) against §7.29 TE's exp2f_rcp(0) = 1.0 (also torchao's MX cast).
+    NUMERICS: §0.5 P(0) = 2^127 (the contract) against §7.29 TE's exp2f_rcp(0) = 1.0 (also torchao's RCEIL
+    cast) and torchao's FLOOR cast, which divides by the scale clamped at fp32's smallest normal 2^-126 (§7).
     """
     if _scale_format(golden.config) is not UE8M0:
         return torch.zeros(rr.shape, dtype=torch.bool)
     i, j = cp.scale_index(rr, cc)
     e0 = getattr(golden, f"{cp.o}_scale").to("cpu")[i, j] == 0
-    own = casts.saturating_cast(x.to(torch.float32), golden.config.element_format)  # factor 1.0: x itself
-    return e0 & (own == cm) & (gm != cm)
+    fmt, x32 = golden.config.element_format, x.to(torch.float32)
+    hit = torch.zeros(rr.shape, dtype=torch.bool)
+    for f in ZERO_SCALE_FACTORS:  # exact fp32 multiplies by powers of two (x * 2^126 stays finite: |x| < 2^-126 * 448)
+        hit |= casts.saturating_cast(x32 * f, fmt) == cm
+    return e0 & hit & (gm != cm)
 
 
 def _scale_entry(q: QuantizedTensor, cp: _Copy, r: int, c: int) -> str | None:

@@ -534,3 +534,17 @@ def test_e8m0_zero_block_scaled_by_one_is_zero_scale_factor():
     exs = _examples(tr, "zero_scale_factor")
     assert [e["index"] for e in exs] == [[0, 0], [0, 1]]
     assert [e["index"] for e in _examples(tr, "subnormal_flush")] == [[0, 2]]
+
+
+def test_e8m0_zero_block_divided_by_the_smallest_normal_is_zero_scale_factor():
+    """torchao's FLOOR cast clamps an e = 0 block's scale at 2^-126 (docs/numerics.md §7.23): codes of x * 2^126,
+    one binade below the contract's x * 2^127 (1.5e-38 * 2^127 = 2.55 -> 0x42; * 2^126 = 1.28 -> 0x3A)."""
+    x = torch.zeros(32, 32)
+    x[0, 0], x[0, 1] = 3.08e-38, 1.5e-38
+    g = reference.quantize(x, Q("mxfp8"))
+    cand = _clone(g)
+    half = _e4m3(np.array([3.08e-38 * 2.0**126, 1.5e-38 * 2.0**126], dtype=np.float32))
+    assert int(g.rowwise_data[0, 1]) == 0x42 and int(half[1]) == 0x3A
+    cand.rowwise_data[0, 0], cand.rowwise_data[0, 1] = int(half[0]), int(half[1])
+    tr = _by_name(compare_quantized(g, cand, x))["rowwise_data"]
+    assert tr.mismatch_classes == {"zero_scale_factor": 2}
