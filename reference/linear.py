@@ -48,9 +48,9 @@ _SEED_LIMIT = 2**64
 class Kernels:
     """The quantizer, GEMM and delayed-scaling update a step calls (default: this package's own).
 
-    Another backend runs the same step with its kernels (native/linear.py): the orchestration of
-    docs/numerics.md §9 is shared, the numbers come from the backend. `update_amax_history(h)`
-    None means `h.update()` (docs/numerics.md §2).
+    Tests inject other kernels to run this step's orchestration with them (native/linear.py has its own
+    orchestration of docs/numerics.md §9, §9.8). `update_amax_history(h)` None means `h.update()`
+    (docs/numerics.md §2).
     """
 
     quantize: Callable = quantize
