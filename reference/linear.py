@@ -48,7 +48,7 @@ _SEED_LIMIT = 2**64
 class Kernels:
     """The quantizer, GEMM and delayed-scaling update a step calls (default: this package's own).
 
-    Tests inject other kernels to run this step's orchestration with them (native/linear.py has its own
+    The torch backend and tests inject other kernels into this orchestration (native/linear.py has its own
     orchestration of docs/numerics.md §9, §9.8). `update_amax_history(h)` None means `h.update()`
     (docs/numerics.md §2).
     """
