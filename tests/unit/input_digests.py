@@ -1,0 +1,103 @@
+"""Frozen SHA-256 digests of harness.inputs.generate outputs (the bit-identity oracle of test_input_digests).
+
+Source: issue #18 item 3 (faster input generation, same bits). `data/input_digests.json` was written by
+running this module at the base commit 460c2fa (before the speed-ups of harness/inputs.py), so the digests
+are the OLD implementation's bytes:
+
+    PYTHONPATH=$PWD python -m tests.unit.input_digests      # rewrites tests/unit/data/input_digests.json
+
+    PYTHONPATH=$PWD python -m tests.unit.input_digests --time 3  # best-of-3 wall seconds of generate()
+
+Do not rerun it to make test_input_digests pass: a changed digest means a changed input bit.
+
+The sample: every smoke case, every 50th case of the nightly tier, and the first nightly case of every
+(op, distribution, scheme, input dtype) so every generator and branch (quantize, dequantize,
+grouped_quantize, gemm incl. exact_representable, linear/module inputs) is covered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+DATA = Path(__file__).with_name("data") / "input_digests.json"
+NIGHTLY_STRIDE = 50
+
+
+def digest(inputs: dict) -> str:
+    """SHA-256 over every entry of a generate() dict in key order: name, dtype, shape and raw bytes
+    (tensors) or repr (other values, e.g. the "rng" tuple)."""
+    h = hashlib.sha256()
+    for name in sorted(inputs):
+        v = inputs[name]
+        h.update(name.encode() + b"\0")
+        if isinstance(v, torch.Tensor):
+            h.update(f"{v.dtype}|{tuple(v.shape)}|{v.device.type}\0".encode())
+            h.update(v.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        else:
+            h.update(repr(v).encode() + b"\0")
+    return h.hexdigest()
+
+
+def sample() -> list[tuple[str, object]]:
+    """(tier, case) pairs of the sample, in order, without repeated ids."""
+    from harness.cases import load_cases  # noqa: PLC0415
+
+    picked: dict[str, tuple[str, object]] = {}
+    for c in load_cases("smoke"):
+        picked.setdefault(c.id, ("smoke", c))
+    nightly = load_cases("nightly")
+    for c in nightly[::NIGHTLY_STRIDE]:
+        picked.setdefault(c.id, ("nightly", c))
+    seen = set()
+    for c in nightly:
+        combo = (c.op, c.distribution, c.config.scheme, c.in_dtype)
+        if combo not in seen:
+            seen.add(combo)
+            picked.setdefault(c.id, ("nightly", c))
+    return list(picked.values())
+
+
+def compute(pairs) -> dict[str, dict]:
+    """{case id: {"tier", "digest"}}; cases sharing an input_key are generated once."""
+    from harness.inputs import generate, input_key  # noqa: PLC0415
+
+    by_key: dict = {}
+    out = {}
+    for tier, c in pairs:
+        k = input_key(c)
+        if k not in by_key:
+            by_key[k] = digest(generate(c))
+        out[c.id] = {"tier": tier, "digest": by_key[k]}
+    return out
+
+
+def timing(pairs, repeat: int = 1) -> float:
+    """Wall seconds of generate() over the sample's distinct input keys (single thread), best of `repeat`."""
+    import time  # noqa: PLC0415
+
+    from harness.inputs import generate, input_key  # noqa: PLC0415
+
+    cases = list({input_key(c): c for _, c in pairs}.values())
+    best = math.inf
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for c in cases:
+            generate(c)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    if sys.argv[1:2] == ["--time"]:
+        print(f"generate() over the sample: {timing(sample(), int(sys.argv[2]) if len(sys.argv) > 2 else 1):.2f} s")
+        sys.exit(0)
+    table = compute(sample())
+    DATA.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(table)} digests to {DATA}")
