@@ -91,9 +91,13 @@ def _sign_bits(shape, g: torch.Generator) -> torch.Tensor:
     return torch.randint(0, 2, shape, generator=g, dtype=torch.int8)
 
 
+_PLUS_ONE = torch.tensor(1.0, dtype=torch.float64)
+_MINUS_ONE = torch.tensor(-1.0, dtype=torch.float64)
+
+
 def _sign(shape, g: torch.Generator) -> torch.Tensor:
-    """Random +-1.0 (float64) from `_sign_bits`."""
-    return _sign_bits(shape, g).to(torch.float64) * 2 - 1
+    """Random +-1.0 (float64) from `_sign_bits` (bit 1 -> +1.0, 0 -> -1.0; one float64 write)."""
+    return torch.where(_sign_bits(shape, g).bool(), _PLUS_ONE, _MINUS_ONE)
 
 
 def _delayed(cfg: QuantConfig) -> bool:
@@ -114,6 +118,15 @@ def _rows_cols(shape: tuple[int, ...]) -> tuple[int, int]:
     return math.prod(shape[:-1]), shape[-1]
 
 
+@functools.lru_cache(maxsize=256)
+def _tile_diag(rt: int, ct: int) -> torch.Tensor:
+    """The `_Grid.diag` pattern of one rt x ct tile: (i, i mod ct) and (j mod rt, j). Cached: never
+    mutate the returned tensor."""
+    i = torch.arange(rt, dtype=torch.int32).unsqueeze(1)
+    j = torch.arange(ct, dtype=torch.int32).unsqueeze(0)
+    return (j == i % ct) | (i == j % rt)
+
+
 class _Grid:
     """Tile geometry of a [rows, cols] tensor cut into tr x tc tiles (partial edge tiles allowed).
 
@@ -122,31 +135,46 @@ class _Grid:
     """
 
     def __init__(self, rows: int, cols: int, tr: int, tc: int) -> None:
-        r = torch.arange(rows)
-        c = torch.arange(cols)
         self.rows, self.cols, self.tr, self.tc = rows, cols, tr, tc
-        self.ti, self.tj = (r // tr).unsqueeze(1), (c // tc).unsqueeze(0)  # (rows, 1), (1, cols)
-        self.i, self.j = (r % tr).unsqueeze(1), (c % tc).unsqueeze(0)
         self.nti, self.ntj = -(-rows // tr), -(-cols // tc)
 
-    def diag_at(self, r: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-        """`diag` at rows r and columns c (broadcast together)."""
-        i, j = r % self.tr, c % self.tc
-        rt = torch.clamp(self.rows - (r // self.tr) * self.tr, max=self.tr)  # actual tile height
-        ct = torch.clamp(self.cols - (c // self.tc) * self.tc, max=self.tc)  # actual tile width
-        return (j == i % ct) | (i == j % rt)
+    @property
+    def i(self) -> torch.Tensor:
+        """(rows, 1) row offset inside the tile."""
+        return (torch.arange(self.rows) % self.tr).unsqueeze(1)
+
+    @property
+    def j(self) -> torch.Tensor:
+        """(1, cols) column offset inside the tile."""
+        return (torch.arange(self.cols) % self.tc).unsqueeze(0)
 
     @functools.cached_property
     def diag(self) -> torch.Tensor:
-        """(rows, cols) bool; built on first use (per_tile_scales never needs it)."""
-        return self.diag_at(torch.arange(self.rows).unsqueeze(1), torch.arange(self.cols).unsqueeze(0))
+        """(rows, cols) bool; built on first use (per_tile_scales never needs it) from the patterns of
+        the (at most four) tile sizes, each tiled over its part of the tensor."""
+        tr, tc = self.tr, self.tc
+        if self.rows == 0 or self.cols == 0:
+            return torch.zeros(self.rows, self.cols, dtype=torch.bool)
+        fr, fc = self.rows // tr, self.cols // tc  # full tiles per column / row of tiles
+        er, ec = self.rows - fr * tr, self.cols - fc * tc  # edge tile height / width (0: none)
+        bands = []
+        for n_r, rt in ((fr, tr), (1, er)):
+            if n_r and rt:
+                parts = [_tile_diag(rt, ct).repeat(n_r, n_c) for n_c, ct in ((fc, tc), (1, ec)) if n_c and ct]
+                bands.append(torch.cat(parts, 1) if len(parts) > 1 else parts[0])
+        return torch.cat(bands, 0) if len(bands) > 1 else bands[0]
 
     def per_tile(self, t: torch.Tensor) -> torch.Tensor:
-        """[nti, ntj] per-tile values -> [rows, cols]."""
-        return t[self.ti, self.tj]
+        """[nti, ntj] per-tile values -> [rows, cols] (contiguous): each tile's value broadcast over the
+        tile, the padded edge cut off."""
+        full = t[:, None, :, None].expand(self.nti, self.tr, self.ntj, self.tc).reshape(self.nti * self.tr, self.ntj * self.tc)
+        if full.shape == (self.rows, self.cols):
+            return full
+        return full[: self.rows, : self.cols].contiguous()
 
     def tile_index(self) -> torch.Tensor:
-        return self.ti * self.ntj + self.tj  # (rows, cols) by broadcasting
+        """[nti, ntj] row-major tile numbers (spread with `per_tile`)."""
+        return torch.arange(self.nti * self.ntj).reshape(self.nti, self.ntj)
 
 
 def _grid_values(fmt) -> torch.Tensor:
@@ -164,6 +192,13 @@ def _midpoints(fmt, below: float) -> torch.Tensor:
     v = torch.cat([v, torch.tensor([nxt], dtype=torch.float64)])
     mids = (v[:-1] + v[1:]) / 2
     return mids[mids < below]
+
+
+@functools.lru_cache(maxsize=None)
+def _code_values(fmt) -> torch.Tensor:
+    """The value of every code of `fmt` (float64, indexed by the code), from casts.decode. Cached: never
+    mutate the returned tensor."""
+    return casts.decode(torch.arange(1 << fmt.bits).to(torch.uint8), fmt).to(torch.float64)
 
 
 def _finite_codes(fmt) -> torch.Tensor:
@@ -212,13 +247,13 @@ def _normal(rows, cols, g):
 
 
 def _uniform(rows, cols, g):
-    return torch.rand(rows, cols, generator=g, dtype=torch.float64) * 2 - 1
+    return torch.rand(rows, cols, generator=g, dtype=torch.float64).mul_(2).sub_(1)
 
 
 def _heavy_tail(rows, cols, g, in_dtype):
     dmax, _, _ = _dtype_limits(in_dtype)
-    mag = torch.exp(2.0 * torch.randn(rows, cols, generator=g, dtype=torch.float64))
-    return _sign((rows, cols), g) * torch.clamp(mag, max=min(dmax / 4, 1e30))
+    mag = torch.randn(rows, cols, generator=g, dtype=torch.float64).mul_(2.0).exp_().clamp_(max=min(dmax / 4, 1e30))
+    return _sign((rows, cols), g).mul_(mag)
 
 
 def _outliers(rows, cols, g):
@@ -265,13 +300,14 @@ def _ties(cfg, rows, cols, g, in_dtype):
     t = _block(cfg)
     grid = _Grid(rows, cols, t, t)
     y = mids[torch.randint(0, mids.numel(), (rows, cols), generator=g)]
-    y = torch.where(grid.diag, torch.full_like(y, a_star), y) * _sign((rows, cols), g)
+    y.masked_fill_(grid.diag, a_star)
+    y *= _sign((rows, cols), g)
     if _two_level(cfg):
         # NUMERICS: §5.1-§5.3 - S_enc = 2^gexp; a block with amax 6 * 2^(j - gexp) gets
         # d = RN(6 * 2^j * fl(1/6)) = 2^j exactly, s_blk = 2^j, f = 2^(gexp - j): y lands on x * f.
         gexp = _nvfp4_global(g, in_dtype)
-        j = grid.per_tile(torch.randint(-6, 1, (grid.nti, grid.ntj), generator=g))
-        x = y * _pow2(j - gexp)
+        j = torch.randint(-6, 1, (grid.nti, grid.ntj), generator=g)
+        x = y * grid.per_tile(_pow2(j - gexp))
         x[0, 0] = math.ldexp(fmt.max_finite * E4M3.max_finite, -gexp)  # the global amax
         return x
     lo, hi = _k_range(cfg, in_dtype, max(a_star, fmt.max_finite), fmt.min_subnormal / 2)
@@ -284,13 +320,15 @@ def _exhaustive(cfg, rows, cols, g, in_dtype):
         t = cfg.block
         grid = _Grid(rows, cols, t, t)
         n_codes = 1 << fmt.bits
-        off = grid.per_tile(torch.randint(0, n_codes, (grid.nti, grid.ntj), generator=g))
-        code = (grid.i + grid.j + off) % n_codes  # every row and column segment holds all 16 codes
-        v = casts.decode(code.to(torch.uint8), fmt).to(torch.float64)
+        off = grid.per_tile(torch.randint(0, n_codes, (grid.nti, grid.ntj), generator=g, dtype=torch.int32))
+        off += grid.i.to(torch.int32)
+        off += grid.j.to(torch.int32)
+        off %= n_codes  # every row and column segment holds all 16 codes
+        v = _code_values(fmt)[off]
         # Block scales: every positive E4M3 code, the first tile at max (so A_g = 2688 * 2^-gexp).
         n_scales = E4M3.max_code
         s_code = (E4M3.max_code - grid.tile_index() % n_scales).to(torch.uint8)
-        s = casts.decode(s_code, E4M3).to(torch.float64)
+        s = grid.per_tile(casts.decode(s_code, E4M3).to(torch.float64))
         gexp = _nvfp4_global(g, in_dtype)
         return v * s * math.ldexp(1.0, -gexp)
     a_star = _anchor(cfg)
@@ -300,8 +338,9 @@ def _exhaustive(cfg, rows, cols, g, in_dtype):
     t = _block(cfg)
     grid = _Grid(rows, cols, t, t)
     off = int(torch.randint(0, vals.numel(), (1,), generator=g))
-    lin = torch.arange(rows * cols, dtype=torch.int64).reshape(rows, cols)
-    y = vals[(lin + off) % vals.numel()]
+    # Element m (row-major) holds vals[(m + off) % n]: the rolled table repeated.
+    n = vals.numel()
+    y = vals.roll(-off).repeat(-(-rows * cols // n))[: rows * cols].reshape(rows, cols)
     y = torch.where(grid.diag, a_star * _sign((rows, cols), g), y)
     lo, hi = _k_range(cfg, in_dtype, max(a_star, fmt.max_finite), fmt.min_subnormal)
     return y * _tile_scales(cfg, grid, lo, hi, g)
@@ -333,7 +372,7 @@ def _special(cfg, rows, cols, g, in_dtype, seed):
     while t > SPECIAL_MIN_TILE and -(-rows // t) * -(-cols // t) < 2 * len(SPECIAL_PATTERNS):
         t //= 2
     grid = _Grid(rows, cols, t, t)
-    pat = grid.per_tile(((torch.arange(grid.nti * grid.ntj) + seed) % len(SPECIAL_PATTERNS)).reshape(grid.nti, grid.ntj))
+    pat = grid.per_tile(((grid.tile_index() + seed) % len(SPECIAL_PATTERNS)).to(torch.int8))
     base = torch.randn(rows, cols, generator=g, dtype=torch.float64).reshape(-1)
     sign_bit = _sign_bits((rows * cols,), g)  # widened to +-1.0 only where a pattern uses it
     sprinkle = (torch.rand(rows, cols, generator=g) < 0.125).reshape(-1)
@@ -355,7 +394,7 @@ def _special(cfg, rows, cols, g, in_dtype, seed):
         "subnormals": lambda i: sign(i) * torch.clamp(sub_mant[i].to(torch.float64) * dsub, max=dmin_normal / 2),
         "all_max": lambda i: sign(i) * dmax,
         "tiny_amax": lambda i: base[i] * dmin_normal,
-        "single_nonzero": lambda i: torch.where(grid.diag_at(i // cols, i % cols), base[i], 0.0),
+        "single_nonzero": lambda i: torch.where(grid.diag.reshape(-1)[i], base[i], 0.0),
         "all_nan": lambda i: torch.full((i.numel(),), nan, dtype=torch.float64),
         "constant": lambda i: sign(i) * const[i // cols // t, i % cols // t],
     }
@@ -416,19 +455,21 @@ def _exact_klast(cfg: QuantConfig, lines: int, k: int, role: str, plan: dict, t0
     off = grid.j  # (1, K) offset inside the K block
     # Block-scale exponent t per tile (D = 2^-(t0 + t) * s_dec); per-tensor schemes: t = 0.
     if cfg.tile is None:
-        t = torch.zeros(1, 1, dtype=torch.int64)
+        d = _pow2(-torch.full((1, 1), t0, dtype=torch.int64)) * s_dec
     else:
-        t = grid.per_tile(torch.randint(0, plan["S"] + 1, (grid.nti, grid.ntj), generator=g))
-    d = _pow2(-(t + t0)) * s_dec
+        t = torch.randint(0, plan["S"] + 1, (grid.nti, grid.ntj), generator=g)
+        d = grid.per_tile(_pow2(-(t + t0)) * s_dec)
     i = torch.randint(0, plan["L"] + 1, (lines, k), generator=g)
-    v = plan["base"] * _pow2(-i) * _sign((lines, k), g)
-    v = torch.where(torch.rand(lines, k, generator=g) < 0.25, torch.zeros_like(v), v)
+    # base * 2^-i from the table of the L + 1 levels (exact powers of two), then the random sign.
+    v = (plan["base"] * _pow2(-torch.arange(plan["L"] + 1)))[i]
+    v *= _sign((lines, k), g)
+    v.masked_fill_(torch.rand(lines, k, generator=g) < 0.25, 0.0)
     col = torch.arange(k).unsqueeze(0)
     if plan["stride"] > 1 and role == "a":
-        v = torch.where(col % plan["stride"] == 0, v, torch.zeros_like(v))
+        v.masked_fill_(col % plan["stride"] != 0, 0.0)
     anchor = cfg.element_format.max_finite if _two_level(cfg) else _anchor(cfg)
     v = torch.where(off == own, anchor * _sign((lines, k), g), v)
-    v = torch.where(off == other, torch.zeros_like(v), v)
+    v.masked_fill_(off == other, 0.0)
     if role == "b" and cfg.block is not None and k % blk == 1:
         v[:, k - 1] = 0.0  # a one-element last block cannot hold B's anchor: keep it all zero (scale 1)
     x = v * d
