@@ -91,13 +91,9 @@ def _sign_bits(shape, g: torch.Generator) -> torch.Tensor:
     return torch.randint(0, 2, shape, generator=g, dtype=torch.int8)
 
 
-_PLUS_ONE = torch.tensor(1.0, dtype=torch.float64)
-_MINUS_ONE = torch.tensor(-1.0, dtype=torch.float64)
-
-
 def _sign(shape, g: torch.Generator) -> torch.Tensor:
-    """Random +-1.0 (float64) from `_sign_bits` (bit 1 -> +1.0, 0 -> -1.0; one float64 write)."""
-    return torch.where(_sign_bits(shape, g).bool(), _PLUS_ONE, _MINUS_ONE)
+    """Random +-1.0 (float64) from `_sign_bits`: 2b - 1 in place (exact)."""
+    return _sign_bits(shape, g).to(torch.float64).mul_(2).sub_(1)
 
 
 def _delayed(cfg: QuantConfig) -> bool:
@@ -468,7 +464,9 @@ def _exact_klast(cfg: QuantConfig, lines: int, k: int, role: str, plan: dict, t0
     if plan["stride"] > 1 and role == "a":
         v.masked_fill_(col % plan["stride"] != 0, 0.0)
     anchor = cfg.element_format.max_finite if _two_level(cfg) else _anchor(cfg)
-    v = torch.where(off == own, anchor * _sign((lines, k), g), v)
+    # The anchor columns (K-offset `own` in every block) take anchor * a random sign (drawn everywhere).
+    at = (off[0] == own).nonzero().squeeze(1)
+    v[:, at] = _sign((lines, k), g)[:, at].mul_(anchor)
     v.masked_fill_(off == other, 0.0)
     if role == "b" and cfg.block is not None and k % blk == 1:
         v[:, k - 1] = 0.0  # a one-element last block cannot hold B's anchor: keep it all zero (scale 1)
