@@ -95,13 +95,24 @@ def _stand_ins() -> None:
 
 @functools.lru_cache(maxsize=None)
 def load(root: Path) -> References:
-    """Load TE's blockwise and NVFP4 Python references from `root` (once per root)."""
-    _stand_ins()
-    _module("references.quantize_scale_calc", source(root, SCALE_CALC_REF), "te:quantize_scale_calc.py")
-    bw = _module("references.blockwise_quantizer_reference", source(root, BLOCKWISE_REF),
-                 "te:blockwise_quantizer_reference.py")
-    utils = _module("transformer_engine.pytorch.custom_recipes.reference_utils", source(root, UTILS_REF),
-                    "te:reference_utils.py")
-    nv = _module("transformer_engine.pytorch.custom_recipes.reference_nvfp4", source(root, NVFP4_REF),
-                 "te:reference_nvfp4.py")
+    """Load TE's blockwise and NVFP4 Python references from `root` (once per root).
+
+    The stand-ins and TE's modules sit in `sys.modules` only while TE's files execute (their imports are all
+    at module level); afterwards `sys.modules` is as before, so `import transformer_engine` still fails where
+    TE is not installed (tests that skip without TE keep skipping) and an installed TE is left untouched.
+    """
+    before = dict(sys.modules)
+    try:
+        _stand_ins()
+        _module("references.quantize_scale_calc", source(root, SCALE_CALC_REF), "te:quantize_scale_calc.py")
+        bw = _module("references.blockwise_quantizer_reference", source(root, BLOCKWISE_REF),
+                     "te:blockwise_quantizer_reference.py")
+        utils = _module("transformer_engine.pytorch.custom_recipes.reference_utils", source(root, UTILS_REF),
+                        "te:reference_utils.py")
+        nv = _module("transformer_engine.pytorch.custom_recipes.reference_nvfp4", source(root, NVFP4_REF),
+                     "te:reference_nvfp4.py")
+    finally:
+        for name in set(sys.modules) - set(before):
+            del sys.modules[name]
+        sys.modules.update(before)  # entries a stand-in replaced (where TE itself is installed)
     return References(blockwise=bw, nvfp4=nv, utils=utils)
