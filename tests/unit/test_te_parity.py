@@ -154,7 +154,8 @@ def _input(kind: str, shape, dtype):
     return x.to(dtype)
 
 
-# (kind, shape): every shape a multiple of 16 (§5.5) and, apart from none, not of 128.
+# (kind, shape): every shape a multiple of 16 (§5.5), none a multiple of 128 (so our scale tensors always
+# carry padding rows, which the check below sees zero).
 INPUTS = [
     ("normal", (16, 32)),
     ("normal", (144, 208)),
@@ -218,6 +219,8 @@ def test_quantize_matches_te_reference(te, variant, kind, shape, dtype):
     ours = quantize(x, cfg, rowwise=True, colwise=colwise)
     row_scaled = cfg.variant.startswith("row_scaled") if cfg.variant else False
 
+    # Rowwise: TE qx [M, K/2] <-> ours rowwise_data [M, K/2], same packing; TE sx [M, K/16] (E4M3) <-> ours
+    # rowwise_scale[:M, :K/16] (uint8 E4M3 bits, padded to [roundup(M,128), roundup(K/16,4)]).
     _assert_codes(t.data, ours.rowwise_data, x)
     _assert_scales(t.scale, ours.rowwise_scale, m, k // 16)
     # Amax: fp32 [1], or [M] for a row-scaled copy. An all-zero row has A_g = 0 in both; its S_enc is FLT_MAX
@@ -226,6 +229,9 @@ def test_quantize_matches_te_reference(te, variant, kind, shape, dtype):
     assert torch.equal(t.global_amax_row, ours.rowwise_amax)
     assert tuple(ours.rowwise_amax.shape) == ((m,) if row_scaled else (1,))
     if colwise:
+        # Columnwise: both are NVFP4(Xᵀ), TE's from `tensor.t()` (16x16 4over6: its own error sums over the
+        # transposed tiles), so TE qx_t [K, M/2] <-> ours colwise_data [K, M/2] and sx_t [K, M/16] <->
+        # colwise_scale[:K, :M/16] with no transpose in between; the input of each code is Xᵀ's element.
         xt = x.t()
         _assert_codes(t.data_t, ours.colwise_data, xt)
         _assert_scales(t.scale_t, ours.colwise_scale, k, m // 16)
