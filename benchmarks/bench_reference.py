@@ -7,7 +7,8 @@ Usage:
 --te-root is a TransformerEngine checkout or bare git directory. Its Python references
 (tests/pytorch/references/blockwise_quantizer_reference.py and
 transformer_engine/pytorch/custom_recipes/reference_nvfp4.py) are loaded from there at run time,
-with small stand-ins for the TE package modules they import; nothing of TE lives in this project.
+by tests/te_reference.py (the loader shared with tests/unit/test_te_parity.py), with small stand-ins
+for the TE package modules they import; nothing of TE lives in this project.
 Every measurement runs in this one process on the same bf16 input (rowwise + colwise copies). Per
 scheme: one untimed warm-up call of each implementation, which also measures peak extra memory (the
 highest resident set size sampled every 2 ms during the call, minus the resident size just before it,
@@ -20,15 +21,12 @@ extra memory <= 6x the input. Exit code 1 when a goal is missed.
 from __future__ import annotations
 
 import argparse
-import enum
 import gc
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
-import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reference import QuantConfig, quantize  # noqa: E402
+from tests import te_reference  # noqa: E402
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -94,68 +93,17 @@ def timed(fn) -> float:
     return dt
 
 
-# ---- loading TE's references from a checkout or git dir -------------------------------------
-
-
-def te_source(root: Path, rel: str) -> str:
-    if (root / rel).is_file():
-        return (root / rel).read_text()
-    return subprocess.run(
-        ["git", f"--git-dir={root}", "show", f"HEAD:{rel}"], check=True, capture_output=True, text=True
-    ).stdout
-
-
-def load_module(name: str, source: str, filename: str) -> types.ModuleType:
-    mod = types.ModuleType(name)
-    mod.__file__ = filename
-    sys.modules[name] = mod
-    exec(compile(source, filename, "exec"), mod.__dict__)
-    return mod
-
-
 def load_te(root: Path):
     """Load TE's blockwise and NVFP4 Python references; returns (blockwise_quantize, nvfp4_quantize)."""
-    for pkg in ("references", "transformer_engine", "transformer_engine.pytorch",
-                "transformer_engine.pytorch.custom_recipes"):
-        sys.modules.setdefault(pkg, types.ModuleType(pkg))
-    load_module("references.quantize_scale_calc", te_source(root, "tests/pytorch/references/quantize_scale_calc.py"),
-                "te:quantize_scale_calc.py")
-    bw = load_module("references.blockwise_quantizer_reference",
-                     te_source(root, "tests/pytorch/references/blockwise_quantizer_reference.py"),
-                     "te:blockwise_quantizer_reference.py")
-    load_module("transformer_engine.pytorch.custom_recipes.reference_utils",
-                te_source(root, "transformer_engine/pytorch/custom_recipes/reference_utils.py"), "te:reference_utils.py")
-    # Stand-in for the GEMM module, which the NVFP4 reference needs only for qgemm's annotations.
-    gemm = types.ModuleType("transformer_engine.pytorch.custom_recipes.gemm")
-    gemm.GEMMType = enum.Enum("GEMMType", "FPROP DGRAD WGRAD")
-    gemm.MMParams = type("MMParams", (), {})
-    sys.modules[gemm.__name__] = gemm
-    sys.modules["transformer_engine.pytorch.custom_recipes"].gemm = gemm
-
-    # Minimal stand-ins for the two base classes the NVFP4 reference subclasses (our code).
-    qt = types.ModuleType("transformer_engine.pytorch.quantized_tensor")
-
-    class QuantizedTensorStorage:  # noqa: D401 - stand-in
-        pass
-
-    class Quantizer:
-        def __init__(self, *, rowwise: bool = True, columnwise: bool = True):
-            self.rowwise_usage, self.columnwise_usage = rowwise, columnwise
-
-    qt.QuantizedTensorStorage, qt.Quantizer = QuantizedTensorStorage, Quantizer
-    sys.modules["transformer_engine.pytorch.quantized_tensor"] = qt
-    nv = load_module("transformer_engine.pytorch.custom_recipes.reference_nvfp4",
-                     te_source(root, "transformer_engine/pytorch/custom_recipes/reference_nvfp4.py"),
-                     "te:reference_nvfp4.py")
-    utils = sys.modules["transformer_engine.pytorch.custom_recipes.reference_utils"]
+    te = te_reference.load(root)
 
     def te_block(x):
-        return bw.BlockwiseQuantizerReference().quantize(
+        return te.blockwise.BlockwiseQuantizerReference().quantize(
             x, torch.float8_e4m3fn, return_transpose=True, pow_2_scales=True, quant_tile_shape=(1, 128)
         )
 
     def te_nvfp4_rht(x):
-        q = nv.NVFP4QuantizerRef(utils.Fp4Formats.E2M1, rowwise=True, columnwise=True, with_rht=True)
+        q = te.nvfp4.NVFP4QuantizerRef(te.utils.Fp4Formats.E2M1, rowwise=True, columnwise=True, with_rht=True)
         return q._quantize(x)
 
     return te_block, te_nvfp4_rht
