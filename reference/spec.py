@@ -133,8 +133,8 @@ def check_quantize(
 
 def check_given_amax(amax: object, config: QuantConfig) -> torch.Tensor:
     """Validate a given amax (TE's quantize_with_amax; docs/numerics.md §1, §5.1): a float32 tensor of
-    shape [] or [1], >= 0 (+inf allowed, NaN not), for a scheme that takes one and a copy that uses
-    amax(X). Returns it as fp32 [1]."""
+    shape [] or [1], >= 0 (+inf allowed, NaN not; the value is checked for a host tensor only), for a scheme
+    that takes one and a copy that uses amax(X). Returns it as fp32 [1]."""
     if not config.scheme_row.given_amax:
         takers = ", ".join(s.name for s in SCHEMES.values() if s.given_amax)
         raise SpecViolation(f"{config.id}: a given amax exists only for {takers} (docs/numerics.md §1, §5.1)",
@@ -153,6 +153,10 @@ def check_given_amax(amax: object, config: QuantConfig) -> torch.Tensor:
         raise SpecViolation(f"amax has shape {tuple(amax.shape)}, expected [] or [1] (one tensor amax)", rule="amax")
     if amax.dtype != torch.float32:
         raise SpecViolation(f"amax has dtype {amax.dtype}, expected torch.float32", rule="amax")
+    if amax.device.type != "cpu":
+        # docs/numerics.md §5.1: a device amax is taken as given; reading its value back would synchronize the
+        # stream on every call (the native NVFP4 given-amax path lost half its throughput to it).
+        return amax.reshape(1)
     v = float(amax.reshape(()))
     if math.isnan(v) or v < 0 or (v == 0 and math.copysign(1.0, v) < 0):
         raise SpecViolation(f"amax = {v!r} is invalid: an amax is >= +0 (NaN and negatives are not amaxes; "

@@ -225,3 +225,16 @@ def test_fp8_current_given_amax_feeds_the_cast_kernel(monkeypatch):
     with pytest.raises(ValueError, match="fp8_current"):
         per_tensor.quantize_2d(torch.randn(4, 4), QuantConfig("fp8_delayed"), rowwise=True, colwise=False,
                                amax=torch.tensor([1.0]))  # fmt: skip
+
+
+def test_a_device_amax_is_taken_as_given_without_reading_it_back():
+    """docs/numerics.md §5.1: the value rules (>= +0, no NaN) apply to a host amax; a device amax is not read
+    (a meta tensor has no value to read: a read would raise), its shape and dtype are still checked."""
+    from reference.spec import check_given_amax
+
+    cfg = QuantConfig("nvfp4")
+    assert check_given_amax(torch.empty(1, device="meta"), cfg).shape == (1,)
+    with pytest.raises(SpecViolation, match="shape"):
+        check_given_amax(torch.empty(2, device="meta"), cfg)
+    with pytest.raises(SpecViolation, match=">= \\+0"):
+        check_given_amax(torch.tensor([-1.0]), cfg)
