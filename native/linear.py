@@ -19,7 +19,16 @@ from typing import Callable
 import torch
 
 from reference.formats import SCHEMES
-from reference.linear import GemmInfo, ModuleParams, ModuleRun, ModuleSpec, ModuleState, StepInput, StepResult
+from reference.linear import (
+    GemmInfo,
+    ModuleParams,
+    ModuleRun,
+    ModuleSpec,
+    ModuleState,
+    StepInput,
+    StepResult,
+    check_step,
+)
 from reference.per_tensor import AmaxHistory
 from reference.types import SRSeed, Unsupported
 
@@ -72,22 +81,6 @@ def initial_state(spec: ModuleSpec, params: ModuleParams) -> ModuleState:
     return ModuleState(weight=w, histories=hist, main_grad=main)
 
 
-def _validate(spec: ModuleSpec, params: ModuleParams, inp: StepInput, state: ModuleState) -> None:
-    act = spec.activation_dtype
-    n, k = state.weight.shape
-    if state.weight.dtype != act:
-        raise ValueError(f"weight is {state.weight.dtype}; expected the activation dtype {act}")
-    for name, t, last in (("x", inp.x, k), ("dy", inp.dy, n)):
-        if t.dtype != act or t.shape[-1] != last:
-            raise ValueError(f"{name} is {t.dtype} {tuple(t.shape)}; expected {act} [..., {last}] ({spec})")
-    if inp.x.shape[:-1] != inp.dy.shape[:-1]:
-        raise ValueError(f"x {tuple(inp.x.shape)} and dy {tuple(inp.dy.shape)} have different leading dims")
-    if inp.weight is not None and (inp.weight.shape != state.weight.shape or inp.weight.dtype != act):
-        raise ValueError(f"step weight is {inp.weight.dtype} {tuple(inp.weight.shape)}; expected {act} [{n}, {k}]")
-    if spec.module == "layernorm_linear" and params.ln_weight is None:
-        raise ValueError("layernorm_linear needs params.ln_weight (and ln_bias for LayerNorm)")
-
-
 class _Step:
     """One forward + backward (docs/numerics.md §9.1) with kernels `kn`; updates `state` in place."""
 
@@ -119,7 +112,7 @@ class _Step:
 def module_step(spec: ModuleSpec, params: ModuleParams, inp: StepInput, state: ModuleState, step: int,
                 kn: Kernels) -> StepResult:
     """One step of docs/numerics.md §9.1 in its order; updates `state` (cache, histories, grads) in place."""
-    _validate(spec, params, inp, state)
+    check_step(spec, params, inp, state)
     if inp.weight is not None:
         state.weight = inp.weight  # an optimizer update of the high-precision weight (§9.4)
     act = spec.activation_dtype

@@ -13,39 +13,18 @@ rsigma and the unrounded ln_out are fp32.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from reference.norms import NORMALIZATIONS, NormBackward, NormForward  # contract names and result types
 from reference.types import Unsupported
 
 from .launch import device_index, grid_stride_blocks, launch, sm_count
 
 CU_FILE = "norms.cu"
-NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 THREADS = 256  # a CTA per row, a thread per column (norms.cu NORM_THREADS)
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-
-
-@dataclass
-class NormForward:
-    """`out` ln_out (x's dtype), `out_fp32` the fp32 value before that rounding, `mu` fp32 [M] (None for
-    RMSNorm), `rsigma` fp32 [M] (the fields of reference.norms.NormForward)."""
-
-    out: torch.Tensor
-    out_fp32: torch.Tensor
-    mu: torch.Tensor | None
-    rsigma: torch.Tensor
-
-
-@dataclass
-class NormBackward:
-    """`dx` (x's dtype), `dgamma`, `dbeta` (gamma's dtype; dbeta None for RMSNorm)."""
-
-    dx: torch.Tensor
-    dgamma: torch.Tensor
-    dbeta: torch.Tensor | None
 
 
 @functools.cache

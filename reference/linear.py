@@ -220,7 +220,9 @@ def initial_state(spec: ModuleSpec, params: ModuleParams) -> ModuleState:
     return ModuleState(weight=w, histories=hist, main_grad=main)
 
 
-def _check_step(spec: ModuleSpec, params: ModuleParams, inp: StepInput, state: ModuleState) -> None:
+def check_step(spec: ModuleSpec, params: ModuleParams, inp: StepInput, state: ModuleState) -> None:
+    """The step's input rules (dtypes, shapes, the norm weight of a LayerNormLinear): ValueError naming the field.
+    A rule on names and shapes, shared with native.linear like reference.spec's checks (docs/numerics.md §9.7)."""
     act = spec.activation_dtype
     n, k = state.weight.shape
     for name, t, last in (("x", inp.x, k), ("dy", inp.dy, n)):
@@ -276,7 +278,7 @@ def module_step(spec: ModuleSpec, params: ModuleParams, inp: StepInput, state: M
     """One forward + backward of the module; updates `state` in place (docs/numerics.md §9).
     `kernels`: whose quantize / gemm / amax update run the step (`Kernels`)."""
     kg = kernels.gemm
-    _check_step(spec, params, inp, state)
+    check_step(spec, params, inp, state)
     if inp.weight is not None:
         state.weight = inp.weight
     act = spec.activation_dtype
