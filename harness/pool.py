@@ -106,9 +106,11 @@ def crash_text(exitcode: int | None) -> str:
 
 
 class _Worker:
-    """This worker process: its name, device, backends (loaded on first use) and input cache."""
+    """This worker process: its name, device, backends (loaded on first use) and input cache. `index` numbers
+    the workers in start order (names stay unique across replacements); `slot` picks the GPU (`claim_slot`)."""
 
-    def __init__(self, index: int, gpus: Sequence[str], specs: dict[str, str], device: str, golden: str):
+    def __init__(self, index: int, gpus: Sequence[str], specs: dict[str, str], device: str, golden: str,
+                 slot: int | None = None):
         self.name = f"w{index}"
         self.device = device
         self.golden = golden
@@ -116,7 +118,8 @@ class _Worker:
         self.backends: dict[str, Any] = {}
         self.cache = InputCache()
         if gpus:
-            os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index % len(gpus)]  # before CUDA starts
+            slot = index if slot is None else slot
+            os.environ["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]  # before CUDA starts
 
     def backend(self, name: str):
         if name not in self.backends:
@@ -136,13 +139,41 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _init_worker(parent: int, counter, gpus, specs, device, golden, threads) -> None:
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc: trust kill(0)
+
+
+def claim_slot(pids) -> int:
+    """Take the first slot of the shared pid array `pids` whose worker is gone (0 or a dead pid) and write this
+    process's pid there. Slot i runs on GPU i mod (visible GPUs), so a worker that replaces a crashed one takes
+    its GPU and the workers stay balanced over the GPUs. With no free slot (not expected: the pool has as many
+    slots as workers) it returns len(pids), a slot of its own."""
+    with pids.get_lock():
+        for i in range(len(pids)):
+            if pids[i] == 0 or not _alive(pids[i]):
+                pids[i] = os.getpid()
+                return i
+        return len(pids)
+
+
+def _init_worker(parent: int, counter, pids, gpus, specs, device, golden, threads) -> None:
     global _WORKER
     _die_with_parent(parent)
     with counter.get_lock():
         index = counter.value
         counter.value += 1
-    _WORKER = _Worker(index, gpus, specs, device, golden)
+    _WORKER = _Worker(index, gpus, specs, device, golden, slot=claim_slot(pids))
     torch.set_num_threads(max(1, threads))
 
 
@@ -338,6 +369,7 @@ class PoolSweep:
         ctx = mp.get_context("spawn")
         threads = max(1, (os.cpu_count() or 1) // self.n_workers)
         counter = ctx.Value("i", 0)
+        pids = ctx.Array("q", self.n_workers)  # the live worker of each slot (its GPU: slot mod GPUs)
         self._tmp = Path(tempfile.mkdtemp(prefix="harness-pool-"))
         pool = None
         active: list[_Task] = []
@@ -345,7 +377,7 @@ class PoolSweep:
             with worker_heap_env():
                 pool = pebble.ProcessPool(
                     max_workers=self.n_workers, context=ctx, initializer=_init_worker,
-                    initargs=(os.getpid(), counter, self.gpus, self.specs, self.device, self.golden, threads))
+                    initargs=(os.getpid(), counter, pids, self.gpus, self.specs, self.device, self.golden, threads))
                 active = [self._new_task(pool, g) for g in grouped(items)]
                 while active:
                     concurrent.futures.wait([t.future for t in active], timeout=_POLL_S,

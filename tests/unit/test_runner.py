@@ -8,6 +8,7 @@ fp8_current cases; its deliberately broken variant (reciprocal-then-multiply sca
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import pytest
@@ -478,3 +479,24 @@ def test_repro_sh_runs_from_any_directory_and_finds_an_adapter_outside_the_repos
     assert "rowwise_data" in proc.stdout + proc.stderr and proc.returncode == 1
     info = meta.adapter_info(get_backend(spec))
     assert info["module"] == "kernels.outside" and info["spec"] == spec and info["name"] == "outside_flip"
+
+
+def test_a_replacement_worker_takes_the_gpu_of_the_worker_it_replaces(monkeypatch):
+    """harness.pool.claim_slot: slot i runs on GPU i mod (visible GPUs); a worker started after a crash takes the
+    dead worker's slot, so 4 workers on GPUs "0,1" stay two per GPU (a plain start counter would give 3 + 1)."""
+    import multiprocessing as mp
+    import subprocess
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # reaped: its pid names no process
+    pids = mp.get_context("spawn").Array("q", 4)
+    pids[:] = [os.getpid(), dead.pid, os.getppid(), 0]
+    assert pool.claim_slot(pids) == 1 and pids[1] == os.getpid()
+    assert pool.claim_slot(pids) == 3  # the never-used slot next
+    assert pool.claim_slot(pids) == 4  # none free: a slot of its own
+    gpus = ["0", "1"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    pool._Worker(7, gpus, {}, "cuda", "same", slot=1)  # the 8th start, in slot 1
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+    assert pool._Worker(8, gpus, {}, "cuda", "same", slot=2).name == "w8"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
