@@ -559,6 +559,16 @@ def _compare_data(golden, candidate, name, cp: _Copy) -> TensorResult:
     return _result(name, n, classes, first, met, hist, detail, ex)
 
 
+def _by_priority(shape, ranked: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
+    """MISMATCH_CLASSES index per element: the first (class, mask) of `ranked` (highest priority first) whose
+    mask holds there, else `other`."""
+    idx = MISMATCH_CLASSES.index
+    cls = torch.full(shape, idx("other"), dtype=torch.int64)
+    for name, mask in reversed(ranked):
+        cls = torch.where(mask, idx(name), cls)
+    return cls
+
+
 def _classify_data(golden, candidate, cp: _Copy, src, rr, cc, gm, cm):
     """Class and input pattern of each mismatching data element (codes gm, cm at data positions rr, cc).
 
@@ -600,15 +610,10 @@ def _classify_data(golden, candidate, cp: _Copy, src, rr, cc, gm, cm):
     x_sub = (x.abs() > 0) & (x.abs() < tiny)
     flush = (c_mag == 0) & (g_mag != 0) & (g_sub | x_sub)
     zero_factor = _zero_scale_factor(golden, cp, x, gm, cm, rr, cc) & ~diff_scale
-    idx = MISMATCH_CLASSES.index
-    cls = torch.full(rr.shape, idx("other"), dtype=torch.int64)
-    cls = torch.where(near, idx("encode_factor_rounding"), cls)
-    cls = torch.where(tie, idx("tie_flip"), cls)
-    cls = torch.where(zero_factor, idx("zero_scale_factor"), cls)
-    cls = torch.where(flush, idx("subnormal_flush"), cls)
-    cls = torch.where(diff_scale, idx("block_scale_cascade"), cls)
-    cls = torch.where(nonfinite, idx("nonfinite_policy"), cls)
-    cls = torch.where(nan_both, idx("nan_sign"), cls)
+    cls = _by_priority(rr.shape, [("nan_sign", nan_both), ("nonfinite_policy", nonfinite),
+                                  ("block_scale_cascade", diff_scale), ("subnormal_flush", flush),
+                                  ("zero_scale_factor", zero_factor), ("tie_flip", tie),
+                                  ("encode_factor_rounding", near)])
     pat, names = classify.pattern(blk_nf, blk_sub, diff_scale, mid | near | classify.near_midpoint(y, gval, cval))
     return cls, pat, names, y, None
 
@@ -939,14 +944,8 @@ def _classify_scale(golden, candidate, cp: _Copy, g, c, sfmt, as_bits, dec):
     zero_c = cd == 0
     g_sub = (gd > 0) & (gd < (sfmt.min_normal if sfmt is not None and sfmt is not UE8M0 else classify._TINY["float32"]))
     flush = zero_c & (g_sub | e_sub)
-    idx = MISMATCH_CLASSES.index
-    cls = torch.full(g.shape, idx("other"), dtype=torch.int64)
-    cls = torch.where(flush, idx("subnormal_flush"), cls)
-    cls = torch.where(step, idx("scale_off_by_one"), cls)
-    cls = torch.where(rule, idx("scale_rule"), cls)
-    cls = torch.where(floor, idx("scale_floor"), cls)
-    cls = torch.where(nonfinite, idx("nonfinite_policy"), cls)
-    cls = torch.where(nan_both, idx("nan_sign"), cls)
+    cls = _by_priority(g.shape, [("nan_sign", nan_both), ("nonfinite_policy", nonfinite), ("scale_floor", floor),
+                                 ("scale_rule", rule), ("scale_off_by_one", step), ("subnormal_flush", flush)])
     pat, names = classify.pattern(e_nf, e_sub, None, None)
     return cls, pat, names, rule_names
 
@@ -988,8 +987,7 @@ def _compare_amax(golden, candidate, name) -> TensorResult:
     if bool(mism.any()):
         nan_both = torch.isnan(g) & torch.isnan(c)
         nonfinite = ~nan_both & (~torch.isfinite(g) | ~torch.isfinite(c))  # NaN/Inf propagated vs ignored
-        idx = MISMATCH_CLASSES.index
-        cls = torch.where(nan_both, idx("nan_sign"), torch.where(nonfinite, idx("nonfinite_policy"), idx("other")))
+        cls = _by_priority(g.shape, [("nan_sign", nan_both), ("nonfinite_policy", nonfinite)])
         counts = torch.bincount(cls[mism], minlength=len(MISMATCH_CLASSES))
         classes = {k: int(counts[i]) for i, k in enumerate(MISMATCH_CLASSES) if int(counts[i])}
         pos = mism.nonzero().reshape(-1)
@@ -1126,19 +1124,16 @@ def _classify_output(gf: torch.Tensor, cf: torch.Tensor, dtype_differs: bool) ->
     decode_factor_rounding: both finite and at most 2 ulps apart (NUMERICS: §5.8 the decode factor
     and its product order are the contract, one rounding apart when taken in another order); other.
     """
-    idx = MISMATCH_CLASSES.index
-    cls = torch.full(gf.shape, idx("other"), dtype=torch.int64)
     if dtype_differs:
-        return cls
+        return _by_priority(gf.shape, [])
     fin = torch.isfinite(gf) & torch.isfinite(cf)
     og, _ = _ordered_float(gf)
     oc, _ = _ordered_float(cf)
     close = fin & ((og - oc).abs() <= 2) & (gf != 0) & (cf != 0)
     tiny = torch.finfo(gf.dtype).tiny
     flush = (cf == 0) & (gf != 0) & (gf.abs() < tiny)
-    cls = torch.where(close, idx("decode_factor_rounding"), cls)
-    cls = torch.where(flush, idx("subnormal_flush"), cls)
-    return torch.where(~fin, idx("nonfinite_policy"), cls)
+    return _by_priority(gf.shape, [("nonfinite_policy", ~fin), ("subnormal_flush", flush),
+                                   ("decode_factor_rounding", close)])
 
 
 def compare_dequantized(golden_q: QuantizedTensor, orientation: str, golden_out: torch.Tensor,
