@@ -18,13 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from native import _compile
 from reference import fp32
 from reference import norms as ref_norms
 from reference.gemm import round_out
-
-HERE = Path(__file__).parent
-ROOT = HERE.parents[1]
+from tests.unit.host_build import build_host_program
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
@@ -35,19 +32,7 @@ _INT = {torch.float32: np.int32, torch.bfloat16: np.int16, torch.float16: np.int
 @pytest.fixture(scope="module")
 def replay(tmp_path_factory) -> Path:
     exe = tmp_path_factory.mktemp("norms_host") / "norms_replay"
-    cmd = _compile.nvcc_command(HERE / "host" / "norms_replay.cpp", exe, "sm_90", {})
-    host_cmd, skip = [], False  # the kernel build's options and include path, as a host executable
-    for a in cmd:
-        if skip:
-            skip = False
-        elif a in ("-cubin", "-gencode"):
-            skip = a == "-gencode"
-        else:
-            host_cmd.append(a)
-    host_cmd[-1:-1] = ["-O2", "-Xcompiler", "-ffp-contract=off", "-x", "cu"]
-    r = subprocess.run(host_cmd, capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 0, f"nvcc failed: {' '.join(host_cmd)}\n{r.stderr[-3000:]}"
-    return exe
+    return build_host_program("norms_replay.cpp", exe, {})
 
 
 def _raw(t: torch.Tensor) -> bytes:

@@ -20,33 +20,14 @@ import torch
 from native import _compile
 from reference import QuantConfig, fp32, hadamard, stochastic
 from reference.nvfp4 import e2m1_rn
-
-HERE = Path(__file__).parent
-ROOT = HERE.parents[1]
+from tests.unit.host_build import build_host_program
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
 
 def _build(source: str, exe: Path) -> Path:
     """Build tests/unit/host/<source> as a host program with the kernels' nvfp4 defines."""
-    cmd = _compile.nvcc_command(HERE / "host" / source, exe, "sm_90", _compile.defines_for(QuantConfig("nvfp4")))
-    # The same defines and include path as the kernel build, but a host executable: drop the cubin target.
-    drop = {"-cubin", "-gencode"}
-    host_cmd, skip = [], False
-    for a in cmd:
-        if skip:
-            skip = False
-            continue
-        if a in drop:
-            skip = a == "-gencode"
-            continue
-        host_cmd.append(a)
-    # A C++ source compiled as CUDA (nvfp4.cuh needs nvcc's __host__ __device__ and cuda_fp8.h); the
-    # language flag must precede the source, the last argument.
-    host_cmd[-1:-1] = ["-O2", "-Xcompiler", "-ffp-contract=off", "-x", "cu"]
-    r = subprocess.run(host_cmd, capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 0, f"nvcc failed: {' '.join(host_cmd)}\n{r.stderr[-3000:]}"
-    return exe
+    return build_host_program(source, exe, _compile.defines_for(QuantConfig("nvfp4")))
 
 
 @pytest.fixture(scope="module")

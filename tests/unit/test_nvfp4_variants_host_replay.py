@@ -22,9 +22,7 @@ import torch
 
 from native import _compile
 from reference import QuantConfig, quantize
-
-HERE = Path(__file__).parent
-ROOT = HERE.parents[1]
+from tests.unit.host_build import build_host_program
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 
@@ -42,24 +40,9 @@ BUILDS = [
 
 
 def _build(config: QuantConfig, exe: Path) -> Path:
-    """tests/unit/host/nvfp4_variants.cpp as a host program with the kernels' defines for `config`."""
-    cmd = _compile.nvcc_command(HERE / "host" / "nvfp4_variants.cpp", exe, "sm_90", _compile.defines_for(config))
-    drop = {"-cubin", "-gencode"}
-    host_cmd, skip = [], False
-    for a in cmd:
-        if skip:
-            skip = False
-            continue
-        if a in drop:
-            skip = a == "-gencode"
-            continue
-        host_cmd.append(a)
-    # nvfp4.cu's kernels still build for the device (sm_90: its PTX needs sm_80+); the language flag
-    # must precede the source, the last argument.
-    host_cmd[-1:-1] = ["-O2", "-arch=sm_90", "-Xcompiler", "-ffp-contract=off", "-x", "cu"]
-    r = subprocess.run(host_cmd, capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 0, f"nvcc failed: {' '.join(host_cmd)}\n{r.stderr[-3000:]}"
-    return exe
+    """tests/unit/host/nvfp4_variants.cpp as a host program with the kernels' defines for `config` (nvfp4.cu's
+    kernels still build for the device: its PTX needs sm_80+, hence -arch=sm_90)."""
+    return build_host_program("nvfp4_variants.cpp", exe, _compile.defines_for(config), extra=("-arch=sm_90",))
 
 
 def _inputs(seed: int, m: int, k: int) -> torch.Tensor:
