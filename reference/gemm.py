@@ -428,14 +428,21 @@ def fp64_sums_exact(a: QuantizedTensor, b: QuantizedTensor, layout: str = "TN", 
     up to at most 53.
     """
     oa, ob, scheme = operands(a, b, layout)
-    meth = _resolve_method(method, scheme)
+    return _sums_exact(oa, ob, _resolve_method(method, scheme))
+
+
+_NON_FINITE = "an operand holds a non-finite value"
+
+
+def _sums_exact(oa: Operand, ob: Operand, meth: str) -> tuple[bool, str]:
+    """`fp64_sums_exact` of extracted operands under the resolved method `meth`."""
 
     def terms(op: Operand) -> torch.Tensor:
         return op.values if meth == "blockwise_order" else _dequantized(op)
 
     ua, ub = terms(oa), terms(ob)
     if not (bool(torch.isfinite(ua).all()) and bool(torch.isfinite(ub).all())):
-        return False, "an operand holds a non-finite value"
+        return False, _NON_FINITE
     nza, nzb = ua[ua != 0], ub[ub != 0]
     if nza.numel() == 0 or nzb.numel() == 0:
         return True, "an operand is all zero"
@@ -469,15 +476,11 @@ def device_independent(a: QuantizedTensor, b: QuantizedTensor, layout: str = "TN
     block terms are then exact and are added in a fixed sequential order (docs/numerics.md §6, §0.2.8).
     Non-finite operands are not (NaN payloads may differ between devices).
     """
-    ok, why = fp64_sums_exact(a, b, layout, method)
-    if ok:
-        return ok, why
-    oa, ob, scheme = operands(a, b, layout)
+    oa, ob, scheme = operands(a, b, layout)  # extracted once for both checks
     meth = _resolve_method(method, scheme)
-    if meth not in ("block_sum", "blockwise_order"):
-        return False, why
-    if not (bool(torch.isfinite(oa.values).all()) and bool(torch.isfinite(ob.values).all())):
-        return False, "an operand holds a non-finite value"
+    ok, why = _sums_exact(oa, ob, meth)
+    if ok or why == _NON_FINITE or meth not in ("block_sum", "blockwise_order"):
+        return ok, why
     if not _block_terms_exact(a, b, oa.block):
         return False, f"a {oa.block}-deep block sum of {a.config.element_format.name} x " \
                       f"{b.config.element_format.name} products can round in fp64 ({why})"
