@@ -13,7 +13,10 @@ writes the report). What a worker does that could kill it stays in the worker:
   stopped on any exception here (KeyboardInterrupt, SIGTERM through harness.cli).
 
 Each task is one group of cases sharing an input generation (harness.runner.grouped), so a worker
-generates the inputs once per group. A worker announces each pair before running it and sends its
+generates the inputs once per group. At most `TASKS_PER_WORKER` tasks per worker are handed to pebble at a
+time (the rest wait here, in the same largest-first order): with every group of the nightly tier (4,635)
+scheduled at once, each look at the running tasks cost this process tens of milliseconds, and the GIL it
+held slowed pebble's threads that hand the next task to a waiting worker. A worker announces each pair before running it and sends its
 rows after, as length-prefixed pickles appended to the task's own log file: unlike a queue with a
 feeder thread, what a worker wrote before it died is in the file, so the crash is pinned on the
 pair that was running. Worker i is pinned to GPU i mod (visible GPUs); replacements go on round-robin.
@@ -21,6 +24,7 @@ pair that was running. Worker i is pinned to GPU i mod (visible GPUs); replaceme
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import ctypes
@@ -50,6 +54,9 @@ DEFAULT_CASE_TIMEOUT = 900.0
 # A task whose worker dies before it starts any pair is scheduled again at most this many times.
 MAX_SILENT_DEATHS = 3
 _POLL_S = 0.2
+# Tasks handed to pebble per worker (see the module docstring): one running and one queued behind it, so a
+# worker that finishes never waits for this process to schedule its next task.
+TASKS_PER_WORKER = 2
 _HEADER = struct.Struct("<Q")
 _PR_SET_PDEATHSIG = 1
 # Exit code of a worker that retires itself (its CUDA context died on the pair it just recorded).
@@ -378,8 +385,11 @@ class PoolSweep:
                 pool = pebble.ProcessPool(
                     max_workers=self.n_workers, context=ctx, initializer=_init_worker,
                     initargs=(os.getpid(), counter, pids, self.gpus, self.specs, self.device, self.golden, threads))
-                active = [self._new_task(pool, g) for g in grouped(items)]
-                while active:
+                waiting = collections.deque(grouped(items))
+                window = TASKS_PER_WORKER * self.n_workers
+                while active or waiting:
+                    while waiting and len(active) < window:
+                        active.append(self._new_task(pool, waiting.popleft()))
                     concurrent.futures.wait([t.future for t in active], timeout=_POLL_S,
                                             return_when=concurrent.futures.FIRST_COMPLETED)
                     now = time.monotonic()
