@@ -568,11 +568,12 @@ def _selection(p: argparse.ArgumentParser) -> None:
 
 
 def _golden(p: argparse.ArgumentParser) -> None:
-    from .golden import GOLDEN_DEVICES  # noqa: PLC0415
+    from .golden import DEFAULT_GOLDEN, GOLDEN_DEVICES  # noqa: PLC0415
 
-    p.add_argument("--golden-device", choices=GOLDEN_DEVICES, default="same",
-                   help="where the golden reference runs: on the backend's device (default; same bits, "
-                        "harness/golden.py) or always on the cpu")
+    p.add_argument("--golden-device", choices=GOLDEN_DEVICES, default=DEFAULT_GOLDEN,
+                   help="where the golden reference runs (same bits everywhere): auto (default) on the cpu for "
+                        "small cases and on the backend's device for large ones (harness/golden.py AUTO_CPU_WORK), "
+                        "same: always on the backend's device, cpu: always on the cpu")
 
 
 def build_parser() -> argparse.ArgumentParser:

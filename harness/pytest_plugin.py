@@ -30,6 +30,8 @@ import pytest
 ROWS_PROPERTY = "harness_rows"
 # Seconds per case (harness.pool.DEFAULT_CASE_TIMEOUT, not imported here to keep pebble out of collection).
 DEFAULT_CASE_TIMEOUT = 900.0
+# harness.golden.GOLDEN_DEVICES / DEFAULT_GOLDEN (not imported here: that module imports torch).
+GOLDEN_DEVICES, DEFAULT_GOLDEN = ("auto", "same", "cpu"), "auto"
 
 
 def pytest_addoption(parser):
@@ -41,8 +43,9 @@ def pytest_addoption(parser):
                     help="write results.csv + run_meta.json for the collected cases into this directory")
     group.addoption("--harness-device", action="store", default=None,
                     help="device for the candidate backend (default: the pinned GPU, else cpu)")
-    group.addoption("--harness-golden-device", action="store", default="same", choices=("same", "cpu"),
-                    help="where the golden reference runs: the candidate's device (default) or the cpu "
+    group.addoption("--harness-golden-device", action="store", default=DEFAULT_GOLDEN, choices=GOLDEN_DEVICES,
+                    help="where the golden reference runs: auto (default: the cpu for small cases, the "
+                         "candidate's device for large ones), same (the candidate's device) or cpu "
                          "(harness/golden.py GOLDEN_DEVICES)")
     group.addoption("--case-timeout", action="store", type=float, default=DEFAULT_CASE_TIMEOUT,
                     help="seconds per case through pytest-timeout, recorded as error/timeout (default "

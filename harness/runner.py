@@ -178,7 +178,7 @@ def run_case(case, backend, device="cpu", *, inputs: Mapping | None = None, work
              golden: str = "same") -> list[Row]:
     """Rows of one backend on one case (docs/design.md §5: `harness.runner.run_case`); `golden`: GOLDEN_DEVICES."""
     backend = backends_mod.get_backend(backend)
-    gdev = golden_device(device, golden)
+    gdev = golden_device(device, golden, case)
     return run_backend(case, lambda: prepare(case, inputs, gdev), backend, device, worker=worker)
 
 
@@ -188,7 +188,7 @@ class GoldenOnce:
     def __init__(self, case, device, golden: str = "same", inputs: Mapping | None = None,
                  cache: InputCache | None = None):
         self.case, self.inputs, self.cache = case, inputs, cache
-        self.device = golden_device(device, golden)
+        self.device = golden_device(device, golden, case)
         self.value: Golden | None = None
 
     def __call__(self) -> Golden:

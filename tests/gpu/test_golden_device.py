@@ -103,3 +103,20 @@ def test_cases_of_one_input_key_share_one_device_copy_but_get_their_own_tensors(
     assert golden.INPUTS.moved[gb.device]["x"] is kept  # moved once for the group
     assert gb.on_device["x"].data_ptr() not in (kept.data_ptr(), ga.on_device["x"].data_ptr())
     assert torch.equal(gb.on_device["x"].cpu(), gb.inputs["x"]) and torch.equal(gb.inputs["x"], generate(b)["x"])
+
+
+@pytest.mark.gpu
+def test_the_auto_golden_runs_small_cases_on_the_cpu_with_the_same_rows():
+    """golden="auto" (the CLI default): a case at or below AUTO_CPU_WORK gets its golden on the CPU, a larger one
+    on the GPU; the rows equal the "same" rows either way."""
+    small = Case("quantize", QuantConfig("nvfp4"), (64, 96), in_dtype="bfloat16", distribution="normal", seed=2,
+                 orientation="both")
+    large = Case("quantize", QuantConfig("nvfp4"), (1024, 1040), in_dtype="bfloat16", distribution="normal", seed=2,
+                 orientation="both")
+    for case, where in ((small, "cpu"), (large, "cuda")):
+        once = runner.GoldenOnce(case, "cuda", "auto")
+        assert once().device.type == where
+        auto = runner.run_case(case, "native", "cuda", golden="auto")
+        same = runner.run_case(case, "native", "cuda")
+        assert [{k: r.get(k) for k in _KEYS} for r in auto] == [{k: r.get(k) for k in _KEYS} for r in same]
+        assert all(r["status"] in ("pass", "info") for r in auto)

@@ -271,6 +271,32 @@ def test_golden_device_is_the_candidates_or_the_cpu_and_rejects_other_values():
     assert g.device == torch.device("cpu") and g.on_device["x"] is g.inputs["x"]
 
 
+def test_the_auto_golden_keeps_small_cases_on_the_cpu_and_large_ones_on_the_candidates_device():
+    from harness import cases as harness_cases
+    from harness import golden as golden_mod
+    from harness import pytest_plugin
+
+    cuda1 = torch.device("cuda", 1)
+    limit = golden_mod.AUTO_CPU_WORK
+    small, large = qcase(shape=(1024, 1024)), qcase(shape=(1024, 1040))
+    assert math.prod(small.shape) == limit["quantize"] < math.prod(large.shape)
+    assert runner.golden_device("cuda:1", "auto", small) == torch.device("cpu")
+    assert runner.golden_device("cuda:1", "auto", large) == cuda1
+    gemm = Case("gemm", QuantConfig("mxfp8"), (256, 256, 1024), in_dtype="bfloat16", layout="TN")
+    assert math.prod(gemm.shape) == limit["gemm"] and runner.golden_device("cuda:1", "auto", gemm).type == "cpu"
+    assert runner.golden_device("cuda:1", "auto", qcase(shape=(2048, 2048))) == cuda1
+    assert runner.golden_device("cuda:1", "auto") == cuda1  # no case: the candidate's device
+    assert runner.golden_device("cuda:1", "same", small) == cuda1
+    assert set(limit) == set(harness_cases.OPS)  # every op has a limit
+    # The CLI and the plugin offer the same choices with the same default.
+    assert (pytest_plugin.GOLDEN_DEVICES, pytest_plugin.DEFAULT_GOLDEN) == (golden_mod.GOLDEN_DEVICES,
+                                                                           golden_mod.DEFAULT_GOLDEN)
+    from harness.cli import build_parser
+
+    args = build_parser().parse_args(["run", "--tier", "smoke"])
+    assert args.golden_device == "auto"
+
+
 
 def test_consecutive_cases_with_one_input_key_share_a_generation_but_not_tensors(monkeypatch):
     from harness import inputs
@@ -500,3 +526,24 @@ def test_a_replacement_worker_takes_the_gpu_of_the_worker_it_replaces(monkeypatc
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
     assert pool._Worker(8, gpus, {}, "cuda", "same", slot=2).name == "w8"
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+def test_a_pool_sweep_hands_pebble_at_most_its_window_of_tasks_and_records_every_pair(monkeypatch):
+    """Groups wait in this process, largest first, and enter pebble TASKS_PER_WORKER per worker at a time."""
+    cases = [qcase(shape=(16, 16 * (i + 1)), seed=i) for i in range(7)]  # 7 input groups
+    in_pebble: list[int] = []
+
+    class Watched(pool.PoolSweep):
+        def _new_task(self, p, items, deaths=0):
+            t = super()._new_task(p, items, deaths)
+            in_pebble.append(sum(not f.done() for f in self._futures) + 1)
+            self._futures.append(t.future)
+            return t
+
+    monkeypatch.setattr(pool, "TASKS_PER_WORKER", 2)
+    sweep = Watched(cases, ["reference"], 1, device="cpu")
+    sweep._futures = []
+    result = sweep.run()
+    assert result.counts == {"pass": 7, "fail": 0, "skip": 0, "error": 0}
+    assert len(in_pebble) == 7 and max(in_pebble) == 2  # one running, one queued; never all 7
+    assert [len(items) for items in runner.grouped([(c, ["reference"]) for c in cases])] == [1] * 7
