@@ -407,3 +407,46 @@ def test_diff_counts_pairs_missing_from_new_as_regressions(tmp_path, capsys):
                                    "missing from NEW: c2 [reference] (was pass)"]
     assert cli.main(["diff", str(old), str(empty)]) == 1
     assert "2 regression(s)" in capsys.readouterr().out
+
+
+def _pair_severity_one_by_one(df: pd.DataFrame) -> pd.DataFrame:
+    """pair_severity's meaning, pair by pair (the oracle for its column operations)."""
+    out = []
+    for (case_id, backend), rows in df.groupby(["case_id", "backend"], sort=False):
+        names: set[str] = set()
+        for cell in rows["mismatch_classes"]:
+            if cell:
+                try:
+                    names |= set(json.loads(cell))
+                except ValueError:
+                    names.add(str(cell))
+        if (rows["status"] == "error").any():
+            names.add("exception")
+        deltas = rows.loc[rows["kind"] == "accuracy", "delta_sqnr_db"].dropna()
+        first = rows.iloc[0]
+        out.append({"case_id": case_id, "backend": backend, "scheme": first["scheme"],
+                    "distribution": first["distribution"], "status": report.worst_status(rows["status"]),
+                    "severity": str(first["severity"]), "matches_convention": str(first["matches_convention"]),
+                    "classes": ",".join(sorted(names)) or "-",
+                    "worst_delta_sqnr_db": float(deltas.min()) if len(deltas) else math.nan})
+    return pd.DataFrame(out)
+
+
+def test_pair_severity_equals_the_pair_by_pair_definition_on_mixed_rows():
+    import random
+
+    rnd = random.Random(3)
+    rows = []
+    for _ in range(400):
+        case, backend = f"c{rnd.randrange(120)}", rnd.choice(["native", "mine"])
+        rows.append({"case_id": case, "backend": backend, "scheme": "s" + case[-1], "distribution": "normal",
+                     "kind": rnd.choice(["conformance", "accuracy"]),
+                     "status": rnd.choice(["pass", "pass", "info", "skip", "fail", "error", "odd"]),
+                     "severity": rnd.choice(["exact", "degraded", ""]), "matches_convention": rnd.choice(["", "te"]),
+                     "mismatch_classes": rnd.choice(["", "", '["tie_flip"]', '["other", "nan_sign"]', "not json"]),
+                     "delta_sqnr_db": rnd.choice([math.nan, -1.5, 0.0, 2.25])})
+    df = pd.DataFrame(rows)
+    want = _pair_severity_one_by_one(df)
+    got = report.pair_severity(df)
+    assert len(got) == len(want) > 100 and set(got["status"]) >= {"pass", "fail", "error", "odd"}
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), want, check_dtype=False)
