@@ -86,7 +86,7 @@ def test_run_writes_conformance_and_accuracy_rows_for_reference_and_torch(smoke_
             assert rows["status"].tolist() == ["skip"] and rows["reason"].iloc[0]
     meta = json.loads((out / report.META).read_text())
     assert meta["options"]["backends"] == ["reference", "torch"] and meta["finished"] is True
-    assert meta["options"]["golden_device"] == "same"
+    assert meta["options"]["golden_device"] == "auto"
     assert "torch" in meta and "git_commit" in meta
     assert "worst_delta_sqnr_db" in proc.stdout and "skip reasons:" in proc.stdout
     assert [a["name"] for a in meta["adapters"]] == ["reference", "torch"]
