@@ -32,6 +32,8 @@ import torch
 
 from reference.types import Unsupported
 
+from .launch import raw_stream
+
 # cudaDataType_t values (CUDA library_types.h; nvmath._utils.CudaDataType mirrors them).
 CUDA_R_32F = 0
 CUDA_R_16BF = 14
@@ -119,9 +121,15 @@ def _workspace(device: int) -> torch.Tensor:
         return ws
 
 
+_ATTR_DTYPES: dict = {}
+
+
 def _set_attr(setter, dtype_of, obj: int, attr, value) -> None:
-    """Set one descriptor attribute from a Python value, typed by the binding's own dtype table."""
-    buf = np.asarray([value], dtype=dtype_of(attr))
+    """Set one descriptor attribute from a Python value, typed by the binding's own dtype table (cached)."""
+    dtype = _ATTR_DTYPES.get((dtype_of, attr))
+    if dtype is None:
+        dtype = _ATTR_DTYPES[(dtype_of, attr)] = np.dtype(dtype_of(attr))
+    buf = np.asarray([value], dtype=dtype)
     setter(obj, attr, buf.ctypes.data, buf.itemsize)
 
 
@@ -292,7 +300,7 @@ def scaled_matmul(
     alpha_h = np.asarray([alpha], dtype=np.float32)
     beta_h = np.asarray([1.0 if accumulate else 0.0], dtype=np.float32)
     ws = _workspace(device)
-    stream = torch.cuda.current_stream(device).cuda_stream
+    stream = raw_stream(device)  # torch's current stream
     with _LOCK:
         plan = _plan(lt, key, a, b, k, out.dtype, bias_dtype, fast_accum, device, ep)
         _set_desc(lt, plan.desc, D.A_SCALE_POINTER, b.scale.data_ptr())
