@@ -9,7 +9,7 @@ process, one GPU, bf16 input [size, size] (rowwise + colwise), GEMMs TN [size]^3
 timed as issue_us (benchmarks/timing.py): host-clock microseconds per call over --iters calls issued back to back
 without waiting for the GPU, the median of --runs runs, after a warm-up (the first call compiles). "before" runs
 with `native.use_plans(False)` (every call takes the full path: the spec checks, then the launcher), "after" with
-the plans on (docs/design.md §9). The GEMM goal is torch._scaled_mm's issue_us on fp8 tensorwise operands of the
+the plans on (docs/design.md §4.1). The GEMM goal is torch._scaled_mm's issue_us on fp8 tensorwise operands of the
 same shapes, measured in the same run. At the default sizes the GPU work of a call is a few microseconds, so
 issue_us is the host cost. --dry-run needs no GPU: it checks every row's call on the CPU reference and prints the
 table with placeholder timings (tests/unit/test_native_plan_bench.py). Exit code: 0; 1 with --check-goals when a

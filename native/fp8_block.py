@@ -83,7 +83,7 @@ def lt_alpha(a_view, b_view) -> float:
 
 class QuantizePlan(QuantizePlanBase):
     """quantize_2d above for one (config, M, K, dtype, copies, x alignment) signature, prepared once
-    (docs/design.md §9): the same launch with the same arguments."""
+    (docs/design.md §4.1): the same launch with the same arguments."""
 
     def __init__(self, config, m: int, k: int, dtype: torch.dtype, *, rowwise: bool, colwise: bool, aligned: bool,
                  given: bool, index: int):  # fmt: skip

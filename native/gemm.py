@@ -274,7 +274,7 @@ def gemm(
     """out [M, N] = a·bᵀ with the operands' scales (docs/numerics.md §6); see the module docstring.
 
     The first call of a signature (`_plan_key`) runs every check and records a `GemmPlan`; later calls skip the
-    checks that plan already passed (docs/design.md §9)."""
+    checks that plan already passed (docs/design.md §4.1)."""
     key = _plan_key(a, b, layout, out_dtype, bias, c, method)
     plan = GEMM_PLANS.get(key) if key is not None else None
     if plan is not None:
@@ -313,7 +313,7 @@ def _operand_key(q: QuantizedTensor, orientation: str) -> tuple:
 
 
 def _plan_key(a, b, layout, out_dtype, bias, c, method) -> tuple | None:
-    """The GEMM plan key (docs/design.md §9): everything check_gemm, _check_operands and resolve_method read -
+    """The GEMM plan key (docs/design.md §4.1): everything check_gemm, _check_operands and resolve_method read -
     both configs, logical shapes and input dtypes, the consumed copies' shapes, dtypes and devices, the layout,
     out_dtype, method and the bias / C shapes, dtypes and devices; None when the call cannot have one."""
     if type(a) is not QuantizedTensor or type(b) is not QuantizedTensor:
@@ -330,7 +330,7 @@ def _plan_key(a, b, layout, out_dtype, bias, c, method) -> tuple | None:
 
 class GemmPlan:
     """One GEMM call signature, checked once: the consumed copies' addressing (`OperandView` without its tensors),
-    the resolved method and, for the portable kernel, its prepared launch (docs/design.md §9)."""
+    the resolved method and, for the portable kernel, its prepared launch (docs/design.md §4.1)."""
 
     def __init__(self, av: OperandView, bv: OperandView, resolved: str, out_dtype, bias, c):
         self.views = tuple(

@@ -363,7 +363,7 @@ def _grid(n_units: int, units_per_block: int = THREADS, max_blocks: int = MAX_BL
 class QuantizePlan(QuantizePlanBase):
     """quantize_2d above (quantize_with, or quantize_variant_with for a §5.10 variant) for one (config, M, K, dtype,
     copies, x alignment, given amax) signature: the same launches with the same arguments, prepared once
-    (docs/design.md §9); the SR seed and streams are patched per call."""
+    (docs/design.md §4.1); the SR seed and streams are patched per call."""
 
     def __init__(self, config: QuantConfig, m: int, k: int, dtype: torch.dtype, *, rowwise: bool, colwise: bool,
                  aligned: bool, given: bool, index: int):  # fmt: skip

@@ -215,7 +215,7 @@ def lt_alpha(a_view, b_view) -> float:
 
 class QuantizePlan(QuantizePlanBase):
     """quantize_2d above for one (config, M, K, dtype, copies, x alignment, given amax) signature: the same
-    launches with the same arguments, prepared once (docs/design.md §9)."""
+    launches with the same arguments, prepared once (docs/design.md §4.1)."""
 
     def __init__(self, config, m: int, k: int, dtype: torch.dtype, *, rowwise: bool, colwise: bool, aligned: bool,
                  given: bool, index: int):  # fmt: skip

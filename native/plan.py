@@ -1,6 +1,6 @@
 """Call plans: what one `native.quantize` / `native.gemm` call signature needs, computed once per process.
 
-Source: docs/design.md §9 (call plans), issue #18 item 2 (per-call host cost). The first call with a
+Source: docs/design.md §4.1 (call plans), issue #18 item 2 (per-call host cost). The first call with a
 key runs the full path (every `reference.spec` check, every error unchanged) and records a plan; later calls
 with that key run only what can differ per call: per-call values (the SR seed, a given amax, the fp8_delayed
 state, a GEMM's scales and alpha), ONE output allocation (`OutputBlock`: every output a view of it), the

@@ -133,7 +133,7 @@ def quantize(
 
 
 def _plan_key(x_hp, config, rowwise, colwise, rng, state, amax) -> tuple | None:
-    """The quantize plan key (docs/design.md §9): everything check_quantize and the launch geometry read - config,
+    """The quantize plan key (docs/design.md §4.1): everything check_quantize and the launch geometry read - config,
     shape, dtype, device, copies, the kinds of rng / state / amax - and the input's contiguity and 16-byte
     alignment (the vector-width choices); None when the call cannot have a plan (not a CUDA tensor, ...)."""
     if not isinstance(x_hp, torch.Tensor) or type(config) is not QuantConfig:

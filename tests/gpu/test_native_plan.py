@@ -1,4 +1,4 @@
-"""The cached call plans of native.quantize / native.gemm on the GPU (native/plan.py, docs/design.md §9).
+"""The cached call plans of native.quantize / native.gemm on the GPU (native/plan.py, docs/design.md §4.1).
 
 For every scheme and variant: the first call of a signature runs the full path and records a plan; the second and
 third calls (planned) give bytes identical to the first and to the golden reference (every field, scale padding

@@ -1,4 +1,4 @@
-"""The cached call plans of native.quantize / native.gemm (native/plan.py, docs/design.md §9), on the CPU.
+"""The cached call plans of native.quantize / native.gemm (native/plan.py, docs/design.md §4.1), on the CPU.
 
 What is pure Python is checked here without a GPU: the prepared parameter block against `Signature.slots`'
 bytes (an independent packing of the same arguments), the output block's layout, the cache bound, the plan
@@ -378,3 +378,11 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
         named = {"seed": seed.seed, "row_stream": seed.stream, "col_stream": (seed.stream + 1) & 0xFFFFFFFF}
     assert _planned(plan, named) == _today(calls, x2d, fields)
     _same_fields(_block_fields(plan, monkeypatch), fields)
+
+
+def test_every_launcher_module_plans_its_quantize():
+    from native.launchers import MODULES, launcher
+
+    for scheme in MODULES:
+        mod = launcher(scheme)
+        assert callable(mod.plan_quantize) and issubclass(mod.QuantizePlan, plan_mod.QuantizePlan), scheme
