@@ -462,12 +462,14 @@ def _prepare_portable(av: OperandView, bv: OperandView, out_dtype, bias, c, inde
     if m == 0 or n == 0:
         return None
 
-    def ptr(role, present=True):
-        return Patched(role, None) if present else None
+    def ptr(role, dtype, present=True):
+        return Patched(role, dtype) if present else None
 
-    args = _portable_args(av, bv, ptr("a_data"), ptr("a_scale"), ptr("b_data"), ptr("b_scale"),
-                          ptr("amax_a", av.amax is not None), ptr("amax_b", bv.amax is not None),
-                          ptr("bias", bias is not None), ptr("c", c is not None), ptr("out"), out_dtype)  # fmt: skip
+    f32, u8 = torch.float32, torch.uint8  # the dtypes _portable passes (amaxes, bias and C widened to fp32)
+    args = _portable_args(av, bv, ptr("a_data", u8), ptr("a_scale", av.scale.dtype), ptr("b_data", u8),
+                          ptr("b_scale", bv.scale.dtype), ptr("amax_a", f32, av.amax is not None),
+                          ptr("amax_b", f32, bv.amax is not None), ptr("bias", f32, bias is not None),
+                          ptr("c", f32, c is not None), ptr("out", out_dtype), out_dtype)  # fmt: skip
     grid = (math.ceil(n / TILE_N), math.ceil(m / TILE_M), 1)
     return PreparedLaunch(_portable_module(av, bv, out_dtype, index), KERNEL, grid, BLOCK_DIM, args, index)
 

@@ -386,3 +386,34 @@ def test_every_launcher_module_plans_its_quantize():
     for scheme in MODULES:
         mod = launcher(scheme)
         assert callable(mod.plan_quantize) and issubclass(mod.QuantizePlan, plan_mod.QuantizePlan), scheme
+
+
+@pytest.mark.parametrize("with_bias_c", [False, True])
+@pytest.mark.parametrize("cfgs", [("fp8_current", {}, {}), ("nvfp4", {}, {}), ("mxfp8", {}, {}),
+                                  ("fp8_block", {}, {"tile": (128, 128)})], ids=lambda c: c[0])  # fmt: skip
+def test_portable_gemm_plan_launches_what_portable_launches(monkeypatch, cfgs, with_bias_c):
+    """The portable GEMM's prepared launch holds _portable's arguments: every scalar slot, each pointer's role."""
+    import reference
+
+    g = sys.modules["native.gemm"]
+    scheme, a_kw, b_kw = cfgs
+    a = reference.quantize(torch.randn(64, 128), QuantConfig(scheme, **a_kw))
+    b = reference.quantize(torch.randn(32, 128), QuantConfig(scheme, **b_kw))
+    av, bv = g.operand_view(a, "rowwise", "a"), g.operand_view(b, "rowwise", "b")
+    bias = torch.ones(32) if with_bias_c else None
+    c = torch.ones(64, 32, dtype=torch.bfloat16) if with_bias_c else None
+    monkeypatch.setattr(g, "_portable_module", lambda *a: None)
+    prepared = g._prepare_portable(av, bv, torch.bfloat16, bias, c, 0)
+    assert prepared.geometry == (1, 1, 1, 16, 16, 1, 0)  # (ceil(32 / 64), ceil(64 / 64)) tiles of 16x16 threads
+    ptrs = {"a_data": 0x1000, "a_scale": 0x2000, "b_data": 0x3000, "b_scale": 0x4000, "amax_a": 0x5000,
+            "amax_b": 0x6000, "bias": 0x7000, "c": 0x8000, "out": 0x9000}  # fmt: skip
+    got = read_slots(prepared.params([ptrs[m.role] for _, m in prepared.patched]), 23)
+
+    def t(role, dtype, present=True):
+        return fake_cuda(dtype, ptrs[role]) if present else None
+
+    args = g._portable_args(av, bv, t("a_data", torch.uint8), t("a_scale", av.scale.dtype), t("b_data", torch.uint8),
+                            t("b_scale", bv.scale.dtype), t("amax_a", torch.float32, av.amax is not None),
+                            t("amax_b", torch.float32, bv.amax is not None), t("bias", torch.float32, with_bias_c),
+                            t("c", torch.float32, with_bias_c), t("out", torch.bfloat16), torch.bfloat16)  # fmt: skip
+    assert got == signature("block_scaled_gemm").slots(args)
