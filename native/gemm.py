@@ -54,7 +54,7 @@ from reference.types import QuantizedTensor, SpecViolation, Unsupported
 from .kernels import Patched
 from .launch import PreparedLaunch, device_index, launch, raw_stream
 from .launchers import CublasLtMode, launcher
-from .plan import GEMM_PLANS
+from .plan import GEMM_PLANS, current_device
 
 METHODS = ("auto", "cublaslt", "cublaslt_fast_accum", "portable")
 OUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -352,7 +352,7 @@ class GemmPlan:
 
     def run(self, a: QuantizedTensor, b: QuantizedTensor, out_dtype, bias, c) -> torch.Tensor:
         av, bv = self._view(a, self.views[0]), self._view(b, self.views[1])
-        if torch.cuda.current_device() != self.index:
+        if current_device() != self.index:
             with torch.cuda.device(self.device):
                 return _dispatch(av, bv, self.resolved, out_dtype, bias, c, checked=True, portable=self.portable)
         return _dispatch(av, bv, self.resolved, out_dtype, bias, c, checked=True, portable=self.portable)

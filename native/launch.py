@@ -17,6 +17,7 @@ driver copies the parameters during the call, so the next launch may reuse the b
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import sys
 import threading
@@ -135,14 +136,14 @@ class PreparedLaunch:
         """Write `values` (one int per patched slot, in order) into this thread's buffer; its kernelParams address."""
         local = self._local
         buf = getattr(local, "buf", None)
-        if buf is None:
+        if buf is None:  # this thread's block: the slots (fixed values written once), then a pointer to each slot
             n = len(self.fixed)
-            buf = np.zeros(2 * max(n, 1), dtype=np.uint64)
-            buf[:n] = self.fixed
-            base = int(buf.ctypes.data)
-            buf[n:2 * n] = _SLOT_OFFSETS[:n] + np.uint64(base)
-            local.buf, local.pointers = buf, base + SLOT_BYTES * n
-        for (i, _), v in zip(self.patched, values, strict=True):
+            buf = (ctypes.c_uint64 * (2 * max(n, 1)))(*self.fixed)
+            base = ctypes.addressof(buf)
+            for i in range(n):
+                buf[n + i] = base + SLOT_BYTES * i
+            local.buf, local.pointers, local.index = buf, base + SLOT_BYTES * n, tuple(i for i, _ in self.patched)
+        for i, v in zip(local.index, values, strict=True):
             buf[i] = v
         return local.pointers
 

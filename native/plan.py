@@ -157,6 +157,17 @@ def memset_zero(ptr: int, nbytes: int, index: int) -> None:
     _runtime().memsetAsync(ptr, 0, nbytes, raw_stream(index))
 
 
+def current_device() -> int:
+    """torch's current CUDA device (its internal getter when present: torch.cuda.current_device also re-checks
+    the lazy initialization on every call)."""
+    return _device_getter()()
+
+
+@functools.cache
+def _device_getter():
+    return getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+
 @functools.cache
 def _runtime():
     import cupy
@@ -187,7 +198,7 @@ class QuantizePlan:
 
     def run(self, x2d: torch.Tensor, seed, given, state) -> dict | None:
         """The fields of this call (None: take the full path), on the plan's device."""
-        if torch.cuda.current_device() != self.index:
+        if current_device() != self.index:
             with torch.cuda.device(self.index):
                 return self._run(x2d, seed, given, state)
         return self._run(x2d, seed, given, state)

@@ -110,7 +110,9 @@ def quantize(
         # amax's value, the fp8_delayed state), exactly as check_quantize / check_given_amax / quantize_2d do.
         seed = SRSeed.coerce(rng)
         given = None if amax is None else check_given_amax(amax, config)
-        fields = plan.run(x_hp.reshape(-1, x_hp.shape[-1]).contiguous(), seed, given, state)
+        # NUMERICS: §0.1 - [..., K] is [M, K]; a contiguous 2-D input already is (key[1]: shape, key[9]: contiguous).
+        x2d = x_hp if key[9] and len(key[1]) == 2 else x_hp.reshape(-1, x_hp.shape[-1]).contiguous()
+        fields = plan.run(x2d, seed, given, state)
         if fields is not None:
             return QuantizedTensor(config=config, shape=tuple(x_hp.shape), hp_dtype=DTYPE_NAMES[x_hp.dtype], **fields)
     x2d, seed = check_quantize(x_hp, config, rowwise=rowwise, colwise=colwise, rng=rng)
