@@ -25,7 +25,7 @@ Accumulation (beta = 1) runs in place: C = D = out, pre-filled with C.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -165,6 +165,14 @@ class _Plan:
     desc: int
     layouts: tuple[int, int, int]
     heur: object  # nvmath MatmulHeuristicResult (its first member is the algo struct)
+    pointers: dict = field(default_factory=dict)  # pointer attribute -> the value last set on `desc` by a call
+
+
+def _set_pointer(lt, plan: _Plan, attr, value: int) -> None:
+    """Set a pointer attribute of the plan's descriptor unless a call already set it to this value (under _LOCK)."""
+    if plan.pointers.get(attr) != value:
+        _set_desc(lt, plan.desc, attr, value)
+        plan.pointers[attr] = value
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -303,14 +311,14 @@ def scaled_matmul(
     stream = raw_stream(device)  # torch's current stream
     with _LOCK:
         plan = _plan(lt, key, a, b, k, out.dtype, bias_dtype, fast_accum, device, ep)
-        _set_desc(lt, plan.desc, D.A_SCALE_POINTER, b.scale.data_ptr())
-        _set_desc(lt, plan.desc, D.B_SCALE_POINTER, a.scale.data_ptr())
+        _set_pointer(lt, plan, D.A_SCALE_POINTER, b.scale.data_ptr())
+        _set_pointer(lt, plan, D.B_SCALE_POINTER, a.scale.data_ptr())
         if bias is not None:
-            _set_desc(lt, plan.desc, D.BIAS_POINTER, bias.data_ptr())
+            _set_pointer(lt, plan, D.BIAS_POINTER, bias.data_ptr())
         if aux is not None:
-            _set_desc(lt, plan.desc, D.EPILOGUE_AUX_POINTER, aux.data_ptr())
+            _set_pointer(lt, plan, D.EPILOGUE_AUX_POINTER, aux.data_ptr())
         if bgrad is not None:
-            _set_desc(lt, plan.desc, D.BIAS_POINTER, bgrad.data_ptr())
+            _set_pointer(lt, plan, D.BIAS_POINTER, bgrad.data_ptr())
         lay_a, lay_b, lay_c = plan.layouts
         # The cuBLASLt algo struct is the first member of cublasLtMatmulHeuristicResult_t.
         _check_status(

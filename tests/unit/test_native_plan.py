@@ -417,3 +417,23 @@ def test_portable_gemm_plan_launches_what_portable_launches(monkeypatch, cfgs, w
                             t("amax_b", torch.float32, bv.amax is not None), t("bias", torch.float32, with_bias_c),
                             t("c", torch.float32, with_bias_c), t("out", torch.bfloat16), torch.bfloat16)  # fmt: skip
     assert got == signature("block_scaled_gemm").slots(args)
+
+
+def test_cublaslt_sets_a_pointer_attribute_only_when_it_changes():
+    """A cuBLASLt descriptor keeps its attributes: a call whose scale pointer equals the last one set skips the set."""
+    import types
+
+    from native import cublaslt
+
+    calls = []
+
+    def setter(obj, attr, address, size):
+        calls.append((obj, attr, ctypes.c_uint64.from_address(address).value, size))
+
+    lt = types.SimpleNamespace(matmul_desc_set_attribute=setter, get_matmul_desc_attribute_dtype=lambda attr: np.uint64)
+    plan = cublaslt._Plan(desc=7, layouts=(1, 2, 3), heur=None)
+    for value in (0x1000, 0x1000, 0x2000, 0x2000, 0x1000):
+        cublaslt._set_pointer(lt, plan, "A_SCALE_POINTER", value)
+    cublaslt._set_pointer(lt, plan, "B_SCALE_POINTER", 0x1000)
+    assert calls == [(7, "A_SCALE_POINTER", 0x1000, 8), (7, "A_SCALE_POINTER", 0x2000, 8),
+                     (7, "A_SCALE_POINTER", 0x1000, 8), (7, "B_SCALE_POINTER", 0x1000, 8)]  # fmt: skip
