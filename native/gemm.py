@@ -308,7 +308,9 @@ def _tensor_key(t) -> tuple | None:
 
 
 def _operand_key(q: QuantizedTensor, orientation: str) -> tuple:
-    return (q.config, q.shape, q.hp_dtype, orientation, _tensor_key(getattr(q, f"{orientation}_data")),
+    # The shape's element types too: check_quantized takes only ints, and (256,) == (np.int64(256),).
+    return (q.config, q.shape, tuple(map(type, q.shape)), q.hp_dtype, orientation,
+            _tensor_key(getattr(q, f"{orientation}_data")),
             _tensor_key(getattr(q, f"{orientation}_scale")), _tensor_key(getattr(q, f"{orientation}_amax")))  # fmt: skip
 
 

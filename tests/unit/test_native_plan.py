@@ -226,6 +226,8 @@ def test_gemm_key_holds_every_input_the_checks_read():
     bad = reference.quantize(x, cfg)
     bad.shape = [32, 64]
     assert g._plan_key(bad, b, "TN", torch.bfloat16, None, None, "auto") is None
+    bad.shape = (np.int64(32), np.int64(64))  # equal to (32, 64), but check_quantized refuses it: another key
+    assert g._plan_key(bad, b, "TN", torch.bfloat16, None, None, "auto") not in (None, base)
 
 
 # ---- a plan launches what quantize_2d launches ----------------------------------------------------------------
