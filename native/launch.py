@@ -132,25 +132,33 @@ class PreparedLaunch:
         self._fn = fn if fn is not None else (function(module, name, device_index) if module is not None else 0)
         self._local = threading.local()
 
-    def params(self, values: Sequence[int]) -> int:
-        """Write `values` (one int per patched slot, in order) into this thread's buffer; its kernelParams address."""
+    def block(self):
+        """This thread's parameter block: (slots, kernelParams address); the fixed slots hold their values."""
         local = self._local
         buf = getattr(local, "buf", None)
-        if buf is None:  # this thread's block: the slots (fixed values written once), then a pointer to each slot
+        if buf is None:  # the slots (fixed values written once), then a pointer to each slot
             n = len(self.fixed)
             buf = (ctypes.c_uint64 * (2 * max(n, 1)))(*self.fixed)
             base = ctypes.addressof(buf)
             for i in range(n):
                 buf[n + i] = base + SLOT_BYTES * i
-            local.buf, local.pointers, local.index = buf, base + SLOT_BYTES * n, tuple(i for i, _ in self.patched)
-        for i, v in zip(local.index, values, strict=True):
+            local.buf, local.pointers = buf, base + SLOT_BYTES * n
+        return buf, local.pointers
+
+    def params(self, values: Sequence[int]) -> int:
+        """Write `values` (one int per patched slot, in order) into this thread's block; its kernelParams address."""
+        buf, pointers = self.block()
+        for (i, _), v in zip(self.patched, values, strict=True):
             buf[i] = v
-        return local.pointers
+        return pointers
+
+    def fire(self, pointers: int, stream: int) -> None:
+        """cuLaunchKernel with the block at `pointers` on `stream` (the caller's device is the plan's)."""
+        _cupy().cuda.driver.launchKernel(self._fn, *self.geometry, stream, pointers, 0)
 
     def __call__(self, values: Sequence[int], stream: int) -> None:
-        """Launch with the patched slots set to `values` on `stream` (the caller's device is the plan's)."""
-        params = self.params(values)
-        _cupy().cuda.driver.launchKernel(self._fn, *self.geometry, stream, params, 0)
+        """Launch with the patched slots set to `values` on `stream`."""
+        self.fire(self.params(values), stream)
 
 
 def device_index(device: torch.device) -> int:

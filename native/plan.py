@@ -110,6 +110,7 @@ class OutputBlock:
         ordered = [b for b in buffers if b.zero] + [b for b in buffers if not b.zero]
         self.offsets: dict[str, int] = {}  # buffer or part name -> byte offset from the block's start
         self.views: list[tuple[str, torch.dtype, tuple, tuple, int]] = []  # (field, dtype, shape, strides, elem offset)
+        self._dtypes: list[torch.dtype] = [torch.uint8]
         off = zero_end = 0
         for b in ordered:
             size = b.dtype.itemsize
@@ -126,6 +127,12 @@ class OutputBlock:
             off = -(-off // ALIGN) * ALIGN
         self.nbytes = max(off, ALIGN)
         self.zero_bytes = zero_end
+        for _, dtype, *_ in self.views:
+            if dtype not in self._dtypes:
+                self._dtypes.append(dtype)
+        # (field, index into the typed views of a block, element size, shape, strides, element offset)
+        self._fast = tuple((name, self._dtypes.index(dtype), dtype.itemsize, shape, strides, elem)
+                           for name, dtype, shape, strides, elem in self.views)  # fmt: skip
 
     def allocate(self, device: torch.device, index: int) -> tuple[int, dict[str, torch.Tensor]] | None:
         """(base pointer, field -> view) of a fresh block on `device` (current device `index`), zero-filled
@@ -137,15 +144,10 @@ class OutputBlock:
             return None
         if self.zero_bytes:
             memset_zero(base, self.zero_bytes, index)
-        typed = {torch.uint8: (raw, raw.storage_offset())}
-        out = {}
-        for name, dtype, shape, strides, elem in self.views:
-            t = typed.get(dtype)
-            if t is None:
-                v = raw.view(dtype)
-                t = typed[dtype] = (v, v.storage_offset())
-            out[name] = t[0].as_strided(shape, strides, t[1] + elem)  # as_strided's offset counts from the storage
-        return base, out
+        typed = [raw] + [raw.view(dtype) for dtype in self._dtypes[1:]]
+        start = raw.storage_offset()  # bytes (0 for a fresh block); as_strided's offset counts from the storage
+        return base, {name: typed[t].as_strided(shape, strides, start // size + elem)
+                      for name, t, size, shape, strides, elem in self._fast}  # fmt: skip
 
 
 def _raw_block(nbytes: int, device: torch.device) -> torch.Tensor:
@@ -182,12 +184,16 @@ class Step:
     def __init__(self, launch: PreparedLaunch, block: OutputBlock):
         self.launch = launch
         self.sources = tuple(block.offsets.get(m.role, m.role) for _, m in launch.patched)
+        self._slots = tuple((i, s) for (i, _), s in zip(launch.patched, self.sources, strict=True))
 
     def values(self, base: int, named: dict) -> list[int]:
         return [base + s if type(s) is int else named[s] for s in self.sources]
 
     def __call__(self, base: int, named: dict, stream: int) -> None:
-        self.launch(self.values(base, named), stream)
+        buf, pointers = self.launch.block()
+        for i, s in self._slots:  # = launch(values(base, named), stream), without the intermediate list
+            buf[i] = base + s if type(s) is int else named[s]
+        self.launch.fire(pointers, stream)
 
 
 class QuantizePlan:
