@@ -66,8 +66,13 @@ _HANDLES: dict[int, int] = {}
 _WORKSPACES: dict[int, torch.Tensor] = {}
 
 
+_BINDING: list = []  # the binding module once imported (a failed import is retried and reported every call)
+
+
 def _lt():
     """The nvmath cuBLASLt binding module, or Unsupported saying why it cannot be imported."""
+    if _BINDING:
+        return _BINDING[0]
     try:
         from nvmath.bindings import cublasLt
     except Exception as e:  # ImportError, or a missing libcublasLt at load time
@@ -75,6 +80,7 @@ def _lt():
             f"cuBLASLt GEMMs need nvmath-python (nvmath.bindings.cublasLt): import failed ({e!r}); "
             "install the 'gpu' extra or use method='portable'"
         ) from e
+    _BINDING.append(cublasLt)
     return cublasLt
 
 
