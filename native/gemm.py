@@ -307,11 +307,14 @@ def _tensor_key(t) -> tuple | None:
     return None if t is None else (t.shape, t.dtype, t.device)
 
 
+_FIELDS = {o: (f"{o}_data", f"{o}_scale", f"{o}_amax") for o in ("rowwise", "colwise")}
+
+
 def _operand_key(q: QuantizedTensor, orientation: str) -> tuple:
+    data, scale, amax = _FIELDS[orientation]
     # The shape's element types too: check_quantized takes only ints, and (256,) == (np.int64(256),).
-    return (q.config, q.shape, tuple(map(type, q.shape)), q.hp_dtype, orientation,
-            _tensor_key(getattr(q, f"{orientation}_data")),
-            _tensor_key(getattr(q, f"{orientation}_scale")), _tensor_key(getattr(q, f"{orientation}_amax")))  # fmt: skip
+    return (q.config, q.shape, tuple(map(type, q.shape)), q.hp_dtype, orientation, _tensor_key(getattr(q, data)),
+            _tensor_key(getattr(q, scale)), _tensor_key(getattr(q, amax)))  # fmt: skip
 
 
 def _plan_key(a, b, layout, out_dtype, bias, c, method) -> tuple | None:
