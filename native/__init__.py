@@ -4,6 +4,7 @@ Source: docs/design.md §3-§4 (drop-in backend), docs/numerics.md §0.3 (kernel
 CPU-only machine without CuPy: CuPy is imported lazily, and `supports()` says why a call cannot run.
 """
 
+from .plan import clear_plans, use_plans
 from .quantize import dequantize, quantize, supports, update_amax_history
 
 try:  # the GEMM module is optional at import time (it may be missing or need nvmath lazily)
@@ -18,4 +19,4 @@ except ImportError as _gemm_import_error:  # pragma: no cover - depends on the c
         raise Unsupported(f"native.gemm is unavailable: {_GEMM_IMPORT_ERROR}")
 
 
-__all__ = ["dequantize", "gemm", "quantize", "supports", "update_amax_history"]
+__all__ = ["clear_plans", "dequantize", "gemm", "quantize", "supports", "update_amax_history", "use_plans"]

@@ -25,12 +25,14 @@ Accumulation (beta = 1) runs in place: C = D = out, pre-filled with C.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from reference.types import Unsupported
+
+from .launch import raw_stream
 
 # cudaDataType_t values (CUDA library_types.h; nvmath._utils.CudaDataType mirrors them).
 CUDA_R_32F = 0
@@ -64,8 +66,13 @@ _HANDLES: dict[int, int] = {}
 _WORKSPACES: dict[int, torch.Tensor] = {}
 
 
+_BINDING: list = []  # the binding module once imported (a failed import is retried and reported every call)
+
+
 def _lt():
     """The nvmath cuBLASLt binding module, or Unsupported saying why it cannot be imported."""
+    if _BINDING:
+        return _BINDING[0]
     try:
         from nvmath.bindings import cublasLt
     except Exception as e:  # ImportError, or a missing libcublasLt at load time
@@ -73,6 +80,7 @@ def _lt():
             f"cuBLASLt GEMMs need nvmath-python (nvmath.bindings.cublasLt): import failed ({e!r}); "
             "install the 'gpu' extra or use method='portable'"
         ) from e
+    _BINDING.append(cublasLt)
     return cublasLt
 
 
@@ -119,9 +127,15 @@ def _workspace(device: int) -> torch.Tensor:
         return ws
 
 
+_ATTR_DTYPES: dict = {}
+
+
 def _set_attr(setter, dtype_of, obj: int, attr, value) -> None:
-    """Set one descriptor attribute from a Python value, typed by the binding's own dtype table."""
-    buf = np.asarray([value], dtype=dtype_of(attr))
+    """Set one descriptor attribute from a Python value, typed by the binding's own dtype table (cached)."""
+    dtype = _ATTR_DTYPES.get((dtype_of, attr))
+    if dtype is None:
+        dtype = _ATTR_DTYPES[(dtype_of, attr)] = np.dtype(dtype_of(attr))
+    buf = np.asarray([value], dtype=dtype)
     setter(obj, attr, buf.ctypes.data, buf.itemsize)
 
 
@@ -157,6 +171,14 @@ class _Plan:
     desc: int
     layouts: tuple[int, int, int]
     heur: object  # nvmath MatmulHeuristicResult (its first member is the algo struct)
+    pointers: dict = field(default_factory=dict)  # pointer attribute -> the value last set on `desc` by a call
+
+
+def _set_pointer(lt, plan: _Plan, attr, value: int) -> None:
+    """Set a pointer attribute of the plan's descriptor unless a call already set it to this value (under _LOCK)."""
+    if plan.pointers.get(attr) != value:
+        _set_desc(lt, plan.desc, attr, value)
+        plan.pointers[attr] = value
 
 
 _PLANS: dict[tuple, _Plan] = {}
@@ -292,17 +314,17 @@ def scaled_matmul(
     alpha_h = np.asarray([alpha], dtype=np.float32)
     beta_h = np.asarray([1.0 if accumulate else 0.0], dtype=np.float32)
     ws = _workspace(device)
-    stream = torch.cuda.current_stream(device).cuda_stream
+    stream = raw_stream(device)  # torch's current stream
     with _LOCK:
         plan = _plan(lt, key, a, b, k, out.dtype, bias_dtype, fast_accum, device, ep)
-        _set_desc(lt, plan.desc, D.A_SCALE_POINTER, b.scale.data_ptr())
-        _set_desc(lt, plan.desc, D.B_SCALE_POINTER, a.scale.data_ptr())
+        _set_pointer(lt, plan, D.A_SCALE_POINTER, b.scale.data_ptr())
+        _set_pointer(lt, plan, D.B_SCALE_POINTER, a.scale.data_ptr())
         if bias is not None:
-            _set_desc(lt, plan.desc, D.BIAS_POINTER, bias.data_ptr())
+            _set_pointer(lt, plan, D.BIAS_POINTER, bias.data_ptr())
         if aux is not None:
-            _set_desc(lt, plan.desc, D.EPILOGUE_AUX_POINTER, aux.data_ptr())
+            _set_pointer(lt, plan, D.EPILOGUE_AUX_POINTER, aux.data_ptr())
         if bgrad is not None:
-            _set_desc(lt, plan.desc, D.BIAS_POINTER, bgrad.data_ptr())
+            _set_pointer(lt, plan, D.BIAS_POINTER, bgrad.data_ptr())
         lay_a, lay_b, lay_c = plan.layouts
         # The cuBLASLt algo struct is the first member of cublasLtMatmulHeuristicResult_t.
         _check_status(

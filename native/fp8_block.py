@@ -14,9 +14,12 @@ from reference.formats import QuantConfig
 from reference.layouts import copy_geometry
 from reference.types import QuantizedTensor
 
-from .launch import device_index, launch, module_for
+from .kernels import Patched
+from .launch import PreparedLaunch, device_index, launch, module_for, raw_stream
 from .launchers import CublasLtMode, LtScale
 from .per_tensor import SUFFIX, THREADS, launch_dequantize, n_tiles, vec_flags
+from .plan import Buffer, OutputBlock, Step, X
+from .plan import QuantizePlan as QuantizePlanBase
 
 CU_FILE = "fp8_block.cu"
 # NUMERICS: §6 table - VEC128_32F / BLK128x128_32F on sm_90 only, cuBLAS >= 12.9, TN only, aligned.
@@ -73,3 +76,46 @@ def lt_scale(view) -> LtScale:
 def lt_alpha(a_view, b_view) -> float:
     """cuBLASLt's alpha: 1 (the block scales carry everything)."""
     return 1.0
+
+
+# ---- the cached call plan (native.plan) ----------------------------------------------------------------------
+
+
+class QuantizePlan(QuantizePlanBase):
+    """quantize_2d above for one (config, M, K, dtype, copies, x alignment) signature, prepared once
+    (docs/design.md §4.1): the same launch with the same arguments."""
+
+    def __init__(self, config, m: int, k: int, dtype: torch.dtype, *, rowwise: bool, colwise: bool, aligned: bool,
+                 given: bool, index: int):  # fmt: skip
+        self.index = index
+        buffers, ptrs, lds = [], {}, {}
+        for on, o, data_shape in ((rowwise, "rowwise", (m, k)), (colwise, "colwise", (k, m))):
+            scale_shape = copy_geometry(config, o, m, k).scale_padded_shape if on else (0, 0)
+            if on:
+                buffers += [Buffer(f"{o}_data", data_shape, torch.uint8), Buffer(f"{o}_scale", scale_shape, torch.float32)]
+            ptrs[o] = (Patched(f"{o}_data", torch.uint8), Patched(f"{o}_scale", torch.float32)) if on else (None, None)
+            lds[o] = np.int64(scale_shape[1])
+        self.block = block = OutputBlock(buffers)
+        # vec_flags on ALIGN-aligned outputs and an input of the given alignment.
+        vec_in = int(aligned and (k * dtype.itemsize) % 16 == 0)
+        vec_row, vec_col = int(not rowwise or k % 8 == 0), int(not colwise or m % 16 == 0)
+        launch = PreparedLaunch(module_for(CU_FILE, config, index), f"fp8_block_quantize_{SUFFIX[dtype]}",
+                                n_tiles(m, k), THREADS,
+                                (Patched(X, dtype), np.int64(m), np.int64(k), vec_in, vec_row, vec_col,
+                                 *ptrs["rowwise"], lds["rowwise"], *ptrs["colwise"], lds["colwise"]), index)  # fmt: skip
+        self.steps = (Step(launch, block),)
+
+    def _run(self, x2d, seed, given, state) -> dict | None:
+        got = self.block.allocate(x2d.device, self.index)
+        if got is None:
+            return None
+        base, fields = got
+        self.steps[0](base, {X: x2d.data_ptr()}, raw_stream(self.index))
+        return fields
+
+
+def plan_quantize(config, m: int, k: int, dtype: torch.dtype, *, rowwise: bool, colwise: bool, aligned: bool,
+                  given: bool, index: int) -> QuantizePlan:
+    """The call plan of quantize_2d for this signature (native.plan)."""
+    return QuantizePlan(config, m, k, dtype, rowwise=rowwise, colwise=colwise, aligned=aligned, given=given,
+                        index=index)

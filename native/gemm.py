@@ -51,8 +51,10 @@ from reference.layouts import CopyGeometry, gemm_layout, geometry_of
 from reference.spec import check_gemm
 from reference.types import QuantizedTensor, SpecViolation, Unsupported
 
-from .launch import device_index, launch
+from .kernels import Patched
+from .launch import PreparedLaunch, device_index, launch, raw_stream
 from .launchers import CublasLtMode, launcher
+from .plan import GEMM_PLANS, current_device
 
 METHODS = ("auto", "cublaslt", "cublaslt_fast_accum", "portable")
 OUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -269,16 +271,96 @@ def gemm(
     c: torch.Tensor | None = None,
     method: str = "auto",
 ) -> torch.Tensor:
-    """out [M, N] = a·bᵀ with the operands' scales (docs/numerics.md §6); see the module docstring."""
+    """out [M, N] = a·bᵀ with the operands' scales (docs/numerics.md §6); see the module docstring.
+
+    The first call of a signature (`_plan_key`) runs every check and records a `GemmPlan`; later calls skip the
+    checks that plan already passed (docs/design.md §4.1)."""
+    key = _plan_key(a, b, layout, out_dtype, bias, c, method)
+    plan = GEMM_PLANS.get(key) if key is not None else None
+    if plan is not None:
+        return plan.run(a, b, out_dtype, bias, c)
     av, bv = _check_operands(a, b, layout, out_dtype, bias, c, method)
     device = av.data.device
     resolved, _ = resolve_method(a.config, method, device)
     with torch.cuda.device(device):
-        if a.config.row_scaled or b.config.row_scaled:
-            return _row_scaled(av, bv, resolved, out_dtype, bias, c)
-        if resolved == "portable":
-            return _portable(av, bv, out_dtype, bias, c)
-        return _cublaslt(av, bv, out_dtype, bias, c, fast_accum=resolved == "cublaslt_fast_accum")
+        out = _dispatch(av, bv, resolved, out_dtype, bias, c, checked=False)
+    if key is not None:
+        GEMM_PLANS.put(key, GemmPlan(av, bv, resolved, out_dtype, bias, c))
+    return out
+
+
+def _dispatch(av: OperandView, bv: OperandView, resolved: str, out_dtype, bias, c, *, checked: bool,
+              portable: PreparedLaunch | None = None) -> torch.Tensor:  # fmt: skip
+    """The GEMM of checked operand views by the resolved method (`checked`: the cuBLASLt operand gaps were
+    found absent by an earlier call of this signature)."""
+    if av.config.row_scaled or bv.config.row_scaled:
+        return _row_scaled(av, bv, resolved, out_dtype, bias, c)
+    if resolved == "portable":
+        return _portable(av, bv, out_dtype, bias, c, prepared=portable)
+    return _cublaslt(av, bv, out_dtype, bias, c, fast_accum=resolved == "cublaslt_fast_accum", checked=checked)
+
+
+# ---- the cached call plan (native.plan) ---------------------------------------------------------
+
+
+def _tensor_key(t) -> tuple | None:
+    return None if t is None else (t.shape, t.dtype, t.device)
+
+
+_FIELDS = {o: (f"{o}_data", f"{o}_scale", f"{o}_amax") for o in ("rowwise", "colwise")}
+
+
+def _operand_key(q: QuantizedTensor, orientation: str) -> tuple:
+    data, scale, amax = _FIELDS[orientation]
+    # The shape's element types too: check_quantized takes only ints, and (256,) == (np.int64(256),).
+    return (q.config, q.shape, tuple(map(type, q.shape)), q.hp_dtype, orientation, _tensor_key(getattr(q, data)),
+            _tensor_key(getattr(q, scale)), _tensor_key(getattr(q, amax)))  # fmt: skip
+
+
+def _plan_key(a, b, layout, out_dtype, bias, c, method) -> tuple | None:
+    """The GEMM plan key (docs/design.md §4.1): everything check_gemm, _check_operands and resolve_method read -
+    both configs, logical shapes and input dtypes, the consumed copies' shapes, dtypes and devices, the layout,
+    out_dtype, method and the bias / C shapes, dtypes and devices; None when the call cannot have one."""
+    if type(a) is not QuantizedTensor or type(b) is not QuantizedTensor:
+        return None
+    try:
+        lay = gemm_layout(layout)
+        key = (lay.name, out_dtype, method, _operand_key(a, lay.a), _operand_key(b, lay.b), _tensor_key(bias),
+               _tensor_key(c))  # fmt: skip
+        hash(key)
+    except (SpecViolation, AttributeError, TypeError):  # the full path raises the spec's error for such input
+        return None
+    return key
+
+
+class GemmPlan:
+    """One GEMM call signature, checked once: the consumed copies' addressing (`OperandView` without its tensors),
+    the resolved method and, for the portable kernel, its prepared launch (docs/design.md §4.1)."""
+
+    def __init__(self, av: OperandView, bv: OperandView, resolved: str, out_dtype, bias, c):
+        self.views = tuple(
+            (f"{v.orientation}_data", f"{v.orientation}_scale", f"{v.orientation}_amax", v.orientation, v.geometry,
+             v.outer, v.k, v.i_stride, v.k_stride, v.s_idiv, v.s_istride, v.s_kstride)
+            for v in (av, bv)
+        )  # fmt: skip
+        self.resolved = resolved
+        self.device = av.data.device
+        self.index = device_index(self.device)
+        self.portable = None
+        if resolved == "portable" and not (av.config.row_scaled or bv.config.row_scaled):
+            self.portable = _prepare_portable(av, bv, out_dtype, bias, c, self.index)
+
+    def _view(self, q: QuantizedTensor, spec) -> OperandView:
+        data_f, scale_f, amax_f, orientation, g, outer, k, i_st, k_st, s_idiv, s_is, s_ks = spec
+        return OperandView(q, orientation, g, outer, k, getattr(q, data_f).contiguous(), i_st, k_st,
+                           getattr(q, scale_f).contiguous(), s_idiv, s_is, s_ks, getattr(q, amax_f))  # fmt: skip
+
+    def run(self, a: QuantizedTensor, b: QuantizedTensor, out_dtype, bias, c) -> torch.Tensor:
+        av, bv = self._view(a, self.views[0]), self._view(b, self.views[1])
+        if current_device() != self.index:
+            with torch.cuda.device(self.device):
+                return _dispatch(av, bv, self.resolved, out_dtype, bias, c, checked=True, portable=self.portable)
+        return _dispatch(av, bv, self.resolved, out_dtype, bias, c, checked=True, portable=self.portable)
 
 
 def _row_scaled(av: OperandView, bv: OperandView, resolved: str, out_dtype, bias, c) -> torch.Tensor:
@@ -356,35 +438,72 @@ def _tile_scaled(config: QuantConfig) -> bool:
     return config.is_2d and config.scheme_row.scale_per_tile
 
 
-def _portable(av: OperandView, bv: OperandView, out_dtype, bias, c) -> torch.Tensor:
-    m, n, k = av.outer, bv.outer, av.k
+def _portable_args(av: OperandView, bv: OperandView, a_data, a_scale, b_data, b_scale, amax_a, amax_b, bias32, c32,
+                   out, out_dtype) -> tuple:  # fmt: skip
+    """block_scaled_gemm's arguments: the views' addressing and the given tensors (or their `Patched` markers)."""
+    # NUMERICS: §6 epilogue - fp8_block: bias, RN_out, D = RN_out(C + RN_out(Y)); the others:
+    # RN(Y + C) in fp32, then RN(. + bias), then RN_out (reference.gemm's order).
+    epilogue = int(av.config.scheme_row.round_before_accumulate)
+    return (
+        a_data, np.int64(av.i_stride), np.int64(av.k_stride), a_scale,
+        np.int64(av.s_idiv), np.int64(av.s_istride), np.int64(av.s_kstride),
+        b_data, np.int64(bv.i_stride), np.int64(bv.k_stride), b_scale,
+        np.int64(bv.s_idiv), np.int64(bv.s_istride), np.int64(bv.s_kstride),
+        amax_a, amax_b, bias32, c32, np.int32(epilogue), out,
+        np.int64(av.outer), np.int64(bv.outer), np.int64(av.k),
+    )  # fmt: skip
+
+
+def _portable_module(av: OperandView, bv: OperandView, out_dtype, index: int):
+    with torch.cuda.device(index):
+        from ._compile import load_module
+
+        return load_module(CU_FILE, kernel_defines(av.config, bv.config, out_dtype))
+
+
+def _prepare_portable(av: OperandView, bv: OperandView, out_dtype, bias, c, index: int) -> PreparedLaunch | None:
+    """The portable kernel's launch for this signature, every pointer patched per call (None for an empty output)."""
+    m, n = av.outer, bv.outer
+    if m == 0 or n == 0:
+        return None
+
+    def ptr(role, dtype, present=True):
+        return Patched(role, dtype) if present else None
+
+    f32, u8 = torch.float32, torch.uint8  # the dtypes _portable passes (amaxes, bias and C widened to fp32)
+    args = _portable_args(av, bv, ptr("a_data", u8), ptr("a_scale", av.scale.dtype), ptr("b_data", u8),
+                          ptr("b_scale", bv.scale.dtype), ptr("amax_a", f32, av.amax is not None),
+                          ptr("amax_b", f32, bv.amax is not None), ptr("bias", f32, bias is not None),
+                          ptr("c", f32, c is not None), ptr("out", out_dtype), out_dtype)  # fmt: skip
+    grid = (math.ceil(n / TILE_N), math.ceil(m / TILE_M), 1)
+    return PreparedLaunch(_portable_module(av, bv, out_dtype, index), KERNEL, grid, BLOCK_DIM, args, index)
+
+
+def _portable(av: OperandView, bv: OperandView, out_dtype, bias, c, *, prepared: PreparedLaunch | None = None
+              ) -> torch.Tensor:  # fmt: skip
+    m, n = av.outer, bv.outer
     device = av.data.device
     out = torch.empty((m, n), dtype=out_dtype, device=device)
     if m == 0 or n == 0:
         return out
     bias32 = None if bias is None else bias.to(torch.float32).contiguous()  # exact widening
     c32 = None if c is None else c.to(torch.float32).contiguous()  # exact for bf16/fp16/fp32 C
-    # NUMERICS: §6 epilogue - fp8_block: bias, RN_out, D = RN_out(C + RN_out(Y)); the others:
-    # RN(Y + C) in fp32, then RN(. + bias), then RN_out (reference.gemm's order).
-    epilogue = int(av.config.scheme_row.round_before_accumulate)
     index = device_index(device)
-    with torch.cuda.device(index):
-        from ._compile import load_module
-
-        module = load_module(CU_FILE, kernel_defines(av.config, bv.config, out_dtype))
     # The kernel reads the global amaxes only in builds with an alpha (docs/numerics.md §5.8: nvfp4).
     amax_a = None if av.amax is None else av.amax.to(device=device, dtype=torch.float32).contiguous()
     amax_b = None if bv.amax is None else bv.amax.to(device=device, dtype=torch.float32).contiguous()
-    grid = (math.ceil(n / TILE_N), math.ceil(m / TILE_M), 1)
-    args = (
-        av.data, np.int64(av.i_stride), np.int64(av.k_stride), av.scale,
-        np.int64(av.s_idiv), np.int64(av.s_istride), np.int64(av.s_kstride),
-        bv.data, np.int64(bv.i_stride), np.int64(bv.k_stride), bv.scale,
-        np.int64(bv.s_idiv), np.int64(bv.s_istride), np.int64(bv.s_kstride),
-        amax_a, amax_b, bias32, c32, np.int32(epilogue), out,
-        np.int64(m), np.int64(n), np.int64(k),
-    )  # fmt: skip
-    launch(module, KERNEL, grid, BLOCK_DIM, args, index)
+    if prepared is None:
+        module = _portable_module(av, bv, out_dtype, index)
+        grid = (math.ceil(n / TILE_N), math.ceil(m / TILE_M), 1)
+        args = _portable_args(av, bv, av.data, av.scale, bv.data, bv.scale, amax_a, amax_b, bias32, c32, out, out_dtype)
+        launch(module, KERNEL, grid, BLOCK_DIM, args, index)
+    else:  # a planned signature: the same arguments, the pointers patched (the roles of _prepare_portable)
+        named = {"a_data": av.data.data_ptr(), "a_scale": av.scale.data_ptr(), "b_data": bv.data.data_ptr(),
+                 "b_scale": bv.scale.data_ptr(), "out": out.data_ptr()}  # fmt: skip
+        for role, t in (("amax_a", amax_a), ("amax_b", amax_b), ("bias", bias32), ("c", c32)):
+            if t is not None:
+                named[role] = t.data_ptr()
+        prepared([named[mk.role] for _, mk in prepared.patched], raw_stream(index))
     # Keep the temporaries alive until the kernel has run on torch's stream.
     for t in (amax_a, amax_b, bias32, c32):
         if t is not None:
@@ -423,13 +542,15 @@ def _cublaslt_operand_gap(av: OperandView, bv: OperandView) -> None:
         )
 
 
-def _cublaslt(av: OperandView, bv: OperandView, out_dtype, bias, c, *, fast_accum: bool) -> torch.Tensor:
+def _cublaslt(av: OperandView, bv: OperandView, out_dtype, bias, c, *, fast_accum: bool,
+              checked: bool = False) -> torch.Tensor:  # fmt: skip
     from . import cublaslt as lt_mod
 
     m, n, k = av.outer, bv.outer, av.k
     device = av.data.device
     scheme = launcher(av.config.scheme)
-    _cublaslt_operand_gap(av, bv)
+    if not checked:  # (a planned signature passed it on its first call)
+        _cublaslt_operand_gap(av, bv)
     alpha = scheme.lt_alpha(av, bv)  # exact fp32 value, host pointer mode
     la, lb = _lt_operand(av, lt_mod), _lt_operand(bv, lt_mod)
 

@@ -114,6 +114,16 @@ def _slot_converter(kernel: str, index: int, p: Param) -> Callable[[object], int
     return scalar
 
 
+@dataclass(frozen=True)
+class Patched:
+    """A launch argument written per call into a prepared launch (`native.launch.PreparedLaunch`): a pointer
+    (`dtype`: the dtype of every tensor it will point to, checked against the parameter once) or an integer
+    scalar (`dtype` None: the caller's int, as two's complement, like a scalar slot)."""
+
+    role: str
+    dtype: torch.dtype | None = None
+
+
 class Signature:
     """One kernel's declared parameters and the converters that check a launch's arguments."""
 
@@ -130,6 +140,32 @@ class Signature:
                 f"({', '.join(p.name for p in self.params)}), got {len(args)}"
             )
         return [f(a) for f, a in zip(self._convert, args, strict=True)]
+
+    def prepare(self, args: Sequence) -> tuple[list[int], tuple[tuple[int, Patched], ...]]:
+        """(slot values, ((index, marker), ...)) of an argument template whose `Patched` entries are written per
+        call: every other argument is checked and converted as `slots` does; a patched pointer's dtype is checked
+        against the parameter now (its slot holds 0 until patched), a patched scalar must be an integer type."""
+        if len(args) != len(self._convert):
+            raise TypeError(
+                f"kernel {self.name} takes {len(self.params)} arguments "
+                f"({', '.join(p.name for p in self.params)}), got {len(args)}"
+            )
+        slots, patched = [], []
+        for i, (p, f, a) in enumerate(zip(self.params, self._convert, args, strict=True)):
+            if not isinstance(a, Patched):
+                slots.append(f(a))
+                continue
+            where = f"kernel {self.name} argument {i} ({p.ctype} {p.name})"
+            if p.pointer:
+                allowed = POINTEES[p.pointee]
+                if allowed is not None and a.dtype not in allowed:
+                    raise TypeError(f"{where}: patched pointer to {a.dtype}; expected "
+                                    f"{'any dtype' if allowed is None else ' or '.join(map(str, allowed))}")  # fmt: skip
+            elif a.dtype is not None or SCALARS[p.ctype] is np.float32:
+                raise TypeError(f"{where}: only integer scalars and pointers can be patched per call")
+            slots.append(0)
+            patched.append((i, a))
+        return slots, tuple(patched)
 
     def __repr__(self) -> str:
         return f"{self.name}({', '.join(f'{p.ctype} {p.name}' for p in self.params)})"

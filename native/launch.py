@@ -17,6 +17,7 @@ driver copies the parameters during the call, so the next launch may reuse the b
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import sys
 import threading
@@ -91,12 +92,73 @@ def launch(module, name: str, grid: int | tuple, block: int | tuple, args: Seque
         with cupy.cuda.Device(device_index):
             launch(module, name, grid, block, args, device_index, shared_mem)
         return
+    cupy.cuda.driver.launchKernel(function(module, name, device_index), *_dims(grid), *_dims(block), int(shared_mem),
+                                  _raw_stream()(device_index), pack_params(name, args), 0)  # fmt: skip
+
+
+def function(module, name: str, device_index: int) -> int:
+    """The CUfunction handle of kernel `name` of `module` on device `device_index` (cached)."""
     key = (module, name, device_index)
     fn = _FUNCTIONS.get(key)
     if fn is None:
         fn = _FUNCTIONS[key] = module.get_function(name).kernel.ptr
-    cupy.cuda.driver.launchKernel(fn, *_dims(grid), *_dims(block), int(shared_mem), _raw_stream()(device_index),
-                                  pack_params(name, args), 0)  # fmt: skip
+    return fn
+
+
+def raw_stream(device_index: int) -> int:
+    """torch's current raw stream handle on `device_index`."""
+    return _raw_stream()(device_index)
+
+
+class PreparedLaunch:
+    """One kernel launch whose arguments are fixed except its `Patched` slots (a call plan, `native.plan`).
+
+    Built once from an argument template (`Signature.prepare` checks every fixed argument and the dtype of every
+    pointer, exactly as `pack_params` would); each thread keeps its own parameter buffer with the fixed slot
+    values written once, and a call writes only the patched slots (device pointers, an SR seed) before the
+    same cuLaunchKernel as `launch`, on torch's current stream of the plan's device.
+    """
+
+    def __init__(self, module, name: str, grid: int | tuple, block: int | tuple, args: Sequence, device_index: int,
+                 shared_mem: int = 0, *, fn: int | None = None):  # fmt: skip
+        slots, patched = signature(name).prepare(args)
+        if len(slots) > _MAX_ARGS:
+            raise ValueError(f"{len(slots)} kernel arguments; at most {_MAX_ARGS}")
+        self.name = name
+        self.fixed = tuple(slots)
+        self.patched = patched  # ((slot index, Patched marker), ...)
+        self.index = device_index
+        self.geometry = (*_dims(grid), *_dims(block), int(shared_mem))
+        self._fn = fn if fn is not None else (function(module, name, device_index) if module is not None else 0)
+        self._local = threading.local()
+
+    def block(self):
+        """This thread's parameter block: (slots, kernelParams address); the fixed slots hold their values."""
+        local = self._local
+        buf = getattr(local, "buf", None)
+        if buf is None:  # the slots (fixed values written once), then a pointer to each slot
+            n = len(self.fixed)
+            buf = (ctypes.c_uint64 * (2 * max(n, 1)))(*self.fixed)
+            base = ctypes.addressof(buf)
+            for i in range(n):
+                buf[n + i] = base + SLOT_BYTES * i
+            local.buf, local.pointers = buf, base + SLOT_BYTES * n
+        return buf, local.pointers
+
+    def params(self, values: Sequence[int]) -> int:
+        """Write `values` (one int per patched slot, in order) into this thread's block; its kernelParams address."""
+        buf, pointers = self.block()
+        for (i, _), v in zip(self.patched, values, strict=True):
+            buf[i] = v
+        return pointers
+
+    def fire(self, pointers: int, stream: int) -> None:
+        """cuLaunchKernel with the block at `pointers` on `stream` (the caller's device is the plan's)."""
+        _cupy().cuda.driver.launchKernel(self._fn, *self.geometry, stream, pointers, 0)
+
+    def __call__(self, values: Sequence[int], stream: int) -> None:
+        """Launch with the patched slots set to `values` on `stream`."""
+        self.fire(self.params(values), stream)
 
 
 def device_index(device: torch.device) -> int:

@@ -15,9 +15,12 @@ from reference.layouts import copy_geometry, geometry_of
 from reference.types import QuantizedTensor
 
 from . import swizzle
-from .launch import device_index, launch, module_for
+from .kernels import Patched
+from .launch import PreparedLaunch, device_index, launch, module_for, raw_stream
 from .launchers import CublasLtMode, LtScale
 from .per_tensor import SUFFIX, THREADS, launch_dequantize, n_tiles
+from .plan import Buffer, OutputBlock, Step, X
+from .plan import QuantizePlan as QuantizePlanBase
 
 CU_FILE = "mxfp8.cu"
 # NUMERICS: §6 table - VEC32_UE8M0 on sm_100+, cuBLAS >= 12.8; any layout (both copies are K-scaled).
@@ -82,3 +85,46 @@ def lt_scale(view) -> LtScale:
 def lt_alpha(a_view, b_view) -> float:
     """cuBLASLt's alpha: 1 (the block scales carry everything)."""
     return 1.0
+
+
+# ---- the cached call plan (native.plan) ----------------------------------------------------------------------
+
+
+class QuantizePlan(QuantizePlanBase):
+    """quantize_2d above for one (config, M, K, dtype, copies, x alignment) signature, prepared once
+    (docs/design.md §4.1): the same launch with the same arguments."""
+
+    def __init__(self, config, m: int, k: int, dtype: torch.dtype, *, rowwise: bool, colwise: bool, aligned: bool,
+                 given: bool, index: int):  # fmt: skip
+        self.index = index
+        buffers, ptrs = [], {}
+        for on, o in ((rowwise, "rowwise"), (colwise, "colwise")):
+            if on:
+                buffers += [Buffer(f"{o}_data", (m, k), torch.uint8),
+                            Buffer(f"{o}_scale", copy_geometry(config, o, m, k).scale_padded_shape, torch.uint8)]
+            ptrs[o] = (Patched(f"{o}_data", torch.uint8), Patched(f"{o}_scale", torch.uint8)) if on else (None, None)
+        self.block = block = OutputBlock(buffers)
+        # _vec_flags on ALIGN-aligned outputs and an input of the given alignment.
+        vec_in = int(aligned and (k * dtype.itemsize) % 16 == 0)
+        vec_out = int(k % 8 == 0)
+        ld_r = copy_geometry(config, "rowwise", m, k).scale_padded_shape[1] if rowwise else 0
+        ld_c = copy_geometry(config, "colwise", m, k).scale_padded_shape[1] if colwise else 0
+        launch = PreparedLaunch(module_for(CU_FILE, config, index), f"mxfp8_quantize_{SUFFIX[dtype]}", n_tiles(m, k),
+                                THREADS, (Patched(X, dtype), np.int64(m), np.int64(k), vec_in, vec_out, *ptrs["rowwise"],
+                                          np.int64(ld_r), *ptrs["colwise"], np.int64(ld_c)), index)  # fmt: skip
+        self.steps = (Step(launch, block),)
+
+    def _run(self, x2d, seed, given, state) -> dict | None:
+        got = self.block.allocate(x2d.device, self.index)
+        if got is None:
+            return None
+        base, fields = got
+        self.steps[0](base, {X: x2d.data_ptr()}, raw_stream(self.index))
+        return fields
+
+
+def plan_quantize(config, m: int, k: int, dtype: torch.dtype, *, rowwise: bool, colwise: bool, aligned: bool,
+                  given: bool, index: int) -> QuantizePlan:
+    """The call plan of quantize_2d for this signature (native.plan)."""
+    return QuantizePlan(config, m, k, dtype, rowwise=rowwise, colwise=colwise, aligned=aligned, given=given,
+                        index=index)

@@ -39,8 +39,11 @@ from reference.layouts import copy_geometry, geometry_of
 from reference.types import QuantizedTensor, SpecViolation, SRSeed
 
 from . import swizzle
-from .launch import device_index, launch, module_for
+from .kernels import Patched
+from .launch import PreparedLaunch, device_index, launch, module_for, raw_stream
 from .launchers import CublasLtMode, LtScale
+from .plan import Buffer, OutputBlock, Step, X
+from .plan import QuantizePlan as QuantizePlanBase
 
 CU_FILE = "nvfp4.cu"
 # NUMERICS: §6 table - VEC16_UE4M3 + alpha on sm_100+, cuBLAS >= 12.8, TN only.
@@ -347,3 +350,145 @@ def lt_alpha(a_view, b_view) -> float:
     a = a_view.amax.reshape(1).to(torch.float32).cpu().numpy()[0]
     b = b_view.amax.reshape(1).to(torch.float32).cpu().numpy()[0]
     return float(alpha(a, b, a_view.config.e4m3_max, b_view.config.e4m3_max))  # NUMERICS: §5.10 per operand
+
+
+# ---- the cached call plans (native.plan) ---------------------------------------------------------------------
+
+
+def _grid(n_units: int, units_per_block: int = THREADS, max_blocks: int = MAX_BLOCKS) -> int:
+    """CupyLauncher's grid for `n_units` work units."""
+    return min(-(-n_units // units_per_block), max_blocks)
+
+
+class QuantizePlan(QuantizePlanBase):
+    """quantize_2d above (quantize_with, or quantize_variant_with for a §5.10 variant) for one (config, M, K, dtype,
+    copies, x alignment, given amax) signature: the same launches with the same arguments, prepared once
+    (docs/design.md §4.1); the SR seed and streams are patched per call."""
+
+    def __init__(self, config: QuantConfig, m: int, k: int, dtype: torch.dtype, *, rowwise: bool, colwise: bool,
+                 aligned: bool, given: bool, index: int):  # fmt: skip
+        self.index = index
+        self.config = config
+        self.aligned = aligned
+        self.given = given
+        self.sr = config.stochastic
+        self.variant = config.variant is not None
+        mod = module_for(CU_FILE, config, index)
+        self._mod = mod
+        if self.variant:
+            buffers, steps = self._variant(config, m, k, dtype, rowwise, colwise, given)
+        else:
+            buffers, steps = self._plain(config, m, k, dtype, rowwise, colwise, given)
+        self.block = block = OutputBlock(buffers)
+        self.steps = tuple(Step(s, block) for s in steps)
+
+    def _launch(self, name: str, n_units: int, args, *, max_blocks: int = MAX_BLOCKS,
+                units_per_block: int = THREADS) -> list[PreparedLaunch]:  # fmt: skip
+        if n_units <= 0:  # as CupyLauncher: nothing to launch
+            return []
+        return [PreparedLaunch(self._mod, name, _grid(n_units, units_per_block, max_blocks), THREADS, args, self.index)]
+
+    def _plain(self, config, m, k, dtype, rowwise, colwise, given):
+        """quantize_with's buffers and launches."""
+        blk = config.block
+        sfx = _SUFFIX[dtype]
+        x = Patched(X, dtype)
+        a_x = "rowwise_amax" if rowwise else "_a_x"
+        a_c = "colwise_amax" if colwise else "_a_c"
+        bits = Buffer("_bits", (2,), torch.float32, zero=not given, parts=((a_x, 0, 1), (a_c, 1, 1)), field=given)
+        buffers = [bits]
+        copies, pads = [], []
+        for on, o, a_g, stream in ((rowwise, "rowwise", a_x, "row_stream"), (colwise, "colwise", a_c, "col_stream")):
+            if not on:
+                copies += [None, None, _i64(0), None, np.uint32(0)]
+                pads += [None, _i64(0), _i64(0)]
+                continue
+            g = copy_geometry(config, o, m, k)
+            buffers += [Buffer(f"{o}_data", g.data_shape, torch.uint8),
+                        Buffer(f"{o}_scale", g.scale_padded_shape, torch.uint8, zero=given)]  # fmt: skip
+            scale, rows, ld = Patched(f"{o}_scale", torch.uint8), _i64(g.scale_padded_shape[0]), _i64(g.scale_padded_shape[1])
+            copies += [Patched(f"{o}_data", torch.uint8), scale, ld, Patched(a_g, torch.float32),
+                       Patched(stream) if self.sr else np.uint32(0)]  # fmt: skip
+            pads += [scale, ld, rows]
+        n_tiles = _cdiv(m, TILE_M) * _cdiv(k, TILE_BYTES // dtype.itemsize)
+        steps = []
+        if given:
+            pass  # NUMERICS: §5.1 - the given amax is A_g of both copies; no pass over X (copied per call)
+        elif colwise and config.rht:
+            # NUMERICS: §5.6 - one pass gives the post-RHT amax (colwise A_g) and amax(X) (rowwise A_g).
+            steps += self._launch("nvfp4_rht_amax", n_tiles, [x, _i64(m), _i64(k), Patched(a_c, torch.float32),
+                                  Patched(a_x, torch.float32), *pads], max_blocks=REDUCE_BLOCKS, units_per_block=1)
+        else:
+            steps += self._launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // blk),
+                                  [x, _i64(m), _i64(k), Patched(a_x, torch.float32), Patched(a_c, torch.float32), *pads],
+                                  max_blocks=REDUCE_BLOCKS)  # fmt: skip
+        seed = Patched("seed") if self.sr else np.uint64(0)
+        steps += self._launch(f"nvfp4_quantize_{sfx}", n_tiles, [x, _i64(m), _i64(k), seed, *copies], units_per_block=1)
+        return buffers, steps
+
+    def _variant(self, config, m, k, dtype, rowwise, colwise, given):
+        """quantize_variant_with's buffers and launches (4over6, row-scaled; docs/numerics.md §5.10)."""
+        blk, unit_rows = config.block, config.tile[0]
+        sfx = _SUFFIX[dtype]
+        x = Patched(X, dtype)
+        buffers, steps = [], []
+        slot_names = ("rowwise_amax" if rowwise else "_a0", "colwise_amax" if colwise else "_a1")
+        if not config.row_scaled:
+            buffers.append(Buffer("_bits", (2,), torch.float32, zero=not given, field=given,
+                                  parts=((slot_names[0], 0, 1), (slot_names[1], 1, 1))))  # fmt: skip
+        if not config.row_scaled and not given:
+            no_pads = [None, _i64(0), _i64(0), None, _i64(0), _i64(0)]
+            steps += self._launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // blk),
+                                  [x, _i64(m), _i64(k), Patched(slot_names[0], torch.float32),
+                                   Patched(slot_names[1], torch.float32), *no_pads], max_blocks=REDUCE_BLOCKS)  # fmt: skip
+        sources = {"rowwise": (m, k, k, 1), "colwise": (k, m, 1, k)}
+        for slot, (on, o) in enumerate(((rowwise, "rowwise"), (colwise, "colwise"))):
+            if not on:
+                continue
+            rows, cols, rs, cs = sources[o]
+            src = [x, _i64(rows), _i64(cols), _i64(rs), _i64(cs)]
+            g = copy_geometry(config, o, m, k)
+            buffers += [Buffer(f"{o}_data", g.data_shape, torch.uint8),
+                        Buffer(f"{o}_scale", g.scale_padded_shape, torch.uint8, zero=True)]  # fmt: skip
+            data, scale = Patched(f"{o}_data", torch.uint8), Patched(f"{o}_scale", torch.uint8)
+            ld = _i64(g.scale_padded_shape[1])
+            if config.row_scaled:
+                # NUMERICS: §5.10 row-scaled - A_g of each row of the copy.
+                buffers.append(Buffer(f"{o}_amax", (rows,), torch.float32))
+                steps += self._launch(f"nvfp4_row_amax_{sfx}", rows, [*src, Patched(f"{o}_amax", torch.float32)])
+            a_g = Patched(f"{o}_amax" if config.row_scaled else slot_names[slot], torch.float32)
+            if config.four_over_six:
+                steps += self._launch(f"nvfp4_4over6_{sfx}", rows // unit_rows * (cols // blk),
+                                      [*src, a_g, np.int32(config.row_scaled), data, scale, ld])  # fmt: skip
+            else:
+                steps += self._launch(f"nvfp4_quantize_rows_{sfx}", rows * (cols // blk), [*src, a_g, data, scale, ld])
+        return buffers, steps
+
+    def _run(self, x2d, seed, given, state) -> dict | None:
+        if self.sr and seed is None:  # (reference.spec checks this for native.quantize; as quantize_2d)
+            raise SpecViolation(f"{self.config.id}: stochastic rounding needs rng=(seed, stream) (docs/numerics.md §5.7)")
+        if not self.aligned:  # the kernels use 16-byte vector loads along rows (quantize_2d clones such an X)
+            x2d = x2d.clone()
+        dev = x2d.device
+        got = self.block.allocate(dev, self.index)
+        if got is None:
+            return None
+        base, fields = got
+        if given is not None:
+            # NUMERICS: §5.1 - the given amax is A_g of both copies (TE's quantize_with_amax); no pass over X.
+            fields.pop("_bits").copy_(given.to(device=dev, dtype=torch.float32).reshape(1).expand(2))
+        named = {X: x2d.data_ptr()}
+        if self.sr:
+            named.update(seed=seed.seed, row_stream=seed.stream & _MASK32,
+                         col_stream=(seed.stream + 1) & _MASK32)  # NUMERICS: §5.7 colwise stream + 1
+        stream = raw_stream(self.index)
+        for step in self.steps:
+            step(base, named, stream)
+        return fields
+
+
+def plan_quantize(config: QuantConfig, m: int, k: int, dtype: torch.dtype, *, rowwise: bool, colwise: bool,
+                  aligned: bool, given: bool, index: int) -> QuantizePlan:
+    """The call plan of quantize_2d for this signature (native.plan)."""
+    return QuantizePlan(config, m, k, dtype, rowwise=rowwise, colwise=colwise, aligned=aligned, given=given,
+                        index=index)

@@ -18,8 +18,11 @@ from reference.formats import QuantConfig
 from reference.per_tensor import AmaxHistory  # the state's type (its fields), never its numerics
 from reference.types import QuantizedTensor
 
-from .launch import device_index, grid_stride_blocks, launch, module_for
+from .kernels import Patched
+from .launch import PreparedLaunch, device_index, grid_stride_blocks, launch, module_for, raw_stream
 from .launchers import CublasLtMode, LtScale
+from .plan import Buffer, OutputBlock, Step, X
+from .plan import QuantizePlan as QuantizePlanBase
 
 CU_FILE = "fp8_per_tensor.cu"
 TILE = 128  # the cast kernel's CTA tile (common.cuh kTile)
@@ -205,3 +208,93 @@ def lt_scale(view) -> LtScale:
 def lt_alpha(a_view, b_view) -> float:
     """cuBLASLt's alpha: 1 (the per-tensor scales are the SCALAR_32F scale pointers)."""
     return 1.0
+
+
+# ---- the cached call plan (native.plan) ----------------------------------------------------------------------
+
+
+class QuantizePlan(QuantizePlanBase):
+    """quantize_2d above for one (config, M, K, dtype, copies, x alignment, given amax) signature: the same
+    launches with the same arguments, prepared once (docs/design.md §4.1)."""
+
+    def __init__(self, config, m: int, k: int, dtype: torch.dtype, *, rowwise: bool, colwise: bool, aligned: bool,
+                 given: bool, index: int):  # fmt: skip
+        self.index = index
+        self.config = config
+        self.delayed = config.scheme == "fp8_delayed"
+        self.given = given
+        self.both = both = rowwise and colwise
+        mod = module_for(CU_FILE, config, index)
+        sfx = SUFFIX[dtype]
+        # The scalar slots of quantize_2d (one zeroed fp32 buffer, 16-byte slots): amax, scale, sinv, amax_c, sinv_c,
+        # named by the fields they become.
+        row_or_col = "rowwise" if rowwise else "colwise"
+        names = (f"{row_or_col}_amax", "_scale", f"{row_or_col}_scale",
+                 "colwise_amax" if both else "_amax_c", "colwise_scale" if both else "_sinv_c")  # fmt: skip
+        self.amax, _, self.sinv, self.amax_c, self.sinv_c = names
+        buffers = [Buffer("slots", (5 * SCALAR_SLOT,), torch.float32, zero=True, field=False,
+                          parts=tuple((n, i * SCALAR_SLOT, 1) for i, n in enumerate(names)))]  # fmt: skip
+        if rowwise:
+            buffers.append(Buffer("rowwise_data", (m, k), torch.uint8))
+        if colwise:
+            buffers.append(Buffer("colwise_data", (k, m), torch.uint8))
+        self.block = block = OutputBlock(buffers)
+        # vec_flags on ALIGN-aligned outputs (OutputBlock) and an input of the given alignment.
+        vec_in = int(aligned and (k * dtype.itemsize) % 16 == 0)
+        vec_row, vec_col = int(not rowwise or k % 8 == 0), int(not colwise or m % 16 == 0)
+
+        def ptr(name, dtype=torch.float32):
+            return Patched(name, dtype)
+
+        steps = []
+        x = ptr(X, dtype)
+        copy_amax, copy_sinv = (ptr(self.amax_c), ptr(self.sinv_c)) if both else (None, None)
+        if self.delayed:
+            cast_slots = (None, ptr("scale_in"), ptr(self.sinv), ptr(self.amax), None, None)
+        else:
+            if not given:
+                n = m * k
+                grid = grid_stride_blocks(math.ceil(n / 8), ELEMENTWISE_THREADS, index)
+                steps.append(PreparedLaunch(mod, f"tensor_amax_{sfx}", grid, THREADS,
+                                            (x, np.int64(n), int(aligned), ptr(self.amax)), index))  # fmt: skip
+            cast_slots = (ptr(self.amax), ptr("_scale"), ptr(self.sinv), None, copy_amax, copy_sinv)
+        steps.append(PreparedLaunch(mod, f"per_tensor_cast_{sfx}", n_tiles(m, k), THREADS,
+                                    (x, np.int64(m), np.int64(k), vec_in, vec_row, vec_col, *cast_slots,
+                                     ptr("rowwise_data", torch.uint8) if rowwise else None,
+                                     ptr("colwise_data", torch.uint8) if colwise else None), index))  # fmt: skip
+        self.steps = tuple(Step(s, block) for s in steps)
+
+    def _run(self, x2d, seed, given, state) -> dict | None:
+        dev = x2d.device
+        delayed = _state(self.config, state, dev)  # per call: the state's checks and a fresh one for None
+        got = self.block.allocate(dev, self.index)
+        if got is None:
+            return None
+        base, fields = got
+        stream = raw_stream(self.index)
+        named = {X: x2d.data_ptr()}
+        if given is not None:
+            if delayed is not None:
+                raise ValueError(f"{self.config.id}: a given amax is for fp8_current (fp8_delayed scales from its state)")
+            # NUMERICS: §1 - a given amax (TE's quantize_with_amax) replaces amax(X) in the scale rule; no amax pass.
+            fields[self.amax].copy_(given.to(device=dev, dtype=torch.float32).reshape(1))
+        scale_in = None
+        if delayed is not None:
+            scale_in = delayed.scale.to(device=dev, dtype=torch.float32).contiguous()  # NUMERICS: §2 sinv = RN(1/scale)
+            named["scale_in"] = scale_in.data_ptr()
+        for step in self.steps:
+            step(base, named, stream)
+        if delayed is not None:
+            amax = fields[self.amax]
+            record(delayed, amax)  # NUMERICS: §2 H[0] <- fmax(H[0], amax(x)) on the state's own device
+            if self.both:  # the cast kernel wrote amax and sinv once; the colwise copy gets its own tensors
+                fields[self.amax_c].copy_(amax)
+                fields[self.sinv_c].copy_(fields[self.sinv])
+        return fields
+
+
+def plan_quantize(config, m: int, k: int, dtype: torch.dtype, *, rowwise: bool, colwise: bool, aligned: bool,
+                  given: bool, index: int) -> QuantizePlan:
+    """The call plan of quantize_2d for this signature (native.plan)."""
+    return QuantizePlan(config, m, k, dtype, rowwise=rowwise, colwise=colwise, aligned=aligned, given=given,
+                        index=index)

@@ -19,8 +19,10 @@ from reference.formats import QuantConfig
 from reference.spec import DTYPE_NAMES, check_dequantize, check_given_amax, check_quantize
 from reference.types import QuantizedTensor, SpecViolation, SRSeed, Unsupported
 
+from .launch import device_index
 from .launchers import launcher
 from .per_tensor import update_amax_history as _update_amax_history
+from .plan import QUANTIZE_PLANS
 
 OPS = ("quantize", "dequantize", "gemm")
 
@@ -101,6 +103,18 @@ def quantize(
     Raises SpecViolation for input that breaks the spec (`reference.spec.check_quantize`, plus: x must be
     on a CUDA device) and Unsupported when this machine cannot run the kernels.
     """
+    key = _plan_key(x_hp, config, rowwise, colwise, rng, state, amax)
+    plan = QUANTIZE_PLANS.get(key) if key is not None else None
+    if plan is not None:
+        # A later call of a planned signature: only the per-call values are checked (the SR seed's range, a host
+        # amax's value, the fp8_delayed state), exactly as check_quantize / check_given_amax / quantize_2d do.
+        seed = SRSeed.coerce(rng)
+        given = None if amax is None else check_given_amax(amax, config)
+        # NUMERICS: §0.1 - [..., K] is [M, K]; a contiguous 2-D input already is (key[1]: shape, key[9]: contiguous).
+        x2d = x_hp if key[9] and len(key[1]) == 2 else x_hp.reshape(-1, x_hp.shape[-1]).contiguous()
+        fields = plan.run(x2d, seed, given, state)
+        if fields is not None:
+            return QuantizedTensor(config=config, shape=tuple(x_hp.shape), hp_dtype=DTYPE_NAMES[x_hp.dtype], **fields)
     x2d, seed = check_quantize(x_hp, config, rowwise=rowwise, colwise=colwise, rng=rng)
     extra = {} if amax is None else {"amax": check_given_amax(amax, config)}
     if not x2d.is_cuda:
@@ -110,9 +124,28 @@ def quantize(
         )
     _require("quantize", config, x2d.device)
     with torch.cuda.device(x2d.device):
-        fields = launcher(config.scheme).quantize_2d(x2d, config, rowwise=rowwise, colwise=colwise, rng=seed,
-                                                     state=state, **extra)  # fmt: skip
+        mod = launcher(config.scheme)
+        fields = mod.quantize_2d(x2d, config, rowwise=rowwise, colwise=colwise, rng=seed, state=state, **extra)
+        if key is not None and plan is None:
+            m, k = x2d.shape
+            QUANTIZE_PLANS.put(key, mod.plan_quantize(config, m, k, x2d.dtype, rowwise=bool(rowwise),
+                                                      colwise=bool(colwise), aligned=x2d.data_ptr() % 16 == 0,
+                                                      given=amax is not None, index=device_index(x2d.device)))  # fmt: skip
     return QuantizedTensor(config=config, shape=tuple(x_hp.shape), hp_dtype=DTYPE_NAMES[x_hp.dtype], **fields)
+
+
+def _plan_key(x_hp, config, rowwise, colwise, rng, state, amax) -> tuple | None:
+    """The quantize plan key (docs/design.md §4.1): everything check_quantize and the launch geometry read - config,
+    shape, dtype, device, copies, the kinds of rng / state / amax - and the input's contiguity and 16-byte
+    alignment (the vector-width choices); None when the call cannot have a plan (not a CUDA tensor, ...)."""
+    if not isinstance(x_hp, torch.Tensor) or type(config) is not QuantConfig:
+        return None
+    dev = x_hp.device
+    if dev.type != "cuda":
+        return None
+    contiguous = x_hp.is_contiguous()
+    return (config, x_hp.shape, x_hp.dtype, dev, bool(rowwise), bool(colwise), rng is None, state is None,
+            amax is None, contiguous, not contiguous or x_hp.data_ptr() % 16 == 0)  # fmt: skip
 
 
 def dequantize(q: QuantizedTensor, orientation: str = "rowwise", dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -1,0 +1,213 @@
+"""Call plans: what one `native.quantize` / `native.gemm` call signature needs, computed once per process.
+
+Source: docs/design.md §4.1 (call plans), issue #18 item 2 (per-call host cost). The first call with a
+key runs the full path (every `reference.spec` check, every error unchanged) and records a plan; later calls
+with that key run only what can differ per call: per-call values (the SR seed, a given amax, the fp8_delayed
+state, a GEMM's scales and alpha), ONE output allocation (`OutputBlock`: every output a view of it), the
+pointer patching of prepared launches (`native.launch.PreparedLaunch`) and the launches on torch's current
+stream. Plans live in two bounded LRU caches (`PlanCache`, `MAX_PLANS` entries each); `clear_plans()` empties
+them. A plan never holds a tensor of a call: every call allocates fresh outputs.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .launch import PreparedLaunch, raw_stream
+
+MAX_PLANS = 256
+ALIGN = 256  # every buffer of an OutputBlock starts on this many bytes (torch's CUDA blocks are 512-aligned)
+X = "x"  # the role of the quantize input's pointer in a launch template
+
+
+class PlanCache:
+    """A bounded least-recently-used map key -> plan (per process)."""
+
+    def __init__(self, maxsize: int = MAX_PLANS):
+        self.maxsize = maxsize
+        self.enabled = True  # False: every call takes the full path and nothing is recorded (`use_plans`)
+        self._plans: OrderedDict = OrderedDict()
+
+    def get(self, key):
+        if not self.enabled:
+            return None
+        plan = self._plans.get(key)
+        if plan is not None:
+            try:
+                self._plans.move_to_end(key)
+            except KeyError:  # evicted by another thread meanwhile
+                pass
+        return plan
+
+    def put(self, key, plan) -> None:
+        if not self.enabled:
+            return
+        self._plans[key] = plan
+        self._plans.move_to_end(key)
+        while len(self._plans) > self.maxsize:
+            self._plans.popitem(last=False)
+
+    def clear(self) -> None:
+        self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def __contains__(self, key) -> bool:
+        return key in self._plans
+
+
+QUANTIZE_PLANS = PlanCache()
+GEMM_PLANS = PlanCache()
+
+
+def clear_plans() -> None:
+    """Forget every cached quantize and GEMM plan of this process (tests; the next calls run the full path)."""
+    QUANTIZE_PLANS.clear()
+    GEMM_PLANS.clear()
+
+
+def use_plans(enabled: bool) -> None:
+    """Turn the plan caches on (the default) or off (every call takes the full path: before/after benchmarks)."""
+    for cache in (QUANTIZE_PLANS, GEMM_PLANS):
+        cache.enabled = bool(enabled)
+        cache.clear()
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One output region of a call: `shape` x `dtype`, zero-filled or not. `parts`: (field, first element,
+    count) flat views returned instead of the whole buffer (e.g. two amax slots of one [2] buffer); `field`:
+    whether the whole buffer is viewed under `name` too (False for scratch only the kernels use)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    zero: bool = False
+    parts: tuple[tuple[str, int, int], ...] = ()
+    field: bool = True
+
+
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+class OutputBlock:
+    """Every output of one call in ONE torch.empty: buffers at ALIGN-byte offsets, the zero-filled ones first
+    (one cudaMemsetAsync on torch's stream clears them), each returned field an `as_strided` view."""
+
+    def __init__(self, buffers: Sequence[Buffer]):
+        ordered = [b for b in buffers if b.zero] + [b for b in buffers if not b.zero]
+        self.offsets: dict[str, int] = {}  # buffer or part name -> byte offset from the block's start
+        self.views: list[tuple[str, torch.dtype, tuple, tuple, int]] = []  # (field, dtype, shape, strides, elem offset)
+        self._dtypes: list[torch.dtype] = [torch.uint8]
+        off = zero_end = 0
+        for b in ordered:
+            size = b.dtype.itemsize
+            self.offsets[b.name] = off
+            for name, first, count in b.parts:
+                self.offsets[name] = off + first * size
+                if not name.startswith("_"):  # "_name": a slot the kernels alone use (an offset, no view)
+                    self.views.append((name, b.dtype, (count,), (1,), (off // size) + first))
+            if b.field:
+                self.views.append((b.name, b.dtype, tuple(b.shape), _contiguous_strides(b.shape), off // size))
+            off += math.prod(b.shape) * size
+            if b.zero:
+                zero_end = off
+            off = -(-off // ALIGN) * ALIGN
+        self.nbytes = max(off, ALIGN)
+        self.zero_bytes = zero_end
+        for _, dtype, *_ in self.views:
+            if dtype not in self._dtypes:
+                self._dtypes.append(dtype)
+        # (field, index into the typed views of a block, element size, shape, strides, element offset)
+        self._fast = tuple((name, self._dtypes.index(dtype), dtype.itemsize, shape, strides, elem)
+                           for name, dtype, shape, strides, elem in self.views)  # fmt: skip
+
+    def allocate(self, device: torch.device, index: int) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """(base pointer, field -> view) of a fresh block on `device` (current device `index`), zero-filled
+        buffers cleared; None if the allocator returned a block that is not ALIGN-aligned (the caller then takes
+        the full path, whose vector-width choices read the real pointers)."""
+        raw = _raw_block(self.nbytes, device)
+        base = raw.data_ptr()
+        if base % ALIGN:
+            return None
+        if self.zero_bytes:
+            memset_zero(base, self.zero_bytes, index)
+        typed = [raw] + [raw.view(dtype) for dtype in self._dtypes[1:]]
+        start = raw.storage_offset()  # bytes (0 for a fresh block); as_strided's offset counts from the storage
+        return base, {name: typed[t].as_strided(shape, strides, start // size + elem)
+                      for name, t, size, shape, strides, elem in self._fast}  # fmt: skip
+
+
+def _raw_block(nbytes: int, device: torch.device) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
+def memset_zero(ptr: int, nbytes: int, index: int) -> None:
+    """cudaMemsetAsync(ptr, 0, nbytes) on torch's current stream of device `index` (the current device)."""
+    _runtime().memsetAsync(ptr, 0, nbytes, raw_stream(index))
+
+
+def current_device() -> int:
+    """torch's current CUDA device (its internal getter when present: torch.cuda.current_device also re-checks
+    the lazy initialization on every call)."""
+    return _device_getter()()
+
+
+@functools.cache
+def _device_getter():
+    return getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+
+@functools.cache
+def _runtime():
+    import cupy
+
+    return cupy.cuda.runtime
+
+
+class Step:
+    """One prepared launch of a plan and where each patched slot's value comes from per call: a buffer or part
+    of the plan's OutputBlock (base + its offset), or a named per-call value (`X`, an SR seed, a state's scale)."""
+
+    def __init__(self, launch: PreparedLaunch, block: OutputBlock):
+        self.launch = launch
+        self.sources = tuple(block.offsets.get(m.role, m.role) for _, m in launch.patched)
+        self._slots = tuple((i, s) for (i, _), s in zip(launch.patched, self.sources, strict=True))
+
+    def values(self, base: int, named: dict) -> list[int]:
+        return [base + s if type(s) is int else named[s] for s in self.sources]
+
+    def __call__(self, base: int, named: dict, stream: int) -> None:
+        buf, pointers = self.launch.block()
+        for i, s in self._slots:  # = launch(values(base, named), stream), without the intermediate list
+            buf[i] = base + s if type(s) is int else named[s]
+        self.launch.fire(pointers, stream)
+
+
+class QuantizePlan:
+    """A plan of one quantize call signature: subclasses (one per launcher module) set `index`, `block` and
+    `steps` and implement `_run(x2d, seed, given, state) -> QuantizedTensor fields`."""
+
+    index: int
+
+    def run(self, x2d: torch.Tensor, seed, given, state) -> dict | None:
+        """The fields of this call (None: take the full path), on the plan's device."""
+        if current_device() != self.index:
+            with torch.cuda.device(self.index):
+                return self._run(x2d, seed, given, state)
+        return self._run(x2d, seed, given, state)
+
+    def _run(self, x2d, seed, given, state) -> dict | None:  # pragma: no cover - abstract
+        raise NotImplementedError

@@ -1,0 +1,359 @@
+"""The cached call plans of native.quantize / native.gemm on the GPU (native/plan.py, docs/design.md §4.1).
+
+For every scheme and variant: the first call of a signature runs the full path and records a plan; the second and
+third calls (planned) give bytes identical to the first and to the golden reference (every field, scale padding
+included); calls of other signatures never reuse a wrong plan; a later call with bad input raises the exception
+and message the full path raises; every call returns fresh storage; the SR seed, a given amax and the fp8_delayed
+state are read per call. GEMMs: planned calls equal the full path (plans off) bit for bit, on new operands too.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import reference
+from reference.formats import QuantConfig
+from reference.per_tensor import AmaxHistory
+from reference.types import SpecViolation, SRSeed
+from tests.gpu.test_native_features import assert_same, make_x, seed_of
+
+pytestmark = pytest.mark.gpu
+
+CONFIGS = {
+    "fp8_current": QuantConfig("fp8_current"),
+    "fp8_current-e5m2-pow2": QuantConfig("fp8_current", element="e5m2", pow2_scales=True, eps=2.0**-20),
+    "fp8_delayed": QuantConfig("fp8_delayed"),
+    "mxfp8": QuantConfig("mxfp8"),
+    "mxfp8-e5m2": QuantConfig("mxfp8", element="e5m2"),
+    "fp8_block-1x128": QuantConfig("fp8_block"),
+    "fp8_block-128x128": QuantConfig("fp8_block", tile=(128, 128)),
+    "nvfp4-1x16": QuantConfig("nvfp4"),
+    "nvfp4-16x16": QuantConfig("nvfp4", tile=(16, 16)),
+    "nvfp4-rht": QuantConfig("nvfp4", rht=True),
+    "nvfp4-sr": QuantConfig("nvfp4", stochastic=True),
+    "nvfp4-rht-sr": QuantConfig("nvfp4", rht=True, stochastic=True),
+    "nvfp4-16x16-sr": QuantConfig("nvfp4", tile=(16, 16), stochastic=True),
+    "nvfp4-4over6": QuantConfig("nvfp4", variant="4over6"),
+    "nvfp4-16x16-4over6": QuantConfig("nvfp4", tile=(16, 16), variant="4over6"),
+    "nvfp4-row_scaled": QuantConfig("nvfp4", variant="row_scaled"),
+    "nvfp4-row_scaled_4over6": QuantConfig("nvfp4", variant="row_scaled_4over6"),
+}
+GIVEN = ("fp8_current", "fp8_current-e5m2-pow2", "nvfp4-1x16", "nvfp4-16x16", "nvfp4-sr", "nvfp4-4over6")
+COPIES = {"both": (True, True), "rowwise": (True, False), "colwise": (False, True)}
+SEED = SRSeed(0x0123456789ABCDEF, 0xFFFFFFFF)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _needs_cupy():
+    pytest.importorskip("cupy")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    import native
+
+    native.use_plans(True)
+    native.clear_plans()
+    yield
+    native.use_plans(True)
+    native.clear_plans()
+
+
+def plans():
+    return sys.modules["native.plan"]
+
+
+def call_kwargs(cfg: QuantConfig, x: torch.Tensor, *, given: bool, rng=SEED) -> dict:
+    kw = {}
+    if cfg.stochastic:
+        kw["rng"] = rng
+    if given:
+        kw["amax"] = x.abs().to(torch.float32).amax().reshape(1) * 1.5
+    return kw
+
+
+def storages(q) -> set[int]:
+    return {t.untyped_storage().data_ptr() for o in ("rowwise", "colwise") for f in ("data", "scale", "amax")
+            if (t := getattr(q, f"{o}_{f}")) is not None}  # fmt: skip
+
+
+def copies_allowed(cfg: QuantConfig, copies: str) -> bool:
+    return not (cfg.variant == "row_scaled_4over6" and COPIES[copies][1])
+
+
+def shapes_of(cfg: QuantConfig) -> list[tuple[int, int]]:
+    return [(256, 256), (128, 96)] if not cfg.scheme_row.partial_tiles else [(256, 256), (200, 136)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("copies", list(COPIES))
+@pytest.mark.parametrize("given", [False, True])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_planned_calls_equal_the_first_and_the_golden(name, given, copies, dtype):
+    import native
+
+    cfg = CONFIGS[name]
+    if given and name not in GIVEN:
+        pytest.skip("no given amax for this config (reference.spec.check_given_amax)")
+    if cfg.rht and dtype != torch.bfloat16:
+        pytest.skip("RHT needs bfloat16 (reference.spec)")
+    if not copies_allowed(cfg, copies):
+        pytest.skip("row-scaled 4over6 has no columnwise copy")
+    rw, cw = COPIES[copies]
+    for shape in shapes_of(cfg):
+        native.clear_plans()
+        x = make_x(shape, dtype, seed=seed_of(name, shape, dtype))
+        xd = x.cuda()
+        kw = call_kwargs(cfg, x, given=given)
+        dev_kw = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+        gold_state = AmaxHistory(cfg) if cfg.scheme == "fp8_delayed" else None
+        gold = reference.quantize(x, cfg, rowwise=rw, colwise=cw, state=gold_state, **kw)
+        outs = []
+        for i in range(3):
+            state = AmaxHistory(cfg, device=xd.device) if gold_state is not None else None
+            q = native.quantize(xd, cfg, rowwise=rw, colwise=cw, state=state, **dev_kw)
+            label = f"{name} {shape} {dtype} {copies} given={given} call {i + 1}"
+            assert_same(gold, q, label)
+            if state is not None:  # NUMERICS: §2 H[0] <- fmax(H[0], amax(x)) on every call, planned or not
+                assert torch.equal(state.history.cpu().view(torch.int32), gold_state.history.view(torch.int32)), label
+            assert len(plans().QUANTIZE_PLANS) == 1, f"{label}: the first call records one plan, later ones reuse it"
+            outs.append(q)
+        assert not (storages(outs[0]) & storages(outs[1])) and not (storages(outs[1]) & storages(outs[2]))
+        for q in outs:  # a later call never writes into an earlier call's outputs
+            assert_same(gold, q, f"{name} {shape} after three calls")
+
+
+def test_other_signatures_never_reuse_a_plan():
+    """Alternating signatures (shape, config, copies, dtype, given amax, alignment, contiguity) each match the golden."""
+    import native
+
+    base = make_x((256, 256), torch.bfloat16, seed=1)
+    signatures = [
+        (base, CONFIGS["nvfp4-1x16"], True, True, {}),
+        (make_x((128, 256), torch.bfloat16, seed=2), CONFIGS["nvfp4-1x16"], True, True, {}),
+        (base, CONFIGS["nvfp4-16x16"], True, True, {}),
+        (base, CONFIGS["nvfp4-1x16"], True, False, {}),
+        (base, CONFIGS["nvfp4-1x16"], False, True, {}),
+        (base.float(), CONFIGS["nvfp4-1x16"], True, True, {}),
+        (base, CONFIGS["nvfp4-1x16"], True, True, {"amax": torch.tensor([7.0])}),
+        (base, CONFIGS["fp8_current"], True, True, {}),
+        (base, CONFIGS["mxfp8"], True, True, {}),
+        (base, CONFIGS["fp8_block-1x128"], True, True, {}),
+    ]
+    for _ in range(2):
+        for x, cfg, rw, cw, kw in signatures:
+            gold = reference.quantize(x, cfg, rowwise=rw, colwise=cw, **kw)
+            dev_kw = {k: v.cuda() for k, v in kw.items()}
+            assert_same(gold, native.quantize(x.cuda(), cfg, rowwise=rw, colwise=cw, **dev_kw), f"{cfg.id} {x.shape}")
+    assert len(plans().QUANTIZE_PLANS) == len(signatures)
+    # Alignment and contiguity: a misaligned view and a transposed view of the same values, after the plan of an
+    # aligned contiguous input (the vector-width flags and nvfp4's copy of a misaligned X are per key).
+    for cfg in (CONFIGS["fp8_current"], CONFIGS["mxfp8"], CONFIGS["fp8_block-1x128"], CONFIGS["nvfp4-1x16"]):
+        gold = reference.quantize(base, cfg, rowwise=True, colwise=True)
+        flat = torch.empty(base.numel() + 1, dtype=base.dtype, device="cuda")
+        flat[1:] = base.cuda().flatten()
+        misaligned = flat[1:].view(base.shape)
+        assert misaligned.data_ptr() % 16
+        transposed = base.t().contiguous().cuda().t()
+        for x in (base.cuda(), misaligned, transposed, base.cuda(), misaligned, transposed):
+            assert_same(gold, native.quantize(x, cfg, rowwise=True, colwise=True), f"{cfg.id} {x.stride()}")
+
+
+def test_a_second_device_gets_its_own_plan():
+    import native
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    cfg = CONFIGS["nvfp4-sr"]
+    x = make_x((256, 256), torch.bfloat16, seed=5)
+    gold = reference.quantize(x, cfg, rowwise=True, colwise=True, rng=SEED)
+    current = torch.cuda.current_device()
+    for dev in ("cuda:0", "cuda:1", "cuda:0", "cuda:1"):
+        q = native.quantize(x.to(dev), cfg, rowwise=True, colwise=True, rng=SEED)
+        assert q.rowwise_data.device == torch.device(dev)
+        assert_same(gold, q, dev)
+        assert torch.cuda.current_device() == current
+    assert len(plans().QUANTIZE_PLANS) == 2
+
+
+def error_of(fn) -> tuple[type, str]:
+    try:
+        fn()
+    except Exception as e:  # the type and message are what is compared
+        return type(e), str(e)
+    raise AssertionError("no exception")
+
+
+@pytest.mark.parametrize("name", ["fp8_current", "fp8_delayed", "mxfp8", "fp8_block-1x128", "nvfp4-sr", "nvfp4-4over6"])
+def test_bad_input_after_a_plan_raises_what_the_full_path_raises(name):
+    import native
+
+    cfg = CONFIGS[name]
+    x = make_x((256, 256), torch.bfloat16, seed=7).cuda()
+    rng = SEED if cfg.stochastic else None
+    state = (lambda: AmaxHistory(cfg, device=x.device)) if cfg.scheme == "fp8_delayed" else (lambda: None)
+    bad_calls = {
+        "float64": lambda: native.quantize(x.double(), cfg, rng=rng, state=state()),
+        "cpu": lambda: native.quantize(x.cpu(), cfg, rng=rng, state=state()),
+        "partial K": lambda: native.quantize(x[:, :200], cfg, rng=rng, state=state()),
+        "no copies": lambda: native.quantize(x, cfg, rowwise=False, colwise=False, rng=rng, state=state()),
+        "bad seed": lambda: native.quantize(x, cfg, rng=(2**64, 0), state=state()),
+        "negative host amax": lambda: native.quantize(x, cfg, rng=rng, state=state(), amax=torch.tensor([-1.0])),
+        "wrong state": lambda: native.quantize(x, cfg, rng=rng, state=AmaxHistory(QuantConfig("fp8_delayed", margin=1))),
+    }
+    if cfg.stochastic:
+        bad_calls["no rng"] = lambda: native.quantize(x, cfg, rng=None)
+    expected = {}
+    native.use_plans(False)
+    for what, call in bad_calls.items():
+        try:
+            call()
+        except Exception as e:
+            expected[what] = (type(e), str(e))
+    native.use_plans(True)
+    for _ in range(2):  # plan the good signatures (with and without an amax where one is taken)
+        native.quantize(x, cfg, rng=rng, state=state())
+        if name in GIVEN:
+            native.quantize(x, cfg, rng=rng, state=state(), amax=torch.tensor([3.0]))
+    assert len(plans().QUANTIZE_PLANS) >= 1
+    for what, call in bad_calls.items():
+        if what in expected:
+            assert error_of(call) == expected[what], what
+        else:  # the full path accepted it (e.g. a seed for a config without SR): so must the planned one
+            call()
+    assert {"float64", "cpu", "no copies"} <= set(expected) and issubclass(expected["cpu"][0], SpecViolation)
+
+
+@pytest.mark.parametrize("name", ["nvfp4-sr", "nvfp4-rht-sr", "nvfp4-16x16-sr"])
+def test_the_sr_seed_is_read_per_call(name):
+    import native
+
+    cfg = CONFIGS[name]
+    x = make_x((256, 256), torch.bfloat16, seed=11)
+    seeds = [SEED, SRSeed(1, 0), (0xFFFFFFFF00000001, 0xFFFFFFFE), 42]
+    golds = [reference.quantize(x, cfg, rowwise=True, colwise=True, rng=s) for s in seeds]
+    assert not torch.equal(golds[0].rowwise_data, golds[1].rowwise_data)  # the seeds do change the bits
+    for _ in range(2):
+        for s, gold in zip(seeds, golds, strict=True):
+            assert_same(gold, native.quantize(x.cuda(), cfg, rowwise=True, colwise=True, rng=s), f"{name} rng={s}")
+    assert len(plans().QUANTIZE_PLANS) == 1
+
+
+@pytest.mark.parametrize("name", GIVEN)
+def test_a_given_amax_is_read_per_call(name):
+    import native
+
+    cfg = CONFIGS[name]
+    x = make_x((256, 256), torch.bfloat16, seed=13)
+    rng = SEED if cfg.stochastic else None
+    a = x.abs().to(torch.float32).amax().reshape(1)
+    amaxes = [a, a * 4, a * 0.25, torch.full((1,), float("inf")), torch.zeros(1)]
+    golds = [reference.quantize(x, cfg, rowwise=True, colwise=True, rng=rng, amax=v) for v in amaxes]
+    for _ in range(2):
+        for v, gold in zip(amaxes, golds, strict=True):
+            for dev_amax in (v, v.cuda()):  # a host amax (value checked per call) and a device one
+                q = native.quantize(x.cuda(), cfg, rowwise=True, colwise=True, rng=rng, amax=dev_amax)
+                assert_same(gold, q, f"{name} amax={float(v)} on {dev_amax.device}")
+
+
+def test_the_delayed_state_is_read_and_written_per_call():
+    import native
+
+    cfg = CONFIGS["fp8_delayed"]
+    x = make_x((256, 256), torch.bfloat16, seed=17)
+    gold_state, state = AmaxHistory(cfg), AmaxHistory(cfg, device="cuda")
+    for step in range(4):
+        xs = x * (step + 1)
+        gold = reference.quantize(xs, cfg, rowwise=True, colwise=True, state=gold_state)
+        assert_same(gold, native.quantize(xs.cuda(), cfg, rowwise=True, colwise=True, state=state), f"step {step}")
+        assert torch.equal(state.history.cpu().view(torch.int32), gold_state.history.view(torch.int32))
+        gold_state.update()
+        native.update_amax_history(state)
+    assert len(plans().QUANTIZE_PLANS) == 1
+
+
+# ---- GEMM -----------------------------------------------------------------------------------------------------
+
+GEMMS = {
+    "fp8_current": (QuantConfig("fp8_current"), QuantConfig("fp8_current"), ("TN", "NN", "NT")),
+    "mxfp8": (QuantConfig("mxfp8"), QuantConfig("mxfp8"), ("TN", "NN", "NT")),
+    "fp8_block": (QuantConfig("fp8_block"), QuantConfig("fp8_block", tile=(128, 128)), ("TN",)),
+    "nvfp4": (QuantConfig("nvfp4"), QuantConfig("nvfp4"), ("TN",)),
+    "nvfp4-row_scaled": (QuantConfig("nvfp4", variant="row_scaled"), QuantConfig("nvfp4"), ("TN",)),
+}
+
+
+def operands(a_cfg, b_cfg, layout, seed):
+    import native
+
+    m, n, k = 256, 128, 256
+    a_shape = (m, k) if layout != "NT" else (k, m)
+    b_shape = (n, k) if layout == "TN" else (k, n)
+    a = native.quantize(make_x(a_shape, torch.bfloat16, seed=seed).cuda(), a_cfg, rowwise=True,
+                        colwise=not a_cfg.variant == "row_scaled_4over6")  # fmt: skip
+    b = native.quantize(make_x(b_shape, torch.bfloat16, seed=seed + 1).cuda(), b_cfg, rowwise=True, colwise=True)
+    return a, b, m, n
+
+
+@pytest.mark.parametrize("method", ["auto", "portable"])
+@pytest.mark.parametrize("epilogue", ["none", "bias", "c", "bias+c"])
+@pytest.mark.parametrize("name", list(GEMMS))
+def test_planned_gemms_equal_the_full_path(name, epilogue, method):
+    import native
+
+    a_cfg, b_cfg, layouts_ = GEMMS[name]
+    for layout in layouts_:
+        sets = [operands(a_cfg, b_cfg, layout, seed=s) for s in (100, 200)]
+        m, n = sets[0][2], sets[0][3]
+        g = torch.Generator().manual_seed(3)
+        bias = torch.randn(n, generator=g).to(torch.bfloat16).cuda() if "bias" in epilogue else None
+        c = torch.randn(m, n, generator=g).to(torch.bfloat16).cuda() if "c" in epilogue.split("+") else None
+        native.use_plans(False)
+        try:
+            expected = [native.gemm(a, b, layout=layout, bias=bias, c=c, method=method) for a, b, _, _ in sets]
+        except Exception as e:  # a combination the full path refuses: the planned path must refuse it alike
+            native.use_plans(True)
+            a, b = sets[0][:2]
+            again = error_of(lambda a=a, b=b, lay=layout, bi=bias, cc=c: native.gemm(a, b, layout=lay, bias=bi, c=cc,
+                                                                                     method=method))  # fmt: skip
+            assert again == (type(e), str(e)), f"{name} {layout} {epilogue}"
+            continue
+        native.use_plans(True)
+        native.clear_plans()
+        outs = []
+        for i in range(3):
+            for (a, b, _, _), want in zip(sets, expected, strict=True):
+                out = native.gemm(a, b, layout=layout, bias=bias, c=c, method=method)
+                assert torch.equal(out.view(torch.int16), want.view(torch.int16)), f"{name} {layout} {epilogue} {i}"
+                outs.append(out)
+        assert len(plans().GEMM_PLANS) == 1
+        assert len({o.untyped_storage().data_ptr() for o in outs[-2:]}) == 2
+
+
+def test_bad_gemm_input_after_a_plan_raises_what_the_full_path_raises():
+    import native
+
+    cfg = QuantConfig("fp8_current")
+    a, b, m, n = operands(cfg, cfg, "TN", seed=300)
+    a_row_only = native.quantize(make_x((256, 256), torch.bfloat16, seed=301).cuda(), cfg, rowwise=True)
+    bad_calls = {
+        "missing copy": lambda: native.gemm(a_row_only, b, layout="NT"),
+        "bias shape": lambda: native.gemm(a, b, bias=torch.ones(n + 1, device="cuda")),
+        "cpu operand": lambda: native.gemm(a, reference.quantize(torch.randn(128, 256), cfg)),
+        "layout": lambda: native.gemm(a, b, layout="TT"),
+        "method": lambda: native.gemm(a, b, method="fastest"),
+        "out dtype": lambda: native.gemm(a, b, out_dtype=torch.float16),
+    }
+    native.use_plans(False)
+    expected = {what: error_of(call) for what, call in bad_calls.items()}
+    native.use_plans(True)
+    for _ in range(2):
+        native.gemm(a, b)
+        native.gemm(a_row_only, b)
+    for what, call in bad_calls.items():
+        assert error_of(call) == expected[what], what

@@ -1,0 +1,441 @@
+"""The cached call plans of native.quantize / native.gemm (native/plan.py, docs/design.md §4.1), on the CPU.
+
+What is pure Python is checked here without a GPU: the prepared parameter block against `Signature.slots`'
+bytes (an independent packing of the same arguments), the output block's layout, the cache bound, the plan
+keys, and - for every scheme and variant - that a plan launches exactly what today's quantize_2d launches
+(kernel, grid, block, every scalar slot, and which tensor every pointer is), recorded on the CPU with the
+launches replaced. The GPU side (bits, per-call values, errors) is tests/gpu/test_native_plan.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+
+import native.launch as launch_mod
+from native import fp8_block, mxfp8, nvfp4, per_tensor
+from native import plan as plan_mod
+from native.kernels import Patched, signature
+from native.launch import PreparedLaunch, pack_params
+from native.plan import ALIGN, Buffer, OutputBlock, PlanCache
+from reference.formats import QuantConfig
+from reference.per_tensor import AmaxHistory
+from reference.types import SRSeed
+
+
+def fake_cuda(dtype: torch.dtype, ptr: int):
+    """A stand-in CUDA tensor for Signature.slots: the dtype and pointer are all a slot reads."""
+    t = mock.Mock(spec=torch.Tensor)
+    t.dtype, t.is_cuda = dtype, True
+    t.data_ptr.return_value = ptr
+    return t
+
+
+def read_slots(address: int, n: int) -> list[int]:
+    pointers = (ctypes.c_uint64 * n).from_address(address)
+    return [ctypes.c_uint64.from_address(p).value for p in pointers]
+
+
+# ---- the prepared parameter block -----------------------------------------------------------------------------
+
+
+def test_prepared_block_has_the_bytes_of_pack_params():
+    name = "nvfp4_quantize_bf16"
+    ptrs = {"x": 0x7F00_0000_1000, "row_data": 0x7F00_0000_2000, "row_scale": 0x7F00_0000_3000,
+            "row_amax": 0x7F00_0000_3100, "col_data": 0x7F00_0000_4000}  # fmt: skip
+    seed, row_stream = 0xFEDC_BA98_7654_3210, 0xFFFF_FFFF
+    template = [Patched("x", torch.bfloat16), np.int64(256), np.int64(-3), Patched("seed"),
+                Patched("row_data", torch.uint8), Patched("row_scale", torch.uint8), np.int64(16),
+                Patched("row_amax", torch.float32), Patched("row_stream"), Patched("col_data", torch.uint8), None,
+                np.int64(0), None, np.uint32(7)]  # fmt: skip
+    prepared = PreparedLaunch(None, name, 3, 256, template, 0, fn=0)
+    values = [ptrs["x"], seed, ptrs["row_data"], ptrs["row_scale"], ptrs["row_amax"], row_stream, ptrs["col_data"]]
+    got = read_slots(prepared.params(values), 14)
+    args = [fake_cuda(torch.bfloat16, ptrs["x"]), np.int64(256), np.int64(-3), np.uint64(seed),
+            fake_cuda(torch.uint8, ptrs["row_data"]), fake_cuda(torch.uint8, ptrs["row_scale"]), np.int64(16),
+            fake_cuda(torch.float32, ptrs["row_amax"]), np.uint32(row_stream), fake_cuda(torch.uint8, ptrs["col_data"]),
+            None, np.int64(0), None, np.uint32(7)]  # fmt: skip
+    assert got == signature(name).slots(args) == read_slots(pack_params(name, args), 14)
+    assert got[2] == (1 << 64) - 3  # two's complement, as the slot of an i64
+    # A second call patches only its slots: the fixed ones keep their values.
+    got2 = read_slots(prepared.params([1, 2, 3, 4, 5, 6, 7]), 14)
+    assert got2 == [1, 256, (1 << 64) - 3, 2, 3, 4, 16, 5, 6, 7, 0, 0, 0, 7]
+
+
+def test_prepare_checks_what_slots_checks():
+    sig = signature("tensor_amax_bf16")
+    with pytest.raises(TypeError, match="argument 0"):  # a float32 tensor for a bf16 parameter
+        sig.prepare([Patched("x", torch.float32), np.int64(4), 1, Patched("amax", torch.float32)])
+    with pytest.raises(TypeError, match="argument 1"):  # a fixed scalar of the wrong type, as slots()
+        sig.prepare([Patched("x", torch.bfloat16), np.int32(4), 1, Patched("amax", torch.float32)])
+    with pytest.raises(TypeError, match="takes 4 arguments"):
+        sig.prepare([Patched("x", torch.bfloat16)])
+    with pytest.raises(TypeError, match="only integer scalars"):  # a float scalar cannot be patched
+        signature("norm_forward_f32").prepare([None] * 3 + [1, 1, Patched("eps"), 0, 0] + [None] * 4)
+    slots, patched = sig.prepare([Patched("x", torch.bfloat16), np.int64(4), 1, None])
+    assert slots == [0, 4, 1, 0] and [(i, m.role) for i, m in patched] == [(0, "x")]
+
+
+# ---- the output block -----------------------------------------------------------------------------------------
+
+
+def _cpu_memset(monkeypatch):
+    """The block's memset on the host, and host blocks aligned as torch's CUDA allocator aligns them."""
+    monkeypatch.setattr(plan_mod, "memset_zero", lambda ptr, n, index: ctypes.memset(ptr, 0, n))
+
+    def aligned_block(n, device):
+        raw = torch.empty(n + ALIGN, dtype=torch.uint8, device=device)
+        return raw[(-raw.data_ptr()) % ALIGN:][:n]
+
+    monkeypatch.setattr(plan_mod, "_raw_block", aligned_block)
+
+
+def test_output_block_layout_and_views(monkeypatch):
+    _cpu_memset(monkeypatch)
+    block = OutputBlock([
+        Buffer("rowwise_data", (3, 5), torch.uint8),
+        Buffer("_bits", (2,), torch.float32, zero=True, parts=(("rowwise_amax", 0, 1), ("_a_c", 1, 1)), field=False),
+        Buffer("rowwise_scale", (7, 4), torch.float32, zero=True),
+    ])  # fmt: skip
+    # Zero-filled buffers first, each at an ALIGN-byte offset; the memset covers exactly them.
+    assert block.offsets == {"_bits": 0, "rowwise_amax": 0, "_a_c": 4, "rowwise_scale": 256, "rowwise_data": 512}
+    assert block.zero_bytes == 256 + 7 * 4 * 4 and block.nbytes == 768
+    raw = torch.full((4096,), 0xAB, dtype=torch.uint8)
+    base_addr = (raw.data_ptr() + ALIGN - 1) // ALIGN * ALIGN
+    aligned = raw[base_addr - raw.data_ptr():]
+    monkeypatch.setattr(plan_mod, "_raw_block", lambda n, device: aligned[:n])
+    base, views = block.allocate(torch.device("cpu"), 0)
+    assert base == base_addr and sorted(views) == ["rowwise_amax", "rowwise_data", "rowwise_scale"]
+    assert views["rowwise_amax"].shape == (1,) and views["rowwise_amax"].dtype == torch.float32
+    assert views["rowwise_scale"].shape == (7, 4) and views["rowwise_scale"].is_contiguous()
+    assert views["rowwise_data"].shape == (3, 5) and views["rowwise_data"].dtype == torch.uint8
+    for name, v in views.items():
+        assert v.data_ptr() == base + block.offsets[name]
+    assert int(views["rowwise_scale"].count_nonzero()) == 0 and float(views["rowwise_amax"]) == 0.0
+    assert int((views["rowwise_data"] == 0xAB).sum()) == 15  # not zero-filled
+    # A block that is not ALIGN-aligned is refused (the caller takes the full path).
+    monkeypatch.setattr(plan_mod, "_raw_block", lambda n, device: aligned[16:16 + n])
+    assert block.allocate(torch.device("cpu"), 0) is None
+
+
+def test_every_allocation_is_fresh(monkeypatch):
+    _cpu_memset(monkeypatch)
+    block = OutputBlock([Buffer("rowwise_data", (64, 64), torch.uint8)])
+    (_, a), (_, b) = (block.allocate(torch.device("cpu"), 0) for _ in range(2))
+    assert a["rowwise_data"].untyped_storage().data_ptr() != b["rowwise_data"].untyped_storage().data_ptr()
+
+
+# ---- the cache ------------------------------------------------------------------------------------------------
+
+
+def test_plan_cache_is_a_bounded_lru():
+    cache = PlanCache(maxsize=3)
+    for k in "abc":
+        cache.put(k, k.upper())
+    assert cache.get("a") == "A"  # a is now the most recent
+    cache.put("d", "D")  # evicts b, the least recently used
+    assert "b" not in cache and len(cache) == 3 and [cache.get(k) for k in "acd"] == ["A", "C", "D"]
+    cache.enabled = False
+    assert cache.get("a") is None
+    cache.put("e", "E")
+    assert "e" not in cache
+    cache.enabled = True
+    cache.clear()
+    assert len(cache) == 0 and plan_mod.MAX_PLANS >= 100
+
+
+def test_clear_plans_and_use_plans():
+    import native
+
+    plan_mod.QUANTIZE_PLANS.put("k", 1)
+    plan_mod.GEMM_PLANS.put("k", 1)
+    native.clear_plans()
+    assert len(plan_mod.QUANTIZE_PLANS) == len(plan_mod.GEMM_PLANS) == 0
+    native.use_plans(False)
+    try:
+        plan_mod.QUANTIZE_PLANS.put("k", 1)
+        assert plan_mod.QUANTIZE_PLANS.get("k") is None
+    finally:
+        native.use_plans(True)
+    assert plan_mod.QUANTIZE_PLANS.enabled and plan_mod.GEMM_PLANS.enabled
+
+
+# ---- the keys -------------------------------------------------------------------------------------------------
+
+
+def _fake_cuda_input(shape=(64, 128), dtype=torch.bfloat16, ptr=0x7F00_0000_0000, contiguous=True):
+    x = mock.Mock(spec=torch.Tensor)
+    x.shape, x.dtype, x.device = torch.Size(shape), dtype, torch.device("cuda", 0)
+    x.is_contiguous.return_value = contiguous
+    x.data_ptr.return_value = ptr
+    return x
+
+
+def test_quantize_key_holds_every_input_the_checks_read():
+    q = sys.modules["native.quantize"]
+
+    cfg = QuantConfig("nvfp4")
+
+    def key(x=None, config=cfg, rowwise=True, colwise=False, rng=None, state=None, amax=None):
+        return q._plan_key(_fake_cuda_input() if x is None else x, config, rowwise, colwise, rng, state, amax)
+
+    base = key()
+    assert base is not None and base == key()
+    others = [key(x=_fake_cuda_input((64, 256))), key(x=_fake_cuda_input(dtype=torch.float32)),
+              key(config=QuantConfig("nvfp4", tile=(16, 16))), key(colwise=True), key(rowwise=False, colwise=True),
+              key(rng=(1, 2)), key(state=object()), key(amax=torch.ones(1)),
+              key(x=_fake_cuda_input(ptr=0x7F00_0000_0008)), key(x=_fake_cuda_input(contiguous=False))]  # fmt: skip
+    assert len({base, *others}) == len(others) + 1
+    # A misaligned input that is not contiguous is copied (aligned) first: the key does not read its pointer.
+    assert key(x=_fake_cuda_input(ptr=8, contiguous=False)) == key(x=_fake_cuda_input(ptr=16, contiguous=False))
+    # Not a CUDA tensor, not a tensor, not a QuantConfig: no plan (the full path raises the spec's error).
+    assert q._plan_key(torch.ones(4, 16), cfg, True, False, None, None, None) is None
+    assert q._plan_key([1.0], cfg, True, False, None, None, None) is None
+    assert q._plan_key(_fake_cuda_input(), "nvfp4", True, False, None, None, None) is None
+
+
+def test_gemm_key_holds_every_input_the_checks_read():
+    import reference
+
+    g = sys.modules["native.gemm"]
+
+    cfg = QuantConfig("fp8_current")
+    x = torch.randn(32, 64)
+    a = reference.quantize(x, cfg, rowwise=True, colwise=True)
+    b = reference.quantize(torch.randn(16, 64), cfg, rowwise=True, colwise=True)
+    base = g._plan_key(a, b, "TN", torch.bfloat16, None, None, "auto")
+    assert base is not None and base == g._plan_key(a, b, "TN", torch.bfloat16, None, None, "auto")
+    b_wide = reference.quantize(torch.randn(24, 64), cfg, rowwise=True)
+    others = [g._plan_key(a, b_wide, "TN", torch.bfloat16, None, None, "auto"),
+              g._plan_key(a, b, "TN", torch.float32, None, None, "auto"),
+              g._plan_key(a, b, "TN", torch.bfloat16, torch.ones(16), None, "auto"),
+              g._plan_key(a, b, "TN", torch.bfloat16, torch.ones(16, dtype=torch.bfloat16), None, "auto"),
+              g._plan_key(a, b, "TN", torch.bfloat16, None, torch.ones(32, 16), "auto"),
+              g._plan_key(a, b, "TN", torch.bfloat16, None, None, "portable"),
+              g._plan_key(reference.quantize(x.bfloat16(), cfg), b, "TN", torch.bfloat16, None, None, "auto")]
+    assert len({base, *others}) == len(others) + 1
+    # Bad layouts, non-QuantizedTensors and unhashable fields get no key (the full path raises the spec error).
+    assert g._plan_key(a, b, "XX", torch.bfloat16, None, None, "auto") is None
+    assert g._plan_key(a, b, ["TN"], torch.bfloat16, None, None, "auto") is None
+    assert g._plan_key(a, "b", "TN", torch.bfloat16, None, None, "auto") is None
+    bad = reference.quantize(x, cfg)
+    bad.shape = [32, 64]
+    assert g._plan_key(bad, b, "TN", torch.bfloat16, None, None, "auto") is None
+    bad.shape = (np.int64(32), np.int64(64))  # equal to (32, 64), but check_quantized refuses it: another key
+    assert g._plan_key(bad, b, "TN", torch.bfloat16, None, None, "auto") not in (None, base)
+
+
+# ---- a plan launches what quantize_2d launches ----------------------------------------------------------------
+
+
+def _geometry(grid, block) -> tuple:
+    return (*launch_mod._dims(grid), *launch_mod._dims(block), 0)
+
+
+def _role(t, x2d, fields) -> str:
+    if t is x2d:
+        return "x"
+    for name, v in fields.items():  # the field itself, or another view of exactly its memory
+        if v is not None and (v.data_ptr(), v.shape, v.dtype) == (t.data_ptr(), t.shape, t.dtype):
+            return name
+    return f"internal:{t.dtype}"
+
+
+def _today(calls, x2d, fields) -> list[tuple]:
+    """(kernel, geometry, slots) of recorded launches, every tensor slot replaced by its role."""
+    out = []
+    for name, geometry, args in calls:
+        template = [Patched(_role(a, x2d, fields), a.dtype) if isinstance(a, torch.Tensor) else a for a in args]
+        slots, patched = signature(name).prepare(template)
+        for i, m in patched:
+            slots[i] = m.role
+        out.append((name, geometry, slots))
+    return out
+
+
+def _planned(plan, named_scalars) -> list[tuple]:
+    """(kernel, geometry, slots) of a plan's steps, pointers as roles, per-call scalars filled in."""
+    out = []
+    for step in plan.steps:
+        pl = step.launch
+        slots = list(pl.fixed)
+        for i, m in pl.patched:
+            if m.role in named_scalars:
+                slots[i] = named_scalars[m.role]
+            elif m.role.startswith("_") or m.role == "scale_in":
+                slots[i] = f"internal:{m.dtype}"
+            else:
+                slots[i] = m.role
+        out.append((pl.name, pl.geometry, slots))
+    return out
+
+
+def _block_fields(plan, monkeypatch) -> dict:
+    _cpu_memset(monkeypatch)
+    return {k: v for k, v in plan.block.allocate(torch.device("cpu"), 0)[1].items() if not k.startswith("_")}
+
+
+def _same_fields(planned: dict, today: dict) -> None:
+    today = {k: v for k, v in today.items() if v is not None}
+    assert sorted(planned) == sorted(today)
+    for k, v in today.items():
+        assert (tuple(planned[k].shape), planned[k].dtype) == (tuple(v.shape), v.dtype), k
+
+
+FP8_CASES = [
+    (QuantConfig("fp8_current"), {}), (QuantConfig("fp8_current"), {"given": True}),
+    (QuantConfig("fp8_current", pow2_scales=True, eps=2.0**-20), {}), (QuantConfig("fp8_delayed"), {"state": True}),
+    (QuantConfig("mxfp8"), {}), (QuantConfig("mxfp8", element="e5m2"), {}), (QuantConfig("fp8_block"), {}),
+    (QuantConfig("fp8_block", tile=(128, 128)), {}),
+]  # fmt: skip
+COPIES = [(True, False), (False, True), (True, True)]
+
+
+@pytest.mark.parametrize("config, extra", FP8_CASES, ids=lambda v: getattr(v, "id", str(v)))
+@pytest.mark.parametrize("rowwise, colwise", COPIES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(64, 128), (40, 72)])
+def test_fp8_plans_launch_what_quantize_2d_launches(monkeypatch, config, extra, rowwise, colwise, dtype, shape):
+    if config.scheme == "mxfp8" and shape[0] % 32:
+        pytest.skip("mxfp8 has no partial blocks")
+    mod = {"fp8_current": per_tensor, "fp8_delayed": per_tensor, "mxfp8": mxfp8, "fp8_block": fp8_block}[config.scheme]
+    calls = []
+    monkeypatch.setattr(mod, "module_for", lambda *a: "module")
+    monkeypatch.setattr(mod, "device_index", lambda dev: 0)
+    monkeypatch.setattr(mod, "launch", lambda m, name, grid, block, args, index: calls.append(
+        (name, _geometry(grid, block), args)))
+    monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
+    if mod is per_tensor:
+        monkeypatch.setattr(per_tensor, "grid_stride_blocks", lambda n, t, i: max(1, min(-(-n // t), 132 * 32)))
+    m, k = shape
+    for offset in (0, 2):  # a 16-byte aligned input, and one that is not (the vector-width flags)
+        calls.clear()
+        x2d = torch.randn(m * k + 8).to(dtype)[offset:offset + m * k].view(m, k)
+        aligned = x2d.data_ptr() % 16 == 0
+        kw = {}
+        if extra.get("given"):
+            kw["amax"] = torch.tensor([2.5])
+        if extra.get("state"):
+            kw["state"] = AmaxHistory(config)
+        fields = mod.quantize_2d(x2d, config, rowwise=rowwise, colwise=colwise, **kw)
+        plan = mod.plan_quantize(config, m, k, dtype, rowwise=rowwise, colwise=colwise, aligned=aligned,
+                                 given="amax" in kw, index=0)  # fmt: skip
+        assert _planned(plan, {}) == _today(calls, x2d, fields)
+        _same_fields(_block_fields(plan, monkeypatch), fields)
+
+
+NVFP4_CASES = [
+    QuantConfig("nvfp4"), QuantConfig("nvfp4", tile=(16, 16)), QuantConfig("nvfp4", rht=True),
+    QuantConfig("nvfp4", stochastic=True), QuantConfig("nvfp4", rht=True, stochastic=True),
+    QuantConfig("nvfp4", tile=(16, 16), stochastic=True), QuantConfig("nvfp4", variant="4over6"),
+    QuantConfig("nvfp4", tile=(16, 16), variant="4over6"), QuantConfig("nvfp4", variant="row_scaled"),
+]  # fmt: skip
+
+
+def _variants_available():
+    out = list(NVFP4_CASES)
+    try:
+        out.append(QuantConfig("nvfp4", variant="row_scaled_4over6"))
+    except ValueError:
+        pass
+    return out
+
+
+@pytest.mark.parametrize("config", _variants_available(), ids=lambda c: c.id)
+@pytest.mark.parametrize("rowwise, colwise", COPIES)
+@pytest.mark.parametrize("given", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, rowwise, colwise, given, dtype):
+    if config.rht and dtype != torch.bfloat16:
+        pytest.skip("RHT needs bfloat16 (reference.spec)")
+    if given and (config.rht or config.row_scaled):
+        pytest.skip("no given amax with RHT or row-scaled (reference.spec.check_given_amax)")
+    if colwise and config.variant == "row_scaled_4over6":
+        pytest.skip("row-scaled 4over6 has no columnwise copy (reference.spec.copies_rule)")
+    monkeypatch.setattr(nvfp4, "module_for", lambda *a: "module")
+    monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
+    calls = []
+
+    def record(name, n_units, args, max_blocks=nvfp4.MAX_BLOCKS, units_per_block=nvfp4.THREADS):
+        if n_units > 0:  # as CupyLauncher
+            calls.append((name, _geometry(min(-(-n_units // units_per_block), max_blocks), nvfp4.THREADS), args))
+
+    m, k = 64, 160
+    x2d = torch.randn(m, k).to(dtype)
+    seed = SRSeed(0xDEAD_BEEF_1234, 0xFFFF_FFFF) if config.stochastic else None
+    amax = torch.tensor([3.0]) if given else None
+    if config.variant is not None:
+        fields = nvfp4.quantize_variant_with(record, x2d, config, rowwise=rowwise, colwise=colwise, given=amax)
+    else:
+        fields = nvfp4.quantize_with(record, x2d, config, rowwise=rowwise, colwise=colwise, seed=seed, given=amax)
+    plan = nvfp4.plan_quantize(config, m, k, dtype, rowwise=rowwise, colwise=colwise, aligned=True, given=given,
+                               index=0)  # fmt: skip
+    named = {}
+    if seed is not None:  # NUMERICS: §5.7 the colwise stream is stream + 1 (mod 2^32)
+        named = {"seed": seed.seed, "row_stream": seed.stream, "col_stream": (seed.stream + 1) & 0xFFFFFFFF}
+    assert _planned(plan, named) == _today(calls, x2d, fields)
+    _same_fields(_block_fields(plan, monkeypatch), fields)
+
+
+def test_every_launcher_module_plans_its_quantize():
+    from native.launchers import MODULES, launcher
+
+    for scheme in MODULES:
+        mod = launcher(scheme)
+        assert callable(mod.plan_quantize) and issubclass(mod.QuantizePlan, plan_mod.QuantizePlan), scheme
+
+
+@pytest.mark.parametrize("with_bias_c", [False, True])
+@pytest.mark.parametrize("cfgs", [("fp8_current", {}, {}), ("nvfp4", {}, {}), ("mxfp8", {}, {}),
+                                  ("fp8_block", {}, {"tile": (128, 128)})], ids=lambda c: c[0])  # fmt: skip
+def test_portable_gemm_plan_launches_what_portable_launches(monkeypatch, cfgs, with_bias_c):
+    """The portable GEMM's prepared launch holds _portable's arguments: every scalar slot, each pointer's role."""
+    import reference
+
+    g = sys.modules["native.gemm"]
+    scheme, a_kw, b_kw = cfgs
+    a = reference.quantize(torch.randn(64, 128), QuantConfig(scheme, **a_kw))
+    b = reference.quantize(torch.randn(32, 128), QuantConfig(scheme, **b_kw))
+    av, bv = g.operand_view(a, "rowwise", "a"), g.operand_view(b, "rowwise", "b")
+    bias = torch.ones(32) if with_bias_c else None
+    c = torch.ones(64, 32, dtype=torch.bfloat16) if with_bias_c else None
+    monkeypatch.setattr(g, "_portable_module", lambda *a: None)
+    prepared = g._prepare_portable(av, bv, torch.bfloat16, bias, c, 0)
+    assert prepared.geometry == (1, 1, 1, 16, 16, 1, 0)  # (ceil(32 / 64), ceil(64 / 64)) tiles of 16x16 threads
+    ptrs = {"a_data": 0x1000, "a_scale": 0x2000, "b_data": 0x3000, "b_scale": 0x4000, "amax_a": 0x5000,
+            "amax_b": 0x6000, "bias": 0x7000, "c": 0x8000, "out": 0x9000}  # fmt: skip
+    got = read_slots(prepared.params([ptrs[m.role] for _, m in prepared.patched]), 23)
+
+    def t(role, dtype, present=True):
+        return fake_cuda(dtype, ptrs[role]) if present else None
+
+    args = g._portable_args(av, bv, t("a_data", torch.uint8), t("a_scale", av.scale.dtype), t("b_data", torch.uint8),
+                            t("b_scale", bv.scale.dtype), t("amax_a", torch.float32, av.amax is not None),
+                            t("amax_b", torch.float32, bv.amax is not None), t("bias", torch.float32, with_bias_c),
+                            t("c", torch.float32, with_bias_c), t("out", torch.bfloat16), torch.bfloat16)  # fmt: skip
+    assert got == signature("block_scaled_gemm").slots(args)
+
+
+def test_cublaslt_sets_a_pointer_attribute_only_when_it_changes():
+    """A cuBLASLt descriptor keeps its attributes: a call whose scale pointer equals the last one set skips the set."""
+    import types
+
+    from native import cublaslt
+
+    calls = []
+
+    def setter(obj, attr, address, size):
+        calls.append((obj, attr, ctypes.c_uint64.from_address(address).value, size))
+
+    lt = types.SimpleNamespace(matmul_desc_set_attribute=setter, get_matmul_desc_attribute_dtype=lambda attr: np.uint64)
+    plan = cublaslt._Plan(desc=7, layouts=(1, 2, 3), heur=None)
+    for value in (0x1000, 0x1000, 0x2000, 0x2000, 0x1000):
+        cublaslt._set_pointer(lt, plan, "A_SCALE_POINTER", value)
+    cublaslt._set_pointer(lt, plan, "B_SCALE_POINTER", 0x1000)
+    assert calls == [(7, "A_SCALE_POINTER", 0x1000, 8), (7, "A_SCALE_POINTER", 0x2000, 8),
+                     (7, "A_SCALE_POINTER", 0x1000, 8), (7, "B_SCALE_POINTER", 0x1000, 8)]  # fmt: skip
