@@ -15,6 +15,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reference import QuantConfig, SpecViolation, casts, dequantize, fp32, nvfp4, quantize
 from reference.formats import E2M1, E4M3
@@ -492,6 +494,41 @@ def test_e2m1_rn_equals_ml_dtypes_off_nan():
     y = y[~torch.isnan(y)]
     want = y.numpy().astype(ml_dtypes.float4_e2m1fn).view(np.uint8)
     np.testing.assert_array_equal(nvfp4.e2m1_rn(y).numpy(), want)
+
+
+def threshold_codes(y: torch.Tensor) -> torch.Tensor:
+    """The §0.5 table read directly: magnitude code = number of thresholds <= |y| on the fp32 magnitude bits
+    (NaN's bits exceed all: 7), sign bit copied from every non-NaN value."""
+    mag = fp32.bits(y).to(torch.int64) & 0x7FFFFFFF
+    code = torch.zeros(y.shape, dtype=torch.uint8)
+    for t in fp32.bits(nvfp4.e2m1_thresholds()).tolist():
+        code += mag >= t
+    neg = torch.signbit(y) & ~torch.isnan(y)
+    return code | (neg.to(torch.uint8) << 3)
+
+
+def test_e2m1_rn_equals_threshold_table():
+    """The magic-number rounding of e2m1_rn against the threshold table of §0.5 (checked once on all 2^32 patterns)."""
+    y = _bit_corpus()
+    # Every pattern whose magnitude lies in the binades around E2M1's ([2^-3, 2^4)), in steps of 509 ulps.
+    near = torch.arange(bits(0.125), bits(16.0), 509, dtype=torch.int32)
+    y = torch.cat([y, near.view(torch.float32), (near | (-(1 << 31))).view(torch.float32)])
+    assert torch.equal(nvfp4.e2m1_rn(y), threshold_codes(y))
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=1, max_size=64))
+def test_e2m1_rn_on_any_bit_pattern(patterns):
+    y = torch.tensor(patterns, dtype=torch.int32).view(torch.float32)
+    before = y.clone()
+    assert torch.equal(nvfp4.e2m1_rn(y), threshold_codes(y))
+    assert torch.equal(nvfp4.e2m1_rn(y), casts.saturating_cast(y, E2M1))
+    assert torch.equal(y.view(torch.int32), before.view(torch.int32))  # the input is not scratch
+
+
+def test_pack_pairs_equals_pack_nibbles():
+    codes = torch.cartesian_prod(torch.arange(16), torch.arange(16)).to(torch.uint8).reshape(16, 32)
+    assert torch.equal(nvfp4._pack_pairs(codes), casts.pack_nibbles(codes))
 
 
 def test_e2m1_thresholds():
