@@ -175,13 +175,35 @@ def _abs_nan_zero(v: torch.Tensor) -> torch.Tensor:
     return a.masked_fill_(torch.isnan(a), 0.0)
 
 
+# 16-bit float inputs: the magnitude bits (sign cleared) order like the magnitudes; above inf's are NaN.
+_HALF_INF_BITS = {dt: int(torch.tensor(float("inf"), dtype=dt).view(torch.int16)) for dt in (torch.bfloat16,
+                                                                                         torch.float16)}
+_HALF_MAG_MASK = (1 << 15) - 1
+
+
+def _half_blocks_amax(xc: torch.Tensor, shape: tuple[int, ...], dim: int) -> torch.Tensor | None:
+    """fp32 amax over `dim` of the magnitudes of a bf16/fp16 xc viewed as `shape`, or None if a NaN is there.
+
+    NUMERICS: §0.1 - exact: the max of the magnitude bits is the bits of the max magnitude (-0 gives +0).
+    """
+    mag = xc.view(torch.int16) & _HALF_MAG_MASK
+    out = mag.reshape(shape).amax(dim=dim)
+    if bool(out.amax() > _HALF_INF_BITS[xc.dtype]):
+        return None  # NUMERICS: §0.2.5 - a NaN lane: the caller's NaN-ignoring path
+    return out.view(xc.dtype).to(torch.float32)
+
+
 def _row_blocks_amax(xc: torch.Tensor, blk: int) -> torch.Tensor:
     """fp32 (R, C/blk): amax of each 1 x blk block along the rows of xc (R, C); NaN ignored.
 
-    NUMERICS: §0.1 - exact in any order. The fast path lets NaN propagate, and a chunk that got a
+    NUMERICS: §0.1 - exact in any order. The fast paths let NaN propagate, and a chunk that got a
     NaN is redone with NaN lanes zeroed.
     """
     r, c = xc.shape
+    if xc.dtype in _HALF_INF_BITS:
+        out = _half_blocks_amax(xc, (r, c // blk, blk), -1)
+        if out is not None:
+            return out
     a = xc.to(torch.float32).abs().reshape(r, c // blk, blk)  # (R, C/16, 16); |.| gives +0 for -0
     out = _max_last(a)
     if bool(torch.isnan(out).any()):
@@ -192,6 +214,10 @@ def _row_blocks_amax(xc: torch.Tensor, blk: int) -> torch.Tensor:
 def _col_blocks_amax(xc: torch.Tensor, blk: int) -> torch.Tensor:
     """fp32 (R/blk, C): amax of each blk x 1 block down the columns of xc (R, C); NaN ignored."""
     r, c = xc.shape
+    if xc.dtype in _HALF_INF_BITS:
+        out = _half_blocks_amax(xc, (r // blk, blk, c), 1)
+        if out is not None:
+            return out
     out = xc.to(torch.float32).abs().reshape(r // blk, blk, c).amax(dim=1)  # (R/16, C)
     if bool(torch.isnan(out).any()):
         out = _abs_nan_zero(xc).reshape(r // blk, blk, c).amax(dim=1)
@@ -277,9 +303,16 @@ def _pack_pairs(codes: torch.Tensor) -> torch.Tensor:
 
 
 def _quantize_rowwise(
-    x2d: torch.Tensor, a_b_all: torch.Tensor, a_g: torch.Tensor, config: QuantConfig, seed: SRSeed | None
+    x2d: torch.Tensor, a_b_all: torch.Tensor, a_g: torch.Tensor, config: QuantConfig, seed: SRSeed | None,
+    orientation: str = "rowwise",
 ) -> dict:
-    """Rowwise copy NVFP4(X), blocks along K, from the block amaxes a_b_all (M, K/16) (docs/numerics.md §5.4, §5.9)."""
+    """Rowwise copy NVFP4(X), blocks along K, from the block amaxes a_b_all (M, K/16) (docs/numerics.md §5.4, §5.9).
+
+    With orientation "colwise" (RN only) x2d is the columnwise copy's own [K, M] source, RHT(X^T):
+    the copy is quantized the same way, blocks along its rows, and returned under the colwise keys.
+    """
+    if orientation != "rowwise" and seed is not None:
+        raise ValueError("the columnwise copy's SR bytes follow its blocked layout: use _quantize_colwise")
     m_rows, k = x2d.shape
     blk = config.block
     chain = _copy_chain(a_g.reshape(-1, 1), config)  # NUMERICS: §5.10 row-scaled: A_g [M], one per row
@@ -296,7 +329,7 @@ def _quantize_rowwise(
         stream = stochastic.copy_stream(seed.stream, "rowwise")
         r = stochastic.random_bytes(k, r0, r1, seed.seed, stream, x2d.device).reshape(y.shape)
         data[r0:r1] = casts.pack_nibbles(_codes(y, r).reshape(r1 - r0, k))
-    return {"rowwise_data": data, "rowwise_scale": scale, "rowwise_amax": a_g.clone()}
+    return {f"{orientation}_data": data, f"{orientation}_scale": scale, f"{orientation}_amax": a_g.clone()}
 
 
 def _quantize_colwise(
@@ -362,17 +395,17 @@ def _amax_pass(x2d: torch.Tensor, config: QuantConfig, rows: bool, cols: bool) -
 
 
 def _rht_pass(x2d: torch.Tensor, blk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(h, its block amaxes (M/16, K), its amax fp32 [1]) with h = RHT(X^T)^T, bf16 (M, K).
+    """(h, its block amaxes (K, M/16), its amax fp32 [1]) with h = RHT(X^T), bf16 [K, M] (contiguous).
 
     NUMERICS: §5.6 - the columnwise A_g is the amax of the bf16 RHT output (post-RHT amax).
     """
     hadamard.check_rht_input(x2d)
     m_rows, k = x2d.shape
-    h = torch.empty_like(x2d)
-    a_b = torch.empty((m_rows // blk, k), dtype=torch.float32, device=x2d.device)
+    h = torch.empty((k, m_rows), dtype=x2d.dtype, device=x2d.device)
+    a_b = torch.empty((k, m_rows // blk), dtype=torch.float32, device=x2d.device)
     for r0, r1 in _chunks(m_rows, k, hadamard.RHT_SIZE):
-        h[r0:r1] = hadamard.rht_rows(x2d[r0:r1])
-        a_b[r0 // blk : r1 // blk] = _col_blocks_amax(h[r0:r1], blk)
+        hadamard.rht_rows(x2d[r0:r1], h[:, r0:r1].t())
+        a_b[:, r0 // blk : r1 // blk] = _row_blocks_amax(h[:, r0:r1], blk)
     return h, a_b, a_b.amax().reshape(1)
 
 
@@ -577,8 +610,11 @@ def quantize_2d(
         out.update(_quantize_rowwise(x2d, amax_x["rows"], a_row, config, seed))
     if colwise:
         if config.rht:
-            h, a_b, a_g = _rht_pass(x2d, config.block)
-            out.update(_quantize_colwise(h, a_b, a_g, config, seed))
+            h, a_b, a_g = _rht_pass(x2d, config.block)  # h = RHT(X^T) [K, M]: the copy's own rows
+            if seed is None:
+                out.update(_quantize_rowwise(h, a_b, a_g, config, None, "colwise"))
+            else:  # SR: the columnwise random-byte layout (§5.7), on views of h and a_b in X's orientation
+                out.update(_quantize_colwise(h.t(), a_b.t(), a_g, config, seed))
             del h
         else:
             # NUMERICS: §5.10 row-scaled - A_g [K] = amax of each column of X (each row of the copy).
