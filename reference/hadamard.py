@@ -83,8 +83,7 @@ def rht_rows(x_rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Ten
     The result is RHT(X^T) transposed back to X's orientation: row 16b + j holds output j of
     every column's chunk b. The fp64 sum is taken by a matmul where every partial sum is provably
     exact (then the order cannot matter); chunks that could round (exponent span > 2^40) or that
-    hold inf/NaN are redone in the contract's order. Written into `out` (bf16 (R, K), any strides
-    that view as (R/16, 16, K), e.g. the transpose of a column slice of a [K, M] tensor) when given.
+    hold inf/NaN are redone in the contract's order. Written into `out` (bf16 (R, K)) when given.
     """
     r, k = x_rows.shape
     xb = x_rows.reshape(r // RHT_SIZE, RHT_SIZE, k)  # (nb, 16 i, K)
@@ -98,8 +97,7 @@ def rht_rows(x_rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Ten
     if out is None:
         out = torch.empty_like(x_rows)
     ob = out.view(xb.shape)
-    # NUMERICS: §5.6 - fp64 -> RN fp32 -> RN bf16 (two rounding points, in that order); both by .to(),
-    # whose NaN results (a sum with inf - inf) keep the bits they always had, then a plain copy.
+    # NUMERICS: §5.6 - fp64 -> RN fp32 -> RN bf16 (two rounding points, in that order).
     ob.copy_(acc.to(torch.float32).to(torch.bfloat16))
     # NUMERICS: §5.6 - the accumulator starts at +0, so a zero sum is +0, never -0 (RN: x + (-x) = +0).
     # An exact sum with a non-zero term that comes to 0 comes from such a cancellation, so only a
@@ -120,9 +118,9 @@ def check_rht_input(x2d: torch.Tensor) -> None:
 
 
 def rht_transposed(x2d: torch.Tensor, *, chunk_rows: int = 1024) -> torch.Tensor:
-    """RHT(X^T): the bf16 [K, M] source of the columnwise copy, for a bf16 X [M, K] (contiguous)."""
+    """RHT(X^T): the bf16 [K, M] source of the columnwise copy, for a bf16 X [M, K] (a transposed view)."""
     check_rht_input(x2d)
-    out = torch.empty((x2d.shape[1], x2d.shape[0]), dtype=x2d.dtype, device=x2d.device)
+    out = torch.empty_like(x2d)
     for r0 in range(0, x2d.shape[0], chunk_rows):
-        rht_rows(x2d[r0 : r0 + chunk_rows], out[:, r0 : r0 + chunk_rows].t())
-    return out
+        rht_rows(x2d[r0 : r0 + chunk_rows], out[r0 : r0 + chunk_rows])
+    return out.t()

@@ -303,16 +303,9 @@ def _pack_pairs(codes: torch.Tensor) -> torch.Tensor:
 
 
 def _quantize_rowwise(
-    x2d: torch.Tensor, a_b_all: torch.Tensor, a_g: torch.Tensor, config: QuantConfig, seed: SRSeed | None,
-    orientation: str = "rowwise",
+    x2d: torch.Tensor, a_b_all: torch.Tensor, a_g: torch.Tensor, config: QuantConfig, seed: SRSeed | None
 ) -> dict:
-    """Rowwise copy NVFP4(X), blocks along K, from the block amaxes a_b_all (M, K/16) (docs/numerics.md §5.4, §5.9).
-
-    With orientation "colwise" (RN only) x2d is the columnwise copy's own [K, M] source, RHT(X^T):
-    the copy is quantized the same way, blocks along its rows, and returned under the colwise keys.
-    """
-    if orientation != "rowwise" and seed is not None:
-        raise ValueError("the columnwise copy's SR bytes follow its blocked layout: use _quantize_colwise")
+    """Rowwise copy NVFP4(X), blocks along K, from the block amaxes a_b_all (M, K/16) (docs/numerics.md §5.4, §5.9)."""
     m_rows, k = x2d.shape
     blk = config.block
     chain = _copy_chain(a_g.reshape(-1, 1), config)  # NUMERICS: §5.10 row-scaled: A_g [M], one per row
@@ -329,7 +322,7 @@ def _quantize_rowwise(
         stream = stochastic.copy_stream(seed.stream, "rowwise")
         r = stochastic.random_bytes(k, r0, r1, seed.seed, stream, x2d.device).reshape(y.shape)
         data[r0:r1] = casts.pack_nibbles(_codes(y, r).reshape(r1 - r0, k))
-    return {f"{orientation}_data": data, f"{orientation}_scale": scale, f"{orientation}_amax": a_g.clone()}
+    return {"rowwise_data": data, "rowwise_scale": scale, "rowwise_amax": a_g.clone()}
 
 
 def _quantize_colwise(
@@ -358,7 +351,8 @@ def _quantize_colwise(
             r = r.transpose(1, 2)  # (nb, 16, K) like y
         codes = _codes(y, r)  # (nb, 16, K)
         packed = codes[:, 0::2] | (codes[:, 1::2] << 4)  # (nb, 8, K): element pairs (2i, 2i + 1) of each block
-        data[:, r0 // 2 : r1 // 2].view(k, b1 - b0, blk // 2).copy_(packed.permute(2, 0, 1))
+        # Row 8b + i of the (nb * 8, K) bytes is byte 8(b0 + b) + i of every copy row k: one 2-D transpose.
+        data[:, r0 // 2 : r1 // 2] = packed.reshape((r1 - r0) // 2, k).t().contiguous()
     return {"colwise_data": data, "colwise_scale": scale, "colwise_amax": a_g.clone()}
 
 
@@ -395,17 +389,17 @@ def _amax_pass(x2d: torch.Tensor, config: QuantConfig, rows: bool, cols: bool) -
 
 
 def _rht_pass(x2d: torch.Tensor, blk: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(h, its block amaxes (K, M/16), its amax fp32 [1]) with h = RHT(X^T), bf16 [K, M] (contiguous).
+    """(h, its block amaxes (M/16, K), its amax fp32 [1]) with h = RHT(X^T)^T, bf16 (M, K).
 
     NUMERICS: §5.6 - the columnwise A_g is the amax of the bf16 RHT output (post-RHT amax).
     """
     hadamard.check_rht_input(x2d)
     m_rows, k = x2d.shape
-    h = torch.empty((k, m_rows), dtype=x2d.dtype, device=x2d.device)
-    a_b = torch.empty((k, m_rows // blk), dtype=torch.float32, device=x2d.device)
+    h = torch.empty_like(x2d)
+    a_b = torch.empty((m_rows // blk, k), dtype=torch.float32, device=x2d.device)
     for r0, r1 in _chunks(m_rows, k, hadamard.RHT_SIZE):
-        hadamard.rht_rows(x2d[r0:r1], h[:, r0:r1].t())
-        a_b[:, r0 // blk : r1 // blk] = _row_blocks_amax(h[:, r0:r1], blk)
+        hadamard.rht_rows(x2d[r0:r1], h[r0:r1])
+        a_b[r0 // blk : r1 // blk] = _col_blocks_amax(h[r0:r1], blk)
     return h, a_b, a_b.amax().reshape(1)
 
 
@@ -610,11 +604,8 @@ def quantize_2d(
         out.update(_quantize_rowwise(x2d, amax_x["rows"], a_row, config, seed))
     if colwise:
         if config.rht:
-            h, a_b, a_g = _rht_pass(x2d, config.block)  # h = RHT(X^T) [K, M]: the copy's own rows
-            if seed is None:
-                out.update(_quantize_rowwise(h, a_b, a_g, config, None, "colwise"))
-            else:  # SR: the columnwise random-byte layout (§5.7), on views of h and a_b in X's orientation
-                out.update(_quantize_colwise(h.t(), a_b.t(), a_g, config, seed))
+            h, a_b, a_g = _rht_pass(x2d, config.block)
+            out.update(_quantize_colwise(h, a_b, a_g, config, seed))
             del h
         else:
             # NUMERICS: §5.10 row-scaled - A_g [K] = amax of each column of X (each row of the copy).
