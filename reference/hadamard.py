@@ -97,8 +97,8 @@ def rht_rows(x_rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Ten
     if out is None:
         out = torch.empty_like(x_rows)
     ob = out.view(xb.shape)
-    # NUMERICS: §5.6 - fp64 -> RN fp32 -> RN bf16 (two rounding points, in that order).
-    ob.copy_(acc.to(torch.float32).to(torch.bfloat16))
+    # NUMERICS: §5.6 - fp64 -> RN fp32 -> RN bf16 (two rounding points, in that order; the second by the copy).
+    ob.copy_(acc.to(torch.float32))
     # NUMERICS: §5.6 - the accumulator starts at +0, so a zero sum is +0, never -0 (RN: x + (-x) = +0).
     # An exact sum with a non-zero term that comes to 0 comes from such a cancellation, so only a
     # chunk of +-0 inputs can give -0 (products -0, summed by the matmul without the +0 start).
