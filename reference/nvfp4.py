@@ -131,7 +131,7 @@ def e2m1_rn(y: torch.Tensor) -> torch.Tensor:
 
     Same result as casts.saturating_cast(y, E2M1) and as the §0.5 threshold table (e2m1_thresholds;
     the tests check both, and every one of the 2^32 fp32 patterns was checked once against the
-    table), by one fp32 addition that rounds, as Hacker's-Delight "magic number" rounding:
+    table), by one fp32 addition that rounds (the classic "magic number" rounding):
     NUMERICS: §0.5 e2m1_rn / §0.2.4 - a = min(|y|, 6) on the magnitude bits (inf and NaN give 6, so
     NaN gives 7); for a in binade [2^e, 2^(e+1)), e = clamp(floor(log2 a), emin, emax), the fp32
     sum s = RN(a + M_e) with M_e = 2^(22 + e) + 2e ulps rounds a to E2M1's spacing 2^(e - 1) there,
