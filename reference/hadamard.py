@@ -58,43 +58,53 @@ def sequential_sum(v64: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return acc
 
 
-def _needs_ordered_sum(xb: torch.Tensor) -> torch.Tensor:
-    """(nb, K) bool: chunks whose fp64 sum may round or is non-finite (xb: bf16 (nb, 16, K), sum over dim 1).
+def _chunk_span(xb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(flagged, zero) of the chunks of xb (bf16 (nb, 16, K), summed over dim 1): (nb, K) bool each.
 
-    Read from the bf16 magnitude bits, which order like the magnitudes: compare the exponent
-    fields of the largest and the smallest non-zero magnitude (a subnormal counts as the lowest
-    possible exponent, which only widens the span).
+    flagged: the fp64 sum may round or is non-finite; zero: every input is +-0 (the sum is a zero),
+    None when no chunk is. Read from the bf16 magnitude bits, which order like the magnitudes:
+    compare the exponent fields of the largest and the smallest non-zero magnitude (a subnormal
+    counts as the lowest possible exponent, which only widens the span).
     """
     mag = xb.view(torch.int16) & _BF16_MAG_MASK  # (nb, 16, K)
-    hi = mag.amax(dim=1).to(torch.int32)  # (nb, K); >= inf bits: inf or NaN present; 0: all zero
-    lo = ((mag - 1) & _BF16_MAG_MASK).amin(dim=1).to(torch.int32) + 1  # smallest non-zero (0x8000: all zero)
-    e_hi = hi >> _BF16_MAN_BITS
-    e_lo = lo >> _BF16_MAN_BITS
-    e_lo = torch.where(e_lo == 0, torch.full_like(e_lo, _BF16_SUBNORMAL_EXP), e_lo)
-    return (hi >= _BF16_INF_BITS) | ((hi != 0) & (e_hi - e_lo > _EXACT_SPAN))
+    hi = mag.amax(dim=1)  # (nb, K); >= inf bits: inf or NaN present; 0: all zero
+    mag -= 1
+    mag &= _BF16_MAG_MASK  # 0 becomes the largest pattern, so the min skips zeros
+    e_lo = (mag.amin(dim=1).to(torch.int32) + 1) >> _BF16_MAN_BITS  # smallest non-zero; 256: all zero (no span)
+    # Exponent field + (1 - subnormal exponent), and 0 for a subnormal: e_lo - subnormal exponent.
+    e_lo += e_lo.clamp(max=1) * -_BF16_SUBNORMAL_EXP
+    flagged = (hi >= _BF16_INF_BITS) | ((hi >> _BF16_MAN_BITS) - e_lo > _EXACT_SPAN + _BF16_SUBNORMAL_EXP)
+    return flagged, (hi == 0) if int(hi.amin()) == 0 else None
 
 
-def rht_rows(x_rows: torch.Tensor) -> torch.Tensor:
+def rht_rows(x_rows: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """RHT of a bf16 row chunk X[r0:r1] (R, K), R % 16 == 0, as bf16 (R, K): out[16b + j, k] = RHT(X^T)[k, 16b + j].
 
     The result is RHT(X^T) transposed back to X's orientation: row 16b + j holds output j of
     every column's chunk b. The fp64 sum is taken by a matmul where every partial sum is provably
     exact (then the order cannot matter); chunks that could round (exponent span > 2^40) or that
-    hold inf/NaN are redone in the contract's order.
+    hold inf/NaN are redone in the contract's order. Written into `out` (bf16 (R, K)) when given.
     """
     r, k = x_rows.shape
     xb = x_rows.reshape(r // RHT_SIZE, RHT_SIZE, k)  # (nb, 16 i, K)
     w = rht_matrix(x_rows.device)  # (16 i, 16 j)
     v64 = torch.empty(xb.shape, dtype=torch.float64, device=xb.device).copy_(xb)  # exact widening
     acc = torch.matmul(w.t(), v64)  # (nb, 16 j, K); exact where not flagged
-    # NUMERICS: §5.6 - the accumulator starts at +0, so a zero sum is +0, never -0 (RN: x + (-x) = +0).
-    acc += 0.0
-    flagged = _needs_ordered_sum(xb)  # (nb, K)
+    flagged, zero = _chunk_span(xb)  # (nb, K)
     if bool(flagged.any()):
         b_idx, k_idx = flagged.nonzero(as_tuple=True)
         acc[b_idx, :, k_idx] = sequential_sum(v64[b_idx, :, k_idx], w)
-    # NUMERICS: §5.6 - fp64 -> RN fp32 -> RN bf16 (two rounding points, in that order).
-    return acc.to(torch.float32).to(torch.bfloat16).reshape(r, k)
+    if out is None:
+        out = torch.empty_like(x_rows)
+    ob = out.view(xb.shape)
+    # NUMERICS: §5.6 - fp64 -> RN fp32 -> RN bf16 (two rounding points, in that order; the second by the copy).
+    ob.copy_(acc.to(torch.float32))
+    # NUMERICS: §5.6 - the accumulator starts at +0, so a zero sum is +0, never -0 (RN: x + (-x) = +0).
+    # An exact sum with a non-zero term that comes to 0 comes from such a cancellation, so only a
+    # chunk of +-0 inputs can give -0 (products -0, summed by the matmul without the +0 start).
+    if zero is not None:
+        ob.masked_fill_(zero[:, None, :], 0.0)
+    return out
 
 
 def check_rht_input(x2d: torch.Tensor) -> None:
@@ -112,5 +122,5 @@ def rht_transposed(x2d: torch.Tensor, *, chunk_rows: int = 1024) -> torch.Tensor
     check_rht_input(x2d)
     out = torch.empty_like(x2d)
     for r0 in range(0, x2d.shape[0], chunk_rows):
-        out[r0 : r0 + chunk_rows] = rht_rows(x2d[r0 : r0 + chunk_rows])
+        rht_rows(x2d[r0 : r0 + chunk_rows], out[r0 : r0 + chunk_rows])
     return out.t()

@@ -112,27 +112,46 @@ def e2m1_thresholds() -> torch.Tensor:
     return torch.where(even, up, mid)
 
 
-_E2M1_THRESHOLD_BITS = [int(b) for b in fp32.bits(e2m1_thresholds())]
 _NEG_INF_BITS = int(fp32.bits(torch.tensor(float("-inf"))))
+_FP32_MAN_BITS = 23
+_FP32_BIAS = 127
+_E2M1_MAX_BITS = int(fp32.bits(torch.tensor(E2M1.max_finite)))
+# Biased fp32 exponents of E2M1's binades: [1, 2) (emin; below it the spacing stays 2^(emin - man)) .. [4, 8) (emax).
+_E2M1_EXP_LO = _FP32_BIAS + E2M1.emin
+_E2M1_EXP_HI = _FP32_BIAS + E2M1.emax
+# Magic addend bits of the binade with biased exponent E: E * _MAGIC_MUL + _MAGIC_ADD, i.e. the fp32
+# 2^(E - 127 - man + 23), whose ulp is the E2M1 spacing 2^(E - 127 - man) there, plus (E - 127 - emin) * 2^man
+# ulps: the number of codes below the binade, an even count of ulps.
+_MAGIC_MUL = (1 << _FP32_MAN_BITS) + (1 << E2M1.man_bits)
+_MAGIC_ADD = ((_FP32_MAN_BITS - E2M1.man_bits - E2M1.emin) << _FP32_MAN_BITS) - _E2M1_EXP_LO * (1 << E2M1.man_bits)
 
 
 def e2m1_rn(y: torch.Tensor) -> torch.Tensor:
     """E2M1 codes (uint8, sign in bit 3) of fp32 y: RNE, saturating, NaN -> 0x7, sign copied.
 
-    Same result as casts.saturating_cast(y, E2M1) (the tests check it), by the §0.5 threshold
-    table on the fp32 magnitude bits, which order like the magnitudes:
-    NUMERICS: §0.5 e2m1_rn / §0.2.4 - magnitude code = number of thresholds <= |y| (> 5 and inf
-    give 7; a NaN's magnitude bits exceed every threshold, so NaN gives 7); the sign bit is copied
-    from y for every non-NaN value (-0.0 and tiny negatives give 0x8), NaN of either sign gives 0x7.
+    Same result as casts.saturating_cast(y, E2M1) and as the §0.5 threshold table (e2m1_thresholds;
+    the tests check both, and every one of the 2^32 fp32 patterns was checked once against the
+    table), by one fp32 addition that rounds (the classic "magic number" rounding):
+    NUMERICS: §0.5 e2m1_rn / §0.2.4 - a = min(|y|, 6) on the magnitude bits (inf and NaN give 6, so
+    NaN gives 7); for a in binade [2^e, 2^(e+1)), e = clamp(floor(log2 a), emin, emax), the fp32
+    sum s = RN(a + M_e) with M_e = 2^(22 + e) + 2e ulps rounds a to E2M1's spacing 2^(e - 1) there,
+    ties to even (the 2e ulps are even, so they keep the tie parity), and the low bits of s are the
+    magnitude code. The sign bit is copied from y for every non-NaN value (-0.0 and tiny negatives
+    give 0x8); NaN of either sign gives 0x7.
     """
     b = fp32.bits(y)
-    mag = b & _FP32_MAG_MASK
-    code = (mag >= _E2M1_THRESHOLD_BITS[0]).to(torch.uint8)
-    for t in _E2M1_THRESHOLD_BITS[1:]:  # 6 more thresholds
-        code += mag >= t
     # int32 view: negative non-NaN floats are exactly the bit patterns <= bits(-inf).
     neg = (b <= _NEG_INF_BITS).to(torch.uint8)
     neg <<= E2M1.bits - 1
+    mag = b & _FP32_MAG_MASK
+    mag.clamp_(max=_E2M1_MAX_BITS)  # saturate: > 6, inf and NaN (bits above inf's) become 6
+    magic = mag >> _FP32_MAN_BITS  # biased exponent E
+    magic.clamp_(_E2M1_EXP_LO, _E2M1_EXP_HI)
+    magic *= _MAGIC_MUL
+    magic += _MAGIC_ADD
+    # NUMERICS: §0.5 e2m1_rn - the one rounding: fp32 RN(a + M_e), exact but for the rounding to the E2M1 grid.
+    mag.view(torch.float32).add_(magic.view(torch.float32))
+    code = mag.to(torch.uint8)  # the low byte: s's mantissa counts the codes, 0..7
     code |= neg
     return code
 
@@ -156,13 +175,35 @@ def _abs_nan_zero(v: torch.Tensor) -> torch.Tensor:
     return a.masked_fill_(torch.isnan(a), 0.0)
 
 
+# 16-bit float inputs: the magnitude bits (sign cleared) order like the magnitudes; above inf's are NaN.
+_HALF_INF_BITS = {dt: int(torch.tensor(float("inf"), dtype=dt).view(torch.int16)) for dt in (torch.bfloat16,
+                                                                                         torch.float16)}
+_HALF_MAG_MASK = (1 << 15) - 1
+
+
+def _half_blocks_amax(xc: torch.Tensor, shape: tuple[int, ...], dim: int) -> torch.Tensor | None:
+    """fp32 amax over `dim` of the magnitudes of a bf16/fp16 xc viewed as `shape`, or None if a NaN is there.
+
+    NUMERICS: §0.1 - exact: the max of the magnitude bits is the bits of the max magnitude (-0 gives +0).
+    """
+    mag = xc.view(torch.int16) & _HALF_MAG_MASK
+    out = mag.reshape(shape).amax(dim=dim)
+    if bool(out.amax() > _HALF_INF_BITS[xc.dtype]):
+        return None  # NUMERICS: §0.2.5 - a NaN lane: the caller's NaN-ignoring path
+    return out.view(xc.dtype).to(torch.float32)
+
+
 def _row_blocks_amax(xc: torch.Tensor, blk: int) -> torch.Tensor:
     """fp32 (R, C/blk): amax of each 1 x blk block along the rows of xc (R, C); NaN ignored.
 
-    NUMERICS: §0.1 - exact in any order. The fast path lets NaN propagate, and a chunk that got a
+    NUMERICS: §0.1 - exact in any order. The fast paths let NaN propagate, and a chunk that got a
     NaN is redone with NaN lanes zeroed.
     """
     r, c = xc.shape
+    if xc.dtype in _HALF_INF_BITS:
+        out = _half_blocks_amax(xc, (r, c // blk, blk), -1)
+        if out is not None:
+            return out
     a = xc.to(torch.float32).abs().reshape(r, c // blk, blk)  # (R, C/16, 16); |.| gives +0 for -0
     out = _max_last(a)
     if bool(torch.isnan(out).any()):
@@ -173,6 +214,10 @@ def _row_blocks_amax(xc: torch.Tensor, blk: int) -> torch.Tensor:
 def _col_blocks_amax(xc: torch.Tensor, blk: int) -> torch.Tensor:
     """fp32 (R/blk, C): amax of each blk x 1 block down the columns of xc (R, C); NaN ignored."""
     r, c = xc.shape
+    if xc.dtype in _HALF_INF_BITS:
+        out = _half_blocks_amax(xc, (r // blk, blk, c), 1)
+        if out is not None:
+            return out
     out = xc.to(torch.float32).abs().reshape(r // blk, blk, c).amax(dim=1)  # (R/16, C)
     if bool(torch.isnan(out).any()):
         out = _abs_nan_zero(xc).reshape(r // blk, blk, c).amax(dim=1)
@@ -237,6 +282,26 @@ def _codes(y: torch.Tensor, r: torch.Tensor | None) -> torch.Tensor:
     return e2m1_rn(y) if r is None else stochastic.e2m1_sr(y, r)
 
 
+# Input dtypes whose widening to fp32 is exact: x * f then computes RN(x * f) in fp32 directly.
+_EXACT_IN_FP32 = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _times(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """y = RN(x * f) in fp32 (NUMERICS: §5.4 - one fp32 multiply of the exactly widened x)."""
+    if x.dtype not in _EXACT_IN_FP32:
+        x = x.to(torch.float32)
+    return torch.mul(x, f)  # bf16/fp16 x promotes to fp32 (exact widening), then one fp32 multiply
+
+
+def _pack_pairs(codes: torch.Tensor) -> torch.Tensor:
+    """[..., 2n] codes (uint8, < 16, contiguous) to [..., n] bytes, even element low (docs/numerics.md §5.4).
+
+    Through an int16 view of each pair: its low byte is the even code, the high byte the odd one.
+    """
+    pairs = codes.view(torch.int16)
+    return (pairs | (pairs >> 4)).to(torch.uint8)
+
+
 def _quantize_rowwise(
     x2d: torch.Tensor, a_b_all: torch.Tensor, a_g: torch.Tensor, config: QuantConfig, seed: SRSeed | None
 ) -> dict:
@@ -246,15 +311,16 @@ def _quantize_rowwise(
     chain = _copy_chain(a_g.reshape(-1, 1), config)  # NUMERICS: §5.10 row-scaled: A_g [M], one per row
     data = torch.empty((m_rows, k // 2), dtype=torch.uint8, device=x2d.device)
     scale = _scale_buffer(m_rows, k, blk, x2d.device)
+    s_blk, f = chain(a_b_all)  # (M, K/16): elementwise, so one call for the whole copy
+    scale[:m_rows, : k // blk] = s_blk
     for r0, r1 in _chunks(m_rows, k, blk):
-        s_blk, f = chain(a_b_all[r0:r1], r0, r1)  # (R, K/16)
-        scale[r0:r1, : k // blk] = s_blk
         # NUMERICS: §5.4 - y = RN(x * f): one fp32 multiply.
-        y = x2d[r0:r1].to(torch.float32).reshape(r1 - r0, k // blk, blk) * f[:, :, None]  # (R, K/16, 16)
-        r = None
-        if seed is not None:
-            stream = stochastic.copy_stream(seed.stream, "rowwise")
-            r = stochastic.random_bytes(k, r0, r1, seed.seed, stream, x2d.device).reshape(y.shape)
+        y = _times(x2d[r0:r1].reshape(r1 - r0, k // blk, blk), f[r0:r1, :, None])  # (R, K/16, 16)
+        if seed is None:
+            data[r0:r1] = _pack_pairs(e2m1_rn(y).reshape(r1 - r0, k))
+            continue
+        stream = stochastic.copy_stream(seed.stream, "rowwise")
+        r = stochastic.random_bytes(k, r0, r1, seed.seed, stream, x2d.device).reshape(y.shape)
         data[r0:r1] = casts.pack_nibbles(_codes(y, r).reshape(r1 - r0, k))
     return {"rowwise_data": data, "rowwise_scale": scale, "rowwise_amax": a_g.clone()}
 
@@ -272,19 +338,21 @@ def _quantize_colwise(
     chain = _copy_chain(a_g.reshape(1, -1), config)  # NUMERICS: §5.10 row-scaled: A_g [K], one per copy row
     data = torch.empty((k, m_rows // 2), dtype=torch.uint8, device=src.device)
     scale = _scale_buffer(k, m_rows, blk, src.device)
+    s_blk, f = chain(a_b_all)  # (M/16, K): elementwise, so one call for the whole copy
+    scale[:k, : m_rows // blk] = s_blk.t()
     for r0, r1 in _chunks(m_rows, k, blk):
         b0, b1 = r0 // blk, r1 // blk
-        s_blk, f = chain(a_b_all[b0:b1])  # (nb, K)
-        scale[:k, b0:b1] = s_blk.t()
         # NUMERICS: §5.4 - y = RN(x * f); (nb, 16, K): [b, j, k] is element [k, 16(b0 + b) + j] of the copy.
-        y = src[r0:r1].to(torch.float32).reshape(b1 - b0, blk, k) * f[:, None, :]
+        y = _times(src[r0:r1].reshape(b1 - b0, blk, k), f[b0:b1, None, :])
         r = None
         if seed is not None:
             stream = stochastic.copy_stream(seed.stream, "colwise")
             r = stochastic.random_bytes_blocked(m_rows, k, b0, b1, blk, seed.seed, stream, src.device)
             r = r.transpose(1, 2)  # (nb, 16, K) like y
-        packed = casts.pack_nibbles(_codes(y, r).transpose(1, 2))  # (nb, K, 8)
-        data[:, r0 // 2 : r1 // 2] = packed.permute(1, 0, 2).reshape(k, (r1 - r0) // 2)
+        codes = _codes(y, r)  # (nb, 16, K)
+        packed = codes[:, 0::2] | (codes[:, 1::2] << 4)  # (nb, 8, K): element pairs (2i, 2i + 1) of each block
+        # Row 8b + i of the (nb * 8, K) bytes is byte 8(b0 + b) + i of every copy row k: one 2-D transpose.
+        data[:, r0 // 2 : r1 // 2] = packed.reshape((r1 - r0) // 2, k).t().contiguous()
     return {"colwise_data": data, "colwise_scale": scale, "colwise_amax": a_g.clone()}
 
 
@@ -330,7 +398,7 @@ def _rht_pass(x2d: torch.Tensor, blk: int) -> tuple[torch.Tensor, torch.Tensor, 
     h = torch.empty_like(x2d)
     a_b = torch.empty((m_rows // blk, k), dtype=torch.float32, device=x2d.device)
     for r0, r1 in _chunks(m_rows, k, hadamard.RHT_SIZE):
-        h[r0:r1] = hadamard.rht_rows(x2d[r0:r1])
+        hadamard.rht_rows(x2d[r0:r1], h[r0:r1])
         a_b[r0 // blk : r1 // blk] = _col_blocks_amax(h[r0:r1], blk)
     return h, a_b, a_b.amax().reshape(1)
 
@@ -444,8 +512,6 @@ def _quantize_four_over_six(x2d: torch.Tensor, config: QuantConfig, *, rowwise: 
 # --------------------------------------------------------------------------------------------
 # Convention torchao_nvfp4 (docs/numerics.md §10.5)
 # --------------------------------------------------------------------------------------------
-
-_FP32_MAN_BITS = 23
 
 
 def e2m1_torchao(y: torch.Tensor) -> torch.Tensor:

@@ -110,6 +110,26 @@ def test_all_negative_zero_products_sum_to_positive_zero():
     assert (out.view(torch.int16) == 0).all()
 
 
+def test_zero_sums_are_positive_zero_whatever_the_matmul_start(monkeypatch):
+    """A matmul whose accumulator starts from the first product (not +0) gives -0 for all -0 products; the
+    chunks of +-0 inputs are still +0, and cancellations stay +0."""
+
+    def first_product_matmul(a, b):  # a (16 j, 16 i), b (nb, 16 i, K): acc = term 0, then + terms 1..15
+        acc = a[None, :, 0, None] * b[:, 0:1, :]
+        for i in range(1, a.shape[1]):
+            acc = acc + a[None, :, i, None] * b[:, i : i + 1, :]
+        return acc
+
+    cols = [[-s * 0.0 for s in SIGMA], [-0.0] * 16, [1.0] * 16, [0.0] * 15 + [-0.0]]
+    x = torch.tensor(cols, dtype=torch.float32).t().contiguous().to(torch.bfloat16)
+    monkeypatch.setattr(torch, "matmul", first_product_matmul)
+    got = hadamard.rht_transposed(x).to(torch.float32)
+    monkeypatch.undo()
+    assert first_product_matmul(torch.ones(16, 16), torch.full((1, 16, 1), -0.0)).signbit().all()
+    np.testing.assert_array_equal(got.numpy().view(np.int32), rht_oracle(x).view(np.int32))
+    assert not got.signbit()[[0, 1, 3]].any()
+
+
 def test_linearity_on_exact_inputs():
     """RHT(a X + b Y) = a RHT(X) + b RHT(Y) when every value is exact (small integers)."""
     g = torch.Generator().manual_seed(3)
@@ -179,8 +199,10 @@ def test_ordered_sum_flags():
     def col(*vals):
         return torch.tensor(list(vals) + [0.0] * (16 - len(vals))).reshape(1, 16, 1).to(torch.bfloat16)
 
-    flag = lambda *v: bool(hadamard._needs_ordered_sum(col(*v)).item())  # noqa: E731
+    flag = lambda *v: bool(hadamard._chunk_span(col(*v))[0].item())  # noqa: E731
+    zero = lambda *v: hadamard._chunk_span(col(*v))[1] is not None  # noqa: E731
     assert not flag()  # all zero
+    assert zero() and zero(-0.0, -0.0) and not zero(2.0**-133) and not zero(-0.0, float("nan"))
     assert not flag(1.0, 2.0**-40)  # span 40
     assert not flag(1.5, 2.0**-40)
     assert flag(1.0, 2.0**-41)  # span 41

@@ -15,6 +15,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reference import QuantConfig, SpecViolation, casts, dequantize, fp32, nvfp4, quantize
 from reference.formats import E2M1, E4M3
@@ -494,10 +496,94 @@ def test_e2m1_rn_equals_ml_dtypes_off_nan():
     np.testing.assert_array_equal(nvfp4.e2m1_rn(y).numpy(), want)
 
 
+def threshold_codes(y: torch.Tensor) -> torch.Tensor:
+    """The §0.5 table read directly: magnitude code = number of thresholds <= |y| on the fp32 magnitude bits
+    (NaN's bits exceed all: 7), sign bit copied from every non-NaN value."""
+    mag = fp32.bits(y).to(torch.int64) & 0x7FFFFFFF
+    code = torch.zeros(y.shape, dtype=torch.uint8)
+    for t in fp32.bits(nvfp4.e2m1_thresholds()).tolist():
+        code += mag >= t
+    neg = torch.signbit(y) & ~torch.isnan(y)
+    return code | (neg.to(torch.uint8) << 3)
+
+
+def test_e2m1_rn_equals_threshold_table():
+    """The magic-number rounding of e2m1_rn against the threshold table of §0.5 (checked once on all 2^32 patterns)."""
+    y = _bit_corpus()
+    # Every pattern whose magnitude lies in the binades around E2M1's ([2^-3, 2^4)), in steps of 509 ulps.
+    near = torch.arange(bits(0.125), bits(16.0), 509, dtype=torch.int32)
+    y = torch.cat([y, near.view(torch.float32), (near | (-(1 << 31))).view(torch.float32)])
+    assert torch.equal(nvfp4.e2m1_rn(y), threshold_codes(y))
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=1, max_size=64))
+def test_e2m1_rn_on_any_bit_pattern(patterns):
+    y = torch.tensor(patterns, dtype=torch.int32).view(torch.float32)
+    before = y.clone()
+    assert torch.equal(nvfp4.e2m1_rn(y), threshold_codes(y))
+    assert torch.equal(nvfp4.e2m1_rn(y), casts.saturating_cast(y, E2M1))
+    assert torch.equal(y.view(torch.int32), before.view(torch.int32))  # the input is not scratch
+
+
+def test_pack_pairs_equals_pack_nibbles():
+    codes = torch.cartesian_prod(torch.arange(16), torch.arange(16)).to(torch.uint8).reshape(16, 32)
+    assert torch.equal(nvfp4._pack_pairs(codes), casts.pack_nibbles(codes))
+
+
 def test_e2m1_thresholds():
     t = nvfp4.e2m1_thresholds()
     nxt = lambda v: float(np.nextafter(np.float32(v), np.float32(np.inf)))  # noqa: E731
     assert t.tolist() == [nxt(0.25), 0.75, nxt(1.25), 1.75, nxt(2.5), 3.5, nxt(5.0)]
+
+
+# ---- the 16-bit fast paths against the fp32 general path ------------------------------------------
+
+HALF_SPECIALS = [0.0, -0.0, math.inf, -math.inf, math.nan, NEG_NAN, 2.0**-133, -(2.0**-126), 6e-8, 65504.0,
+                 -65504.0, 3.0e38, 0.25, 0.75, 5.0, 2.5]
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    mb=st.integers(1, 6),
+    kb=st.integers(1, 6),
+    dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+    tile=st.sampled_from([(1, 16), (16, 16)]),
+    variant=st.sampled_from([None, "row_scaled"]),
+    special_frac=st.sampled_from([0.0, 0.05, 0.5]),
+    nan_rows=st.sets(st.integers(0, 95), max_size=2),
+    chunk_elems=st.sampled_from([1, 1 << 20]),
+)
+def test_half_input_equals_its_fp32_widening(seed, mb, kb, dtype, tile, variant, special_frac, nan_rows, chunk_elems):
+    """quantize(x) for a bf16/fp16 x (block amaxes on the 16-bit magnitude bits, y = x * f with x widened by the
+    multiply) equals quantize(x.float()) (the fp32 general path) bit for bit: NaN (whole chunks then take the
+    NaN-ignoring path), +-inf, subnormals, ties of the E2M1 grid, and 16-row chunks (chunk_elems = 1)."""
+    if variant is not None and tile != (1, 16):
+        tile = (1, 16)
+    m, k = 16 * mb, 16 * kb
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.exp2(torch.randint(-30, 30, (m, 1), generator=g).float())
+    sp = torch.tensor(HALF_SPECIALS)
+    pick = torch.rand(m, k, generator=g) < special_frac
+    x = torch.where(pick, sp[torch.randint(0, len(sp), (m, k), generator=g)], x).to(dtype)
+    for r in nan_rows:
+        if r < m:
+            x[r, (r * 7) % k] = math.nan
+    config = QuantConfig("nvfp4", tile=tile, variant=variant)
+    old = nvfp4.CHUNK_ELEMS
+    try:
+        nvfp4.CHUNK_ELEMS = chunk_elems
+        half = quantize(x, config, rowwise=True, colwise=True)
+        wide = quantize(x.to(torch.float32), config, rowwise=True, colwise=True)
+    finally:
+        nvfp4.CHUNK_ELEMS = old
+    for f in ("rowwise_data", "rowwise_scale", "colwise_data", "colwise_scale"):
+        assert torch.equal(getattr(half, f), getattr(wide, f)), f
+    for f in ("rowwise_amax", "colwise_amax"):
+        assert torch.equal(fp32.bits(getattr(half, f)), fp32.bits(getattr(wide, f))), f
+    for blocks in (nvfp4._row_blocks_amax, nvfp4._col_blocks_amax):
+        assert torch.equal(fp32.bits(blocks(x, 16)), fp32.bits(blocks(x.to(torch.float32), 16)))
 
 
 # ---- dequantize ----------------------------------------------------------------------------------
