@@ -15,11 +15,10 @@ from reference.layouts import copy_geometry
 from reference.types import QuantizedTensor
 
 from .kernels import Patched
-from .launch import PreparedLaunch, device_index, launch, module_for, raw_stream
+from .launch import PreparedLaunch, device_index, launch, module_for
 from .launchers import CublasLtMode, LtScale
 from .per_tensor import SUFFIX, THREADS, launch_dequantize, n_tiles, vec_flags
-from .plan import Buffer, OutputBlock, Step, X
-from .plan import QuantizePlan as QuantizePlanBase
+from .plan import Buffer, OneLaunchPlan, OutputBlock, Step, X
 
 CU_FILE = "fp8_block.cu"
 # NUMERICS: §6 table - VEC128_32F / BLK128x128_32F on sm_90 only, cuBLAS >= 12.9, TN only, aligned.
@@ -81,7 +80,7 @@ def lt_alpha(a_view, b_view) -> float:
 # ---- the cached call plan (native.plan) ----------------------------------------------------------------------
 
 
-class QuantizePlan(QuantizePlanBase):
+class QuantizePlan(OneLaunchPlan):
     """quantize_2d above for one (config, M, K, dtype, copies, x alignment) signature, prepared once
     (docs/design.md §4.1): the same launch with the same arguments."""
 
@@ -104,14 +103,6 @@ class QuantizePlan(QuantizePlanBase):
                                 (Patched(X, dtype), np.int64(m), np.int64(k), vec_in, vec_row, vec_col,
                                  *ptrs["rowwise"], lds["rowwise"], *ptrs["colwise"], lds["colwise"]), index)  # fmt: skip
         self.steps = (Step(launch, block),)
-
-    def _run(self, x2d, seed, given, state) -> dict | None:
-        got = self.block.allocate(x2d.device, self.index)
-        if got is None:
-            return None
-        base, fields = got
-        self.steps[0](base, {X: x2d.data_ptr()}, raw_stream(self.index))
-        return fields
 
 
 def plan_quantize(config, m: int, k: int, dtype: torch.dtype, *, rowwise: bool, colwise: bool, aligned: bool,

@@ -16,11 +16,10 @@ from reference.types import QuantizedTensor
 
 from . import swizzle
 from .kernels import Patched
-from .launch import PreparedLaunch, device_index, launch, module_for, raw_stream
+from .launch import PreparedLaunch, device_index, launch, module_for
 from .launchers import CublasLtMode, LtScale
 from .per_tensor import SUFFIX, THREADS, launch_dequantize, n_tiles
-from .plan import Buffer, OutputBlock, Step, X
-from .plan import QuantizePlan as QuantizePlanBase
+from .plan import Buffer, OneLaunchPlan, OutputBlock, Step, X
 
 CU_FILE = "mxfp8.cu"
 # NUMERICS: §6 table - VEC32_UE8M0 on sm_100+, cuBLAS >= 12.8; any layout (both copies are K-scaled).
@@ -90,7 +89,7 @@ def lt_alpha(a_view, b_view) -> float:
 # ---- the cached call plan (native.plan) ----------------------------------------------------------------------
 
 
-class QuantizePlan(QuantizePlanBase):
+class QuantizePlan(OneLaunchPlan):
     """quantize_2d above for one (config, M, K, dtype, copies, x alignment) signature, prepared once
     (docs/design.md §4.1): the same launch with the same arguments."""
 
@@ -113,14 +112,6 @@ class QuantizePlan(QuantizePlanBase):
                                 THREADS, (Patched(X, dtype), np.int64(m), np.int64(k), vec_in, vec_out, *ptrs["rowwise"],
                                           np.int64(ld_r), *ptrs["colwise"], np.int64(ld_c)), index)  # fmt: skip
         self.steps = (Step(launch, block),)
-
-    def _run(self, x2d, seed, given, state) -> dict | None:
-        got = self.block.allocate(x2d.device, self.index)
-        if got is None:
-            return None
-        base, fields = got
-        self.steps[0](base, {X: x2d.data_ptr()}, raw_stream(self.index))
-        return fields
 
 
 def plan_quantize(config, m: int, k: int, dtype: torch.dtype, *, rowwise: bool, colwise: bool, aligned: bool,

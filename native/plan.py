@@ -211,3 +211,15 @@ class QuantizePlan:
 
     def _run(self, x2d, seed, given, state) -> dict | None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+class OneLaunchPlan(QuantizePlan):
+    """A plan whose call is one launch reading x (mxfp8, fp8_block): allocate the block, launch `steps[0]`."""
+
+    def _run(self, x2d, seed, given, state) -> dict | None:
+        got = self.block.allocate(x2d.device, self.index)
+        if got is None:
+            return None
+        base, fields = got
+        self.steps[0](base, {X: x2d.data_ptr()}, raw_stream(self.index))
+        return fields
