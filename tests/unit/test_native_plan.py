@@ -439,3 +439,32 @@ def test_cublaslt_sets_a_pointer_attribute_only_when_it_changes():
     cublaslt._set_pointer(lt, plan, "B_SCALE_POINTER", 0x1000)
     assert calls == [(7, "A_SCALE_POINTER", 0x1000, 8), (7, "A_SCALE_POINTER", 0x2000, 8),
                      (7, "A_SCALE_POINTER", 0x1000, 8), (7, "B_SCALE_POINTER", 0x1000, 8)]  # fmt: skip
+
+
+def test_a_one_launch_plan_allocates_then_launches_its_step_with_x_on_the_plans_stream(monkeypatch):
+    """native.plan.OneLaunchPlan._run (the mxfp8 and fp8_block plans): the block's fields come back after one launch
+    of steps[0] with x's pointer, on raw_stream(index); an unaligned block (allocate -> None) means the full path."""
+    from native import plan
+
+    calls = []
+
+    class Block:
+        def __init__(self, got):
+            self.got = got
+
+        def allocate(self, device, index):
+            calls.append(("allocate", device, index))
+            return self.got
+
+    class FakePlan(plan.OneLaunchPlan):
+        index = 3
+        steps = (lambda base, named, stream: calls.append(("launch", base, named, stream)),)
+
+    monkeypatch.setattr(plan, "raw_stream", lambda index: 1000 + index)
+    x = torch.zeros(4, 8)
+    p = FakePlan()
+    p.block = Block((4096, {"rowwise_data": "fields"}))
+    assert p._run(x, None, None, None) == {"rowwise_data": "fields"}
+    assert calls == [("allocate", x.device, 3), ("launch", 4096, {plan.X: x.data_ptr()}, 1003)]
+    p.block, calls[:] = Block(None), []
+    assert p._run(x, None, None, None) is None and calls == [("allocate", x.device, 3)]
