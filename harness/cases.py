@@ -340,6 +340,11 @@ class Case:
         return f"{self.op}-{self.config.id}-{self.orientation}-{dt}-{dims}{groups}{out}-{tail}"
 
     @property
+    def work(self) -> int:
+        """The case's size as the sweep weighs it: the product of its shape (elements; M*N*K for a GEMM)."""
+        return math.prod(self.shape)
+
+    @property
     def operand_shapes(self) -> dict[str, tuple[int, ...]]:
         """Logical operand shapes (docs/adapters.md §3): x for quantize; a, b (+ c [M, N], bias [N]) for gemm."""
         if self.op == "linear":

@@ -14,7 +14,6 @@ harness.ops (one table).
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -30,7 +29,7 @@ from .rows import exc_text
 GOLDEN_DEVICES = ("auto", "same", "cpu")
 # The default of `harness run` / `repro` and of the pytest plugin.
 DEFAULT_GOLDEN = "auto"
-# "auto": the largest case work (math.prod of the case's shape: elements, or M*N*K for a GEMM) whose golden
+# "auto": the largest case work (harness.cases.Case.work: elements, or M*N*K for a GEMM) whose golden
 # runs on the CPU. Measured on a nightly shard with 8 workers sharing one H200: the golden and checks of a
 # quantize case of <= 2^18 elements took 31-41 ms on the GPU and 1.5-21 ms on one CPU core, a GEMM of <= 2^26
 # 69-86 ms vs 3-46 ms, a module step of 2^22 402 ms vs 69 ms; an 8192x4096 quantize 0.16 s vs 14 s.
@@ -55,7 +54,7 @@ def golden_device(device: str | torch.device, golden: str = "same", case=None) -
     """The device the golden reference runs on for `case` with a candidate on `device` (see GOLDEN_DEVICES;
     "auto" without a case is "same")."""
     check_golden(golden)
-    small = golden == "auto" and case is not None and math.prod(case.shape) <= AUTO_CPU_WORK.get(case.op, 0)
+    small = golden == "auto" and case is not None and case.work <= AUTO_CPU_WORK.get(case.op, 0)
     return torch.device("cpu") if golden == "cpu" or small else normalized(device)
 
 

@@ -20,7 +20,6 @@ the process pool of a CLI sweep harness.pool, failure artefacts harness.artefact
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -253,13 +252,13 @@ def grouped(items: Sequence[tuple[Any, list[str]]]) -> list[list[tuple[Any, list
     """`items` grouped by harness.inputs.input_key: the cases of one group get identical inputs,
     generated once when the group runs back to back (harness.golden.InputCache).
 
-    Largest groups first (work ~ the product of the case shapes: M*K, or M*N*K for a GEMM; ties in
+    Largest groups first (the sum of their cases' `Case.work`: M*K, or M*N*K for a GEMM; ties in
     order of first appearance), so workers do not end on one long group while the others idle.
     """
     from .inputs import input_groups  # noqa: PLC0415
 
     groups = input_groups(items, lambda item: item[0])
-    return sorted(groups, key=lambda g: -sum(math.prod(c.shape) for c, _ in g))
+    return sorted(groups, key=lambda g: -sum(c.work for c, _ in g))
 
 
 def sweep(cases: Sequence, backends: Sequence, *, device, writer=None, out_dir=None, progress=None,
