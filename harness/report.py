@@ -476,13 +476,14 @@ def pair_severity(df: pd.DataFrame) -> pd.DataFrame:
     return out[cols]
 
 
-def summary(df: pd.DataFrame) -> pd.DataFrame:
+def summary(df: pd.DataFrame, ps: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per (scheme, backend): cases, the case counts per severity and per status, and the worst
-    delta_sqnr_db (candidate SQNR minus the golden's; empty for the golden run itself)."""
+    delta_sqnr_db (candidate SQNR minus the golden's; empty for the golden run itself). `ps`: the report's
+    pair_severity, when the caller has it already."""
     cols = ["scheme", "backend", "cases", *SEVERITIES, "pass", "fail", "skip", "error", "worst_delta_sqnr_db"]
     if df.empty:
         return pd.DataFrame(columns=cols)
-    ps = pair_severity(df)
+    ps = pair_severity(df) if ps is None else ps
     counts = ps.groupby(["scheme", "backend"])["status"].value_counts().unstack(fill_value=0)
     for st in ("pass", "fail", "skip", "error"):
         if st not in counts.columns:
@@ -495,12 +496,12 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     return counts.reset_index()[cols]
 
 
-def verdict_groups(df: pd.DataFrame) -> pd.DataFrame:
+def verdict_groups(df: pd.DataFrame, ps: pd.DataFrame | None = None) -> pd.DataFrame:
     """The non-exact (case, backend) pairs grouped by (severity, class, distribution, convention):
-    backend, count, worst delta_sqnr_db and one example case id; worst severity first."""
+    backend, count, worst delta_sqnr_db and one example case id; worst severity first. `ps` as in summary."""
     cols = ["severity", "classes", "distribution", "matches_convention", "backend", "count", "worst_delta_sqnr_db",
             "example"]
-    ps = pair_severity(df)
+    ps = pair_severity(df) if ps is None else ps
     ps = ps[ps["severity"].isin(SEVERITIES[1:])]
     if ps.empty:
         return pd.DataFrame(columns=cols)
@@ -523,8 +524,9 @@ def skip_reasons(df: pd.DataFrame) -> pd.DataFrame:
 
 def format_summary(df: pd.DataFrame) -> str:
     """The summary table, the grouped non-exact verdicts and the skip reasons, as text."""
-    parts = [format_table(summary(df))]
-    groups = verdict_groups(df)
+    ps = pair_severity(df)  # once for both tables
+    parts = [format_table(summary(df, ps))]
+    groups = verdict_groups(df, ps)
     if len(groups):
         parts += ["", "non-exact cases by severity x class x input distribution:", format_table(groups)]
     skips = skip_reasons(df)
