@@ -288,12 +288,7 @@ def _out_dir(args) -> Path:
 
 
 def cmd_run(args) -> int:
-    from . import report  # noqa: PLC0415
-    from .artefacts import repro_command  # noqa: PLC0415
-    from .backends import backend_spec  # noqa: PLC0415
-    from .meta import run_meta  # noqa: PLC0415
-    from .pool import DEFAULT_CASE_TIMEOUT, PoolSweep, WorkersDying  # noqa: PLC0415
-    from .progress import Progress  # noqa: PLC0415
+    from .pool import DEFAULT_CASE_TIMEOUT, WorkerPool  # noqa: PLC0415
 
     if args.case_timeout is None:
         args.case_timeout = DEFAULT_CASE_TIMEOUT
@@ -305,6 +300,21 @@ def cmd_run(args) -> int:
         raise UsageError("--resume and --force exclude each other (--force replaces the report --resume continues)")
     out = _out_dir(args)
     device = _device(args.device)
+    # The workers start first: they import torch and create their CUDA contexts while this process selects
+    # the cases and prepares the backends (harness.pool.WorkerPool); every return below stops them.
+    with WorkerPool(args.workers, args.device if args.device not in (None, "auto") else None) as workers:
+        return _run_with(args, out, device, workers.start())
+
+
+def _run_with(args, out: Path, device: str, workers) -> int:
+    """cmd_run once its workers are starting."""
+    from . import report  # noqa: PLC0415
+    from .artefacts import repro_command  # noqa: PLC0415
+    from .backends import backend_spec  # noqa: PLC0415
+    from .meta import run_meta  # noqa: PLC0415
+    from .pool import PoolSweep, WorkersDying  # noqa: PLC0415
+    from .progress import Progress  # noqa: PLC0415
+
     cases = select_cases(args.tier, args.cases, args.filter, args.shard)
     if not cases:
         why = why_no_cases(cases, args.cases or args.tier or "smoke", args.filter, args.shard)
@@ -334,7 +344,7 @@ def cmd_run(args) -> int:
                 PoolSweep(cases, [backend_spec(b) for b in backends], args.workers,
                           device=args.device if args.device not in (None, "auto") else None, writer=writer,
                           out_dir=out, progress=progress, golden=args.golden_device,
-                          case_timeout=args.case_timeout).run()
+                          case_timeout=args.case_timeout, workers=workers).run()
             except KeyboardInterrupt:
                 stopped = ("interrupted", 130)
             except Terminated:

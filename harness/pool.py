@@ -114,7 +114,9 @@ def crash_text(exitcode: int | None) -> str:
 
 class _Worker:
     """This worker process: its name, device, backends (loaded on first use) and input cache. `index` numbers
-    the workers in start order (names stay unique across replacements); `slot` picks the GPU (`claim_slot`)."""
+    the workers in start order (names stay unique across replacements); `slot` picks the GPU (`claim_slot`).
+    The sweep's backend specs and golden device arrive with each task (`configure`): workers start before
+    the parent knows them (`WorkerPool`)."""
 
     def __init__(self, index: int, gpus: Sequence[str], specs: dict[str, str], device: str, golden: str,
                  slot: int | None = None):
@@ -127,6 +129,19 @@ class _Worker:
         if gpus:
             slot = index if slot is None else slot
             os.environ["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]  # before CUDA starts
+
+    def configure(self, specs: dict[str, str], golden: str) -> None:
+        """Take the task's backend specs and golden device (the same for every task of a sweep)."""
+        if specs != self.specs:
+            self.specs, self.backends = specs, {}
+        self.golden = golden
+
+    def warm_up(self) -> None:
+        """Create this worker's CUDA context now, while the parent still selects the cases (a failure is
+        left for the first pair to report)."""
+        if backends_mod.device_type(self.device) == "cuda":
+            with contextlib.suppress(Exception):
+                torch.zeros(1, device=self.device)
 
     def backend(self, name: str):
         if name not in self.backends:
@@ -174,14 +189,20 @@ def claim_slot(pids) -> int:
         return len(pids)
 
 
-def _init_worker(parent: int, counter, pids, gpus, specs, device, golden, threads) -> None:
+def _init_worker(parent: int, counter, pids, gpus, device, threads) -> None:
     global _WORKER
     _die_with_parent(parent)
     with counter.get_lock():
         index = counter.value
         counter.value += 1
-    _WORKER = _Worker(index, gpus, specs, device, golden, slot=claim_slot(pids))
+    _WORKER = _Worker(index, gpus, {}, device, "same", slot=claim_slot(pids))
     torch.set_num_threads(max(1, threads))
+    _WORKER.warm_up()
+
+
+def _started() -> None:
+    """The task `WorkerPool.start` schedules so that pebble starts its workers at once (it starts them on
+    the first task)."""
 
 
 def _put(fd: int, record: tuple) -> None:
@@ -200,13 +221,14 @@ def context_dead(device: str) -> str | None:
     return None
 
 
-def run_items(items: Sequence[tuple[Any, list[str]]], log: str) -> None:
+def run_items(items: Sequence[tuple[Any, list[str]]], log: str, specs: dict[str, str], golden: str) -> None:
     """Worker: run each (case, backend names) of one task, logging `start` and `rows` records.
 
     After a pair that left the CUDA context unusable, the worker logs `retire` and exits: its rows are
     recorded, and pebble starts a fresh worker (a fresh context) for the rest of the task.
     """
     w = _WORKER
+    w.configure(specs, golden)
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         for case, names in items:
@@ -259,22 +281,80 @@ class _Task:
         return out
 
 
-class PoolSweep:
-    """One sweep over `n_workers` pebble workers; `run()` returns a runner.SweepResult."""
+class WorkerPool:
+    """The pebble pool of a sweep's `n_workers` worker processes, pinned to the visible GPUs (or the CPU).
 
-    def __init__(self, cases: Sequence, specs: Sequence[str], n_workers: int, *, device: str | None = None,
-                 writer=None, out_dir=None, progress=None, golden: str = "same",
-                 case_timeout: float = DEFAULT_CASE_TIMEOUT):
-        check_golden(golden)  # before any worker starts
+    `start()` starts them at once, before the sweep's cases and backends are known: `harness run` does so
+    first, so the workers import torch and create their CUDA contexts while this process selects the
+    cases (about as long: seconds on the nightly tier). A `PoolSweep` given the pool runs on it and closes
+    it; `stop()` (also on leaving a `with` block) terminates the workers of a pool that is still open.
+    Workers start with the heap policy (`worker_heap_env`), replacements too: it is set while the pool is open.
+    """
+
+    def __init__(self, n_workers: int, device: str | None = None):
         if n_workers < 1:
             raise ValueError(f"n_workers={n_workers} is invalid: expected at least 1")
-        self.cases, self.n_workers = cases, n_workers
-        self.writer, self.out_dir, self.progress = writer, out_dir, progress
-        self.golden, self.case_timeout = golden, float(case_timeout or 0)
+        self.n_workers = n_workers
         explicit = device is not None and backends_mod.device_type(device) == "cuda" and ":" in str(device)
         self.gpus = [] if explicit else (
             visible_gpus() if (device is None or backends_mod.device_type(device) == "cuda") else [])
         self.device = str(device) if explicit else ("cuda" if self.gpus else "cpu")
+        self.pool = None
+        self._env = contextlib.ExitStack()
+
+    def start(self) -> WorkerPool:
+        import multiprocessing as mp  # noqa: PLC0415
+
+        if self.pool is None:
+            ctx = mp.get_context("spawn")
+            threads = max(1, (os.cpu_count() or 1) // self.n_workers)
+            counter = ctx.Value("i", 0)
+            pids = ctx.Array("q", self.n_workers)  # the live worker of each slot (its GPU: slot mod GPUs)
+            self._env.enter_context(worker_heap_env())
+            self.pool = pebble.ProcessPool(
+                max_workers=self.n_workers, context=ctx, initializer=_init_worker,
+                initargs=(os.getpid(), counter, pids, self.gpus, self.device, threads))
+            self.pool.schedule(_started)
+        return self
+
+    def close(self) -> None:
+        """Let the workers finish what they were given, then end them."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool.join()
+            self.pool = None
+        self._env.close()
+
+    def stop(self) -> None:
+        """Terminate the workers now (an interrupt, an error, or a sweep that never ran)."""
+        if self.pool is not None:
+            self.pool.stop()
+            self.pool.join(timeout=10)
+            self.pool = None
+        self._env.close()
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class PoolSweep:
+    """One sweep over `n_workers` pebble workers (a `WorkerPool`, started here unless `workers` gives one
+    already started); `run()` returns a runner.SweepResult."""
+
+    def __init__(self, cases: Sequence, specs: Sequence[str], n_workers: int, *, device: str | None = None,
+                 writer=None, out_dir=None, progress=None, golden: str = "same",
+                 case_timeout: float = DEFAULT_CASE_TIMEOUT, workers: WorkerPool | None = None):
+        check_golden(golden)  # before any worker starts
+        if workers is not None and workers.n_workers != n_workers:
+            raise ValueError(f"n_workers={n_workers} but the given WorkerPool has {workers.n_workers} workers")
+        self.workers = workers if workers is not None else WorkerPool(n_workers, device)
+        self.cases, self.n_workers = cases, n_workers
+        self.writer, self.out_dir, self.progress = writer, out_dir, progress
+        self.golden, self.case_timeout = golden, float(case_timeout or 0)
+        self.gpus, self.device = self.workers.gpus, self.workers.device
         names = [backends_mod.get_backend(s).name for s in specs]
         self.specs = dict(zip(names, specs, strict=True))
         self.result = SweepResult()
@@ -295,7 +375,7 @@ class PoolSweep:
     def _new_task(self, pool, items: list, deaths: int = 0) -> _Task:
         self._n += 1
         t = _Task(items, self._tmp / f"task{self._n}.log", deaths)
-        t.future = pool.schedule(run_items, args=(items, str(t.log)))
+        t.future = pool.schedule(run_items, args=(items, str(t.log), self.specs, self.golden))
         return t
 
     def _harvest(self, t: _Task) -> None:
@@ -367,51 +447,38 @@ class PoolSweep:
     # -- the loop ---------------------------------------------------------------------------------
 
     def run(self) -> SweepResult:
-        import multiprocessing as mp  # noqa: PLC0415
-
         items = todo(self.cases, list(self.specs), self.writer)
         self.by_id = {c.id: c for c, _ in items}
         if not items:
+            self.workers.stop()
             return self.result
-        ctx = mp.get_context("spawn")
-        threads = max(1, (os.cpu_count() or 1) // self.n_workers)
-        counter = ctx.Value("i", 0)
-        pids = ctx.Array("q", self.n_workers)  # the live worker of each slot (its GPU: slot mod GPUs)
         self._tmp = Path(tempfile.mkdtemp(prefix="harness-pool-"))
-        pool = None
         active: list[_Task] = []
         try:
-            with worker_heap_env():
-                pool = pebble.ProcessPool(
-                    max_workers=self.n_workers, context=ctx, initializer=_init_worker,
-                    initargs=(os.getpid(), counter, pids, self.gpus, self.specs, self.device, self.golden, threads))
-                waiting = collections.deque(grouped(items))
-                window = TASKS_PER_WORKER * self.n_workers
-                while active or waiting:
-                    while waiting and len(active) < window:
-                        active.append(self._new_task(pool, waiting.popleft()))
-                    concurrent.futures.wait([t.future for t in active], timeout=_POLL_S,
-                                            return_when=concurrent.futures.FIRST_COMPLETED)
-                    now = time.monotonic()
-                    for t in list(active):
-                        if not t.future.done():
-                            self._harvest(t)
-                            late = t.current is not None and now - t.since > self.case_timeout > 0
-                            if not late or not t.future.cancel():
-                                continue
-                            t.timed_out = True
-                        active.remove(t)
-                        active += self._finish(pool, t)
-                pool.close()
-                pool.join()
+            pool = self.workers.start().pool
+            waiting = collections.deque(grouped(items))
+            window = TASKS_PER_WORKER * self.n_workers
+            while active or waiting:
+                while waiting and len(active) < window:
+                    active.append(self._new_task(pool, waiting.popleft()))
+                concurrent.futures.wait([t.future for t in active], timeout=_POLL_S,
+                                        return_when=concurrent.futures.FIRST_COMPLETED)
+                now = time.monotonic()
+                for t in list(active):
+                    if not t.future.done():
+                        self._harvest(t)
+                        late = t.current is not None and now - t.since > self.case_timeout > 0
+                        if not late or not t.future.cancel():
+                            continue
+                        t.timed_out = True
+                    active.remove(t)
+                    active += self._finish(pool, t)
+            self.workers.close()
         except BaseException:
-            if pool is not None:
-                pool.stop()  # terminates every worker
+            self.workers.stop()  # terminates every worker
             for t in active:  # keep what finished before the interrupt
                 with contextlib.suppress(Exception):
                     self._harvest(t)
-            if pool is not None:
-                pool.join(timeout=10)
             raise
         finally:
             shutil.rmtree(self._tmp, ignore_errors=True)

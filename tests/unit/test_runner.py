@@ -442,13 +442,13 @@ def test_a_worker_whose_cuda_context_died_records_the_pair_then_retires(tmp_path
     def fake_exit(code):
         raise Retired(code)
 
-    monkeypatch.setattr(pool, "_WORKER", pool._Worker(0, [], {"reference": "reference"}, "cpu", "same"))
+    monkeypatch.setattr(pool, "_WORKER", pool._Worker(0, [], {}, "cpu", "same"))
     monkeypatch.setattr(pool, "context_dead", lambda device: "RuntimeError: CUDA error: an illegal memory access")
     monkeypatch.setattr(pool.os, "_exit", fake_exit)
     log = tmp_path / "task.log"
     a, b = qcase(shape=(16, 32)), qcase(shape=(32, 32))
     with pytest.raises(Retired, match=str(pool.RETIRE_EXIT)):
-        pool.run_items([(a, ["reference"]), (b, ["reference"])], str(log))
+        pool.run_items([(a, ["reference"]), (b, ["reference"])], str(log), {"reference": "reference"}, "same")
     t = pool._Task([(a, ["reference"]), (b, ["reference"])], log)
     sweep = pool.PoolSweep([a, b], ["reference"], 1, device="cpu")
     sweep.by_id = {a.id: a, b.id: b}
@@ -547,3 +547,30 @@ def test_a_pool_sweep_hands_pebble_at_most_its_window_of_tasks_and_records_every
     assert result.counts == {"pass": 7, "fail": 0, "skip": 0, "error": 0}
     assert len(in_pebble) == 7 and max(in_pebble) == 2  # one running, one queued; never all 7
     assert [len(items) for items in runner.grouped([(c, ["reference"]) for c in cases])] == [1] * 7
+
+
+def test_a_worker_pool_starts_its_workers_before_the_sweep_and_the_sweep_closes_it():
+    """harness.pool.WorkerPool: `harness run` starts the workers before it selects the cases; the sweep given
+    the pool runs its pairs there (the backend specs travel with each task) and ends the workers."""
+    import multiprocessing as mp
+
+    before = {p.pid for p in mp.active_children()}
+    workers = pool.WorkerPool(2, "cpu").start()
+    started = {p.pid for p in mp.active_children()} - before
+    assert len(started) == 2  # both running before any sweep exists
+    with pytest.raises(ValueError, match="given WorkerPool has 2 workers"):
+        pool.PoolSweep([qcase(shape=(16, 32))], ["reference"], 3, device="cpu", workers=workers)
+    cases = [qcase(shape=(16, 32), seed=i) for i in range(3)]
+    result = pool.PoolSweep(cases, ["reference"], 2, device="cpu", workers=workers).run()
+    assert result.counts == {"pass": 3, "fail": 0, "skip": 0, "error": 0}
+    assert workers.pool is None and not started & {p.pid for p in mp.active_children()}
+
+
+def test_a_worker_pool_left_unused_is_stopped_on_leaving_its_block():
+    import multiprocessing as mp
+
+    before = {p.pid for p in mp.active_children()}
+    with pool.WorkerPool(1, "cpu") as workers:
+        workers.start()
+        assert len({p.pid for p in mp.active_children()} - before) == 1
+    assert workers.pool is None and not {p.pid for p in mp.active_children()} - before
