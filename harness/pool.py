@@ -9,8 +9,9 @@ writes the report). What a worker does that could kill it stays in the worker:
   killed (pebble cancels the running task) and replaced.
 - A pair after which the CUDA context is unusable (a sticky error) keeps its error row; the worker
   then retires and a fresh one (a fresh context) takes the rest of the task.
-- Workers die with this process (PR_SET_PDEATHSIG on Linux), ignore SIGINT (pebble), and are
-  stopped on any exception here (KeyboardInterrupt, SIGTERM through harness.cli).
+- Workers die with this process (PR_SET_PDEATHSIG on Linux; a worker forked from the forkserver dies
+  with it, and it exits when this process does), ignore SIGINT (pebble), and are stopped on any
+  exception here (KeyboardInterrupt, SIGTERM through harness.cli).
 
 Each task is one group of cases sharing an input generation (harness.runner.grouped), so a worker
 generates the inputs once per group. At most `TASKS_PER_WORKER` tasks per worker are handed to pebble at a
@@ -68,6 +69,14 @@ RETIRE_EXIT = 75
 # kernel, and 29 s with this policy. Workers keep freed memory in their heap instead; the peak resident
 # size is the same (2.35 vs 2.44 GB there) but stays held. Values the user exported win.
 WORKER_HEAP_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
+# The mallopt(3) parameter of each variable: glibc reads the variables when a process starts, so a worker
+# forked from the forkserver (which started earlier, maybe with other values) sets them again itself.
+_MALLOPT = {"MALLOC_MMAP_MAX_": -4, "MALLOC_TRIM_THRESHOLD_": -1}  # M_MMAP_MAX, M_TRIM_THRESHOLD
+_INT_MAX = (1 << 31) - 1
+# Modules the forkserver imports once, so that every worker forked from it starts with torch and the harness
+# loaded (spawned, each worker imported them itself: ~5 s for 24 workers at once on a 32-core host). None of
+# them initializes CUDA at import, so a forked worker can still create its own context.
+FORKSERVER_PRELOAD = ["harness.pool"]
 
 
 class WorkersDying(RuntimeError):
@@ -84,9 +93,31 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())]
 
 
+def heap_policy() -> dict[str, str]:
+    """The heap policy workers take: WORKER_HEAP_ENV with the values this process's environment exports."""
+    return {k: os.environ.get(k, v) for k, v in WORKER_HEAP_ENV.items()}
+
+
+def apply_heap_policy(policy: dict[str, str]) -> None:
+    """In a worker: export `policy` and, on glibc, set it with mallopt (values above INT_MAX clamped)."""
+    os.environ.update(policy)
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return  # not glibc: the variables, exported when the worker started, are all there is
+    for k, v in policy.items():
+        with contextlib.suppress(ValueError):
+            mallopt(_MALLOPT[k], min(max(int(v), 0), _INT_MAX))
+
+
+def start_method() -> str:
+    """forkserver on Linux (one process imports FORKSERVER_PRELOAD, workers are forked from it), else spawn."""
+    return "forkserver" if sys.platform.startswith("linux") else "spawn"
+
+
 @contextlib.contextmanager
 def worker_heap_env():
-    """os.environ with WORKER_HEAP_ENV's unset entries added while workers may start (spawn)."""
+    """os.environ with WORKER_HEAP_ENV's unset entries added while workers (or the forkserver) may start."""
     added = {k: v for k, v in WORKER_HEAP_ENV.items() if k not in os.environ}
     os.environ.update(added)
     try:
@@ -153,11 +184,12 @@ _WORKER: _Worker | None = None
 
 
 def _die_with_parent(parent: int) -> None:
-    """Ask the kernel to SIGKILL this process when its parent dies (Linux), then check it is still alive."""
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux), then check that the sweep's process
+    `parent` is still alive. A forked worker's parent is the forkserver, which exits when `parent` does."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before the request took effect
+    if os.getppid() != parent and not _alive(parent):  # it died before the request took effect
         os._exit(1)
 
 
@@ -189,9 +221,10 @@ def claim_slot(pids) -> int:
         return len(pids)
 
 
-def _init_worker(parent: int, counter, pids, gpus, device, threads) -> None:
+def _init_worker(parent: int, counter, pids, gpus, device, threads, heap) -> None:
     global _WORKER
     _die_with_parent(parent)
+    apply_heap_policy(heap)
     with counter.get_lock():
         index = counter.value
         counter.value += 1
@@ -306,14 +339,16 @@ class WorkerPool:
         import multiprocessing as mp  # noqa: PLC0415
 
         if self.pool is None:
-            ctx = mp.get_context("spawn")
+            ctx = mp.get_context(start_method())
+            if ctx.get_start_method() == "forkserver":
+                ctx.set_forkserver_preload(FORKSERVER_PRELOAD)  # read when the forkserver starts (once)
             threads = max(1, (os.cpu_count() or 1) // self.n_workers)
             counter = ctx.Value("i", 0)
             pids = ctx.Array("q", self.n_workers)  # the live worker of each slot (its GPU: slot mod GPUs)
             self._env.enter_context(worker_heap_env())
             self.pool = pebble.ProcessPool(
                 max_workers=self.n_workers, context=ctx, initializer=_init_worker,
-                initargs=(os.getpid(), counter, pids, self.gpus, self.device, threads))
+                initargs=(os.getpid(), counter, pids, self.gpus, self.device, threads, heap_policy()))
             self.pool.schedule(_started)
         return self
 

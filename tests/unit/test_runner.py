@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -574,3 +577,33 @@ def test_a_worker_pool_left_unused_is_stopped_on_leaving_its_block():
         workers.start()
         assert len({p.pid for p in mp.active_children()} - before) == 1
     assert workers.pool is None and not {p.pid for p in mp.active_children()} - before
+
+
+_KILLED_PARENT = '''
+import multiprocessing as mp, os, signal, time
+from harness import pool
+if __name__ == "__main__":
+    w = pool.WorkerPool(2, "cpu").start()
+    w.pool.schedule(time.sleep, args=(0.1,)).result(timeout=120)  # a worker ran a task: both are up
+    print(" ".join(str(p.pid) for p in mp.active_children()), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+def test_workers_die_when_the_sweep_process_is_killed(tmp_path):
+    """A SIGKILLed `harness run` leaves no worker behind (PR_SET_PDEATHSIG; forked workers die with the
+    forkserver, which exits when the sweep's process does)."""
+    import subprocess
+
+    script = tmp_path / "killed.py"
+    script.write_text(_KILLED_PARENT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+                                                        os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    pids = [int(p) for p in proc.stdout.split()]
+    assert len(pids) >= 2
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(pool._alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not [p for p in pids if pool._alive(p)]
