@@ -10,6 +10,7 @@ a run stopped by SIGINT / SIGTERM (finished pairs are in the report; --resume co
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import re
 import signal
@@ -288,6 +289,7 @@ def _out_dir(args) -> Path:
 
 
 def cmd_run(args) -> int:
+    from .meta import environment  # noqa: PLC0415
     from .pool import DEFAULT_CASE_TIMEOUT, WorkerPool  # noqa: PLC0415
 
     if args.case_timeout is None:
@@ -302,12 +304,15 @@ def cmd_run(args) -> int:
     device = _device(args.device)
     # The workers start first: they import torch and create their CUDA contexts while this process selects
     # the cases and prepares the backends (harness.pool.WorkerPool); every return below stops them.
-    with WorkerPool(args.workers, args.device if args.device not in (None, "auto") else None) as workers:
-        return _run_with(args, out, device, workers.start())
+    # The environment probe (about a second of GPU queries) runs on a thread meanwhile.
+    with WorkerPool(args.workers, args.device if args.device not in (None, "auto") else None) as workers, \
+            concurrent.futures.ThreadPoolExecutor(1) as probe:
+        env = probe.submit(environment)
+        return _run_with(args, out, device, workers.start(), env)
 
 
-def _run_with(args, out: Path, device: str, workers) -> int:
-    """cmd_run once its workers are starting."""
+def _run_with(args, out: Path, device: str, workers, env) -> int:
+    """cmd_run once its workers are starting; `env`: the future of harness.meta.environment()."""
     from . import report  # noqa: PLC0415
     from .artefacts import repro_command  # noqa: PLC0415
     from .backends import backend_spec  # noqa: PLC0415
@@ -323,7 +328,7 @@ def _run_with(args, out: Path, device: str, workers) -> int:
     backends = resolve_backends(args.backend, cases, device)
     options = {k: v for k, v in vars(args).items() if k != "func"}
     options.update(device=device, backends=[b.name for b in backends], n_cases=len(cases))
-    meta = run_meta(options, backends=backends)
+    meta = run_meta(options, backends=backends, env=env.result())
     try:
         writer = report.ReportWriter(out, meta, resume=args.resume, force=args.force)
     except report.ReportError as e:

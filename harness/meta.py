@@ -100,12 +100,13 @@ def adapter_info(backend) -> dict:
             "package": package, "package_version": version}
 
 
-def run_meta(options: Mapping | None = None, *, probe_gpu: bool = True, backends=()) -> dict:
-    """Everything needed to reproduce and compare a run (written to run_meta.json)."""
+def environment(probe_gpu: bool = True) -> dict:
+    """The run's machine and software: git state, host, versions, GPUs (a CUDA context and a cuBLAS handle
+    through CuPy, and nvidia-smi, when `probe_gpu` and a GPU is visible). Takes about a second on a GPU host:
+    harness.cli computes it on a thread while it selects the cases."""
     commit = _git("rev-parse", "HEAD")
     dirty = _git("status", "--porcelain")
-    meta = {
-        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    env = {
         "git_commit": commit,
         "git_dirty": None if dirty is None else bool(dirty),
         "host": socket.gethostname(),
@@ -115,11 +116,22 @@ def run_meta(options: Mapping | None = None, *, probe_gpu: bool = True, backends
         "pandas": _version("pandas"),
         "nvmath": _version("nvmath-python"),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+    env.update(_torch_info())
+    if probe_gpu and env["cuda_available"]:
+        env.update(_cupy_info())
+        env.update(_nvidia_smi())
+    return env
+
+
+def run_meta(options: Mapping | None = None, *, probe_gpu: bool = True, backends=(),
+             env: Mapping | None = None) -> dict:
+    """Everything needed to reproduce and compare a run (written to run_meta.json); `env`: an `environment()`
+    computed earlier (else computed here)."""
+    meta = {
+        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "options": dict(options or {}),
         "adapters": [adapter_info(b) for b in backends],
     }
-    meta.update(_torch_info())
-    if probe_gpu and meta["cuda_available"]:
-        meta.update(_cupy_info())
-        meta.update(_nvidia_smi())
+    meta.update(env if env is not None else environment(probe_gpu))
     return meta
