@@ -358,7 +358,7 @@ def _run_with(args, out: Path, device: str, workers, env) -> int:
                 stopped = (f"stopped: {e}", 1)
             progress.close()
             # The counts of the whole report (a resumed one included), written while the lock is held.
-            df = report.read_results(out)
+            df = report.read_results(out, checked=True)  # written here, under the report's lock
             cs = report.case_status(df)
             counts = {s: int((cs["status"] == s).sum()) for s in ("pass", "fail", "skip", "error")}
             writer.write_meta(finished=stopped is None, counts=counts, **({"stopped": stopped[0]} if stopped else {}))

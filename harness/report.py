@@ -400,12 +400,16 @@ def results_path(path: str | os.PathLike) -> Path:
     return p if p.suffix == ".csv" else p / RESULTS
 
 
-def read_results(path: str | os.PathLike) -> pd.DataFrame:
-    """A report as a DataFrame with COLUMNS: text columns as str ('' when empty), metrics as floats."""
+def read_results(path: str | os.PathLike, *, checked: bool = False) -> pd.DataFrame:
+    """A report as a DataFrame with COLUMNS: text columns as str ('' when empty), metrics as floats.
+    The file is checked first (`check_results`), unless `checked`: the caller wrote it under the report's
+    lock, which checked any earlier part (ReportWriter with resume), as `harness run` does at its end."""
     p = results_path(path)
     if not p.exists():
         raise FileNotFoundError(f"no report at {p} (expected a results.csv written by `python -m harness run`)")
-    if check_results(p) == 0 and p.stat().st_size == 0:
+    if not checked:
+        check_results(p)
+    if p.stat().st_size == 0:
         return pd.DataFrame({c: pd.Series(dtype=float if c in NUMERIC_COLUMNS else str) for c in COLUMNS})
     df = pd.read_csv(p, dtype={c: str for c in TEXT_COLUMNS}, keep_default_na=False, na_values={c: [""] for c in NUMERIC_COLUMNS})
     missing = [c for c in COLUMNS if c not in df.columns and c not in LATER_COLUMNS]

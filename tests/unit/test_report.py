@@ -450,3 +450,15 @@ def test_pair_severity_equals_the_pair_by_pair_definition_on_mixed_rows():
     got = report.pair_severity(df)
     assert len(got) == len(want) > 100 and set(got["status"]) >= {"pass", "fail", "error", "odd"}
     pd.testing.assert_frame_equal(got.reset_index(drop=True), want, check_dtype=False)
+
+
+def test_read_results_checks_the_file_unless_its_writer_says_it_is_checked(tmp_path):
+    """harness run reads its own report back under the lock with checked=True (no second full csv pass):
+    the same frame as the checked read; a file nobody checked is still refused line by line."""
+    d = _good(tmp_path)
+    pd.testing.assert_frame_equal(report.read_results(d, checked=True), report.read_results(d))
+    p = d / report.RESULTS
+    n = len(p.read_text().splitlines())
+    p.write_text(p.read_text() + "garbage\n")
+    with pytest.raises(report.CorruptReport, match=f"line {n + 1}: 1 cells"):
+        report.read_results(d)
