@@ -50,12 +50,17 @@ def normalized(device: str | torch.device) -> torch.device:
     return d
 
 
+def golden_on_cpu(device: str | torch.device, golden: str = "same", case=None) -> bool:
+    """Whether the golden for `case` with a candidate on `device` runs on the CPU (no CUDA call)."""
+    check_golden(golden)
+    small = golden == "auto" and case is not None and case.work <= AUTO_CPU_WORK.get(case.op, 0)
+    return golden == "cpu" or small or torch.device(device).type == "cpu"
+
+
 def golden_device(device: str | torch.device, golden: str = "same", case=None) -> torch.device:
     """The device the golden reference runs on for `case` with a candidate on `device` (see GOLDEN_DEVICES;
     "auto" without a case is "same")."""
-    check_golden(golden)
-    small = golden == "auto" and case is not None and case.work <= AUTO_CPU_WORK.get(case.op, 0)
-    return torch.device("cpu") if golden == "cpu" or small else normalized(device)
+    return torch.device("cpu") if golden_on_cpu(device, golden, case) else normalized(device)
 
 
 def sync(device: str | torch.device) -> None:

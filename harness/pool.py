@@ -15,7 +15,8 @@ writes the report). What a worker does that could kill it stays in the worker:
 
 Each task is one group of cases sharing an input generation (harness.runner.grouped), so a worker
 generates the inputs once per group. At most `TASKS_PER_WORKER` tasks per worker are handed to pebble at a
-time (the rest wait here, in the same largest-first order): with every group of the nightly tier (4,635)
+time (the rest wait here, largest first, the groups with a CPU golden interleaved among the others by
+harness.runner.interleaved so that GPUs do not idle through a CPU-bound end): with every group of the nightly tier (4,635)
 scheduled at once, each look at the running tasks cost this process tens of milliseconds, and the GIL it
 held slowed pebble's threads that hand the next task to a waiting worker. A worker announces each pair before running it and sends its
 rows after, as length-prefixed pickles appended to the task's own log file: unlike a queue with a
@@ -45,9 +46,9 @@ import pebble
 import torch
 
 from . import backends as backends_mod
-from .golden import InputCache, check_golden
+from .golden import InputCache, check_golden, golden_on_cpu
 from .rows import exc_text, pair_base, status_row
-from .runner import GoldenOnce, SweepResult, grouped, record, run_backend, todo
+from .runner import GoldenOnce, SweepResult, grouped, interleaved, record, run_backend, todo
 
 # A generous default for --case-timeout (seconds per (case, backend), golden included): the largest
 # nightly cases take well under a minute on a 2-core host; 0 turns the limit off.
@@ -491,7 +492,8 @@ class PoolSweep:
         active: list[_Task] = []
         try:
             pool = self.workers.start().pool
-            waiting = collections.deque(grouped(items))
+            waiting = collections.deque(interleaved(
+                grouped(items), lambda g: golden_on_cpu(self.device, self.golden, g[0][0])))
             window = TASKS_PER_WORKER * self.n_workers
             while active or waiting:
                 while waiting and len(active) < window:

@@ -261,6 +261,41 @@ def grouped(items: Sequence[tuple[Any, list[str]]]) -> list[list[tuple[Any, list
     return sorted(groups, key=lambda g: -sum(c.work for c, _ in g))
 
 
+# A case's share of a sweep's time, for `interleaved`: its Case.work to this power. On the nightly tier (2x H200
+# host, native backend) a case took ~5 ms at 2^10 elements and ~90 ms at 2^28 with a CPU golden, ~0.4 s at
+# 2^24 and ~1.8 s at 2^32 with a GPU golden: fixed costs make time grow about as the cube root of the work.
+CASE_COST_POWER = 1 / 3
+
+
+def interleaved(groups: Sequence[list], on_cpu: Callable[[list], bool]) -> list[list]:
+    """`groups` (largest first, from `grouped`) with those whose golden runs on the CPU (`on_cpu`) spread
+    among the others, each kind in its own order.
+
+    With every group largest first, a GPU sweep ran its GPU-bound groups (a GPU golden) first and its CPU-bound
+    ones (small cases with a CPU golden, harness.golden AUTO_CPU_WORK) last: on the nightly tier the GPUs
+    idled through the last fifth of the run (issue #19). Merged here so that each kind has handed out the same
+    share of its estimated time (`Case.work` ** CASE_COST_POWER per case) at every point, the CPU-bound groups fill the
+    workers that would queue on the GPU, and both kinds still end on their smallest groups.
+    """
+    def cost(g: list) -> float:
+        return sum(c.work ** CASE_COST_POWER for c, _ in g)
+
+    kinds: tuple[list, list] = ([], [])
+    for g in groups:
+        kinds[bool(on_cpu(g))].append(g)
+    totals = [max(1.0, sum(cost(g) for g in k)) for k in kinds]
+    done, pos, out = [0, 0], [0, 0], []
+    while pos[0] < len(kinds[0]) or pos[1] < len(kinds[1]):
+        # the kind whose share handed out so far is smaller goes next (ties: the GPU-bound kind)
+        k = 1 if pos[0] == len(kinds[0]) else 0 if pos[1] == len(kinds[1]) else int(
+            done[1] * totals[0] < done[0] * totals[1])
+        g = kinds[k][pos[k]]
+        done[k] += cost(g)
+        pos[k] += 1
+        out.append(g)
+    return out
+
+
 def sweep(cases: Sequence, backends: Sequence, *, device, writer=None, out_dir=None, progress=None,
           worker: str = "main", golden: str = "same") -> SweepResult:
     """Run every (case, backend) in this process, writing rows as each pair finishes (no isolation:

@@ -607,3 +607,30 @@ def test_workers_die_when_the_sweep_process_is_killed(tmp_path):
     while time.monotonic() < deadline and any(pool._alive(p) for p in pids):
         time.sleep(0.1)
     assert not [p for p in pids if pool._alive(p)]
+
+
+def test_interleaved_spreads_the_cpu_golden_groups_among_the_gpu_ones_by_their_share_of_estimated_time():
+    """harness.runner.interleaved: each kind keeps its largest-first order, every group is handed out once, the
+    GPU-bound kind goes first, and at every point the two kinds' shares of their estimated time (Case.work **
+    CASE_COST_POWER per case) differ by at most the largest share of one group."""
+    gpu = [[(qcase(shape=(1024, 1024 * (9 - i)), seed=i), ["n"])] for i in range(8)]
+    cpu = [[(qcase(shape=(16, 16 * (41 - i)), seed=100 + i), ["n"])] for i in range(40)]
+    groups = runner.grouped([item for g in gpu + cpu for item in g])
+    small = {id(g) for g in groups if g[0][0].work <= 16 * 16 * 41}
+    out = runner.interleaved(groups, lambda g: id(g) in small)
+    assert sorted(map(id, out)) == sorted(map(id, groups))
+    assert [g for g in out if id(g) in small] == [g for g in groups if id(g) in small]  # order kept
+    assert [g for g in out if id(g) not in small] == [g for g in groups if id(g) not in small]
+    assert id(out[0]) not in small and id(out[-1]) in small
+
+    def cost(g):
+        return sum(c.work ** runner.CASE_COST_POWER for c, _ in g)
+
+    total = {k: sum(cost(g) for g in out if (id(g) in small) == k) for k in (False, True)}
+    step = max(cost(g) / total[id(g) in small] for g in out)
+    done = {False: 0.0, True: 0.0}
+    for g in out:
+        done[id(g) in small] += cost(g)
+        assert abs(done[True] / total[True] - done[False] / total[False]) <= step + 1e-12
+    # largest first alone would have put all 40 CPU-golden groups after the 8 GPU-golden ones
+    assert max(i for i, g in enumerate(out) if id(g) not in small) > 8
