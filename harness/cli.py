@@ -289,6 +289,7 @@ def _out_dir(args) -> Path:
 
 
 def cmd_run(args) -> int:
+    from .forkserver import context as forkserver_context  # noqa: PLC0415
     from .meta import environment  # noqa: PLC0415
     from .pool import DEFAULT_CASE_TIMEOUT, WorkerPool  # noqa: PLC0415
 
@@ -304,9 +305,9 @@ def cmd_run(args) -> int:
     device = _device(args.device)
     # The workers start first: they import torch and create their CUDA contexts while this process selects
     # the cases and prepares the backends (harness.pool.WorkerPool); every return below stops them.
-    # The environment probe (about a second of GPU queries) runs on a thread meanwhile.
+    # The environment probe (about a second of GPU queries) runs meanwhile in a process of its own.
     with WorkerPool(args.workers, args.device if args.device not in (None, "auto") else None) as workers, \
-            concurrent.futures.ThreadPoolExecutor(1) as probe:
+            concurrent.futures.ProcessPoolExecutor(1, mp_context=forkserver_context()) as probe:
         env = probe.submit(environment)
         return _run_with(args, out, device, workers.start(), env)
 
@@ -661,6 +662,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in argv:
         i = argv.index("--")
         argv, passthrough = argv[:i], argv[i + 1:]
+    if argv[:1] == ["run"] and not {"-h", "--help"} & set(argv):
+        from .forkserver import start  # noqa: PLC0415 - before build_parser imports torch
+
+        start()  # the workers' forkserver imports torch and the harness meanwhile (harness/forkserver.py)
     args = build_parser().parse_args(argv)
     if args.command == "bench":
         args.bench_args = passthrough

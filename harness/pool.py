@@ -46,6 +46,7 @@ import pebble
 import torch
 
 from . import backends as backends_mod
+from .forkserver import apply_heap_policy, context, heap_policy, worker_heap_env
 from .golden import InputCache, check_golden, golden_on_cpu
 from .rows import exc_text, pair_base, status_row
 from .runner import GoldenOnce, SweepResult, grouped, interleaved, record, run_backend, todo
@@ -64,22 +65,6 @@ _PR_SET_PDEATHSIG = 1
 # Exit code of a worker that retires itself (its CUDA context died on the pair it just recorded).
 RETIRE_EXIT = 75
 
-# Heap policy of sweep workers (host speed, not numerics). glibc serves blocks of 32 MB and more with
-# mmap and unmaps them on free, so every large temporary arrives as fresh pages that the kernel faults
-# in and zeroes: on 2 cores, generating 20 large nightly input groups took 69 s, 42 s of it in the
-# kernel, and 29 s with this policy. Workers keep freed memory in their heap instead; the peak resident
-# size is the same (2.35 vs 2.44 GB there) but stays held. Values the user exported win.
-WORKER_HEAP_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
-# The mallopt(3) parameter of each variable: glibc reads the variables when a process starts, so a worker
-# forked from the forkserver (which started earlier, maybe with other values) sets them again itself.
-_MALLOPT = {"MALLOC_MMAP_MAX_": -4, "MALLOC_TRIM_THRESHOLD_": -1}  # M_MMAP_MAX, M_TRIM_THRESHOLD
-_INT_MAX = (1 << 31) - 1
-# Modules the forkserver imports once, so that every worker forked from it starts with torch and the harness
-# loaded (spawned, each worker imported them itself: ~5 s for 24 workers at once on a 32-core host). None of
-# them initializes CUDA at import, so a forked worker can still create its own context.
-FORKSERVER_PRELOAD = ["harness.pool"]
-
-
 class WorkersDying(RuntimeError):
     """Workers die before running any case (e.g. the backend kills its process when it loads)."""
 
@@ -92,40 +77,6 @@ def visible_gpus() -> list[str]:
     if env:
         return [g.strip() for g in env.split(",") if g.strip()]
     return [str(i) for i in range(torch.cuda.device_count())]
-
-
-def heap_policy() -> dict[str, str]:
-    """The heap policy workers take: WORKER_HEAP_ENV with the values this process's environment exports."""
-    return {k: os.environ.get(k, v) for k, v in WORKER_HEAP_ENV.items()}
-
-
-def apply_heap_policy(policy: dict[str, str]) -> None:
-    """In a worker: export `policy` and, on glibc, set it with mallopt (values above INT_MAX clamped)."""
-    os.environ.update(policy)
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return  # not glibc: the variables, exported when the worker started, are all there is
-    for k, v in policy.items():
-        with contextlib.suppress(ValueError):
-            mallopt(_MALLOPT[k], min(max(int(v), 0), _INT_MAX))
-
-
-def start_method() -> str:
-    """forkserver on Linux (one process imports FORKSERVER_PRELOAD, workers are forked from it), else spawn."""
-    return "forkserver" if sys.platform.startswith("linux") else "spawn"
-
-
-@contextlib.contextmanager
-def worker_heap_env():
-    """os.environ with WORKER_HEAP_ENV's unset entries added while workers (or the forkserver) may start."""
-    added = {k: v for k, v in WORKER_HEAP_ENV.items() if k not in os.environ}
-    os.environ.update(added)
-    try:
-        yield
-    finally:
-        for k in added:
-            os.environ.pop(k, None)
 
 
 def crash_text(exitcode: int | None) -> str:
@@ -337,12 +288,8 @@ class WorkerPool:
         self._env = contextlib.ExitStack()
 
     def start(self) -> WorkerPool:
-        import multiprocessing as mp  # noqa: PLC0415
-
         if self.pool is None:
-            ctx = mp.get_context(start_method())
-            if ctx.get_start_method() == "forkserver":
-                ctx.set_forkserver_preload(FORKSERVER_PRELOAD)  # read when the forkserver starts (once)
+            ctx = context()
             threads = max(1, (os.cpu_count() or 1) // self.n_workers)
             counter = ctx.Value("i", 0)
             pids = ctx.Array("q", self.n_workers)  # the live worker of each slot (its GPU: slot mod GPUs)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import reference
-from harness import ops, pool, report, runner
+from harness import forkserver, ops, pool, report, runner
 from harness.backends import get_backend
 from harness.cases import Case
 from harness.golden import InputCache
@@ -141,7 +141,7 @@ class _HeapEnvProbe:
     def supports(self, op, config, device):
         import os
 
-        return False, " ".join(f"{k}={os.environ.get(k)}" for k in sorted(pool.WORKER_HEAP_ENV))
+        return False, " ".join(f"{k}={os.environ.get(k)}" for k in sorted(forkserver.WORKER_HEAP_ENV))
 
     def quantize(self, x, config, **kw):  # never called: every case is skipped
         raise AssertionError("unreachable")
