@@ -10,7 +10,9 @@ timed as issue_us (benchmarks/timing.py): host-clock microseconds per call over 
 without waiting for the GPU, the median of --runs runs, after a warm-up (the first call compiles). "before" runs
 with `native.use_plans(False)` (every call takes the full path: the spec checks, then the launcher), "after" with
 the plans on (docs/design.md §4.1). The GEMM goal is torch._scaled_mm's issue_us on fp8 tensorwise operands of the
-same shapes, measured in the same run. At the default sizes the GPU work of a call is a few microseconds, so
+same shapes, measured in the same run. "out_us" (quantize rows) is the in-place call `native.quantize(...,
+out=q)` into the outputs of an earlier planned call (docs/design.md §4.1): no allocation, the same kernels; a
+separate column with its own result ("out"), since a caller must opt in to overwriting q. At the default sizes the GPU work of a call is a few microseconds, so
 issue_us is the host cost. --dry-run needs no GPU: it checks every row's call on the CPU reference and prints the
 table with placeholder timings (tests/unit/test_native_plan_bench.py). Exit code: 0; 1 with --check-goals when a
 goal is missed; 2 without a GPU.
@@ -36,7 +38,7 @@ from reference import QuantConfig  # noqa: E402
 
 QUANTIZE_GOAL_US = 15.0  # issue 18 item 2: per native quantize call
 SEED = (0x5EED_0123_4567, 11)
-CSV_COLUMNS = ("kind", "name", "before_us", "after_us", "goal_us", "result")
+CSV_COLUMNS = ("kind", "name", "before_us", "after_us", "out_us", "goal_us", "result", "out_result")
 
 
 @dataclass(frozen=True)
@@ -73,14 +75,15 @@ GEMM_ROWS = (
 TORCH_GEMM = "torch._scaled_mm fp8 tensorwise"
 
 
-def quant_call(q, row: QuantRow, x: torch.Tensor):
-    """A no-argument call of `q` (native.quantize or reference.quantize) for `row` on x (both copies)."""
+def quant_call(q, row: QuantRow, x: torch.Tensor, **extra):
+    """A no-argument call of `q` (native.quantize or reference.quantize) for `row` on x (both copies); `extra`:
+    more keyword arguments (out=)."""
     from reference.per_tensor import AmaxHistory
 
     amax = x.abs().to(torch.float32).amax().reshape(1) if row.given_amax else None
     rng = SEED if row.config.stochastic else None
     state = AmaxHistory(row.config, device=x.device) if row.config.scheme == "fp8_delayed" else None
-    return lambda: q(x, row.config, rowwise=True, colwise=True, rng=rng, state=state, amax=amax)
+    return lambda: q(x, row.config, rowwise=True, colwise=True, rng=rng, state=state, amax=amax, **extra)
 
 
 def result(after: float | None, goal: float | None) -> str:
@@ -89,9 +92,10 @@ def result(after: float | None, goal: float | None) -> str:
     return "PASS" if after <= goal else "MISS"
 
 
-def record(kind: str, name: str, before: float | None, after: float | None, goal: float | None) -> dict:
-    return {"kind": kind, "name": name, "before_us": before, "after_us": after, "goal_us": goal,
-            "result": result(after, goal)}  # fmt: skip
+def record(kind: str, name: str, before: float | None, after: float | None, goal: float | None,
+           out: float | None = None) -> dict:  # fmt: skip
+    return {"kind": kind, "name": name, "before_us": before, "after_us": after, "out_us": out, "goal_us": goal,
+            "result": result(after, goal), "out_result": result(out, goal)}  # fmt: skip
 
 
 def _fmt(v) -> str:
@@ -99,10 +103,10 @@ def _fmt(v) -> str:
 
 
 def table(records: list[dict]) -> str:
-    lines = [f"{'kind':8} {'name':34} {'before_us':>10} {'after_us':>10} {'goal_us':>8}  result"]
+    lines = [f"{'kind':8} {'name':34} {'before_us':>10} {'after_us':>10} {'out_us':>8} {'goal_us':>8}  result  out"]
     for r in records:
         lines.append(f"{r['kind']:8} {r['name']:34} {_fmt(r['before_us']):>10} {_fmt(r['after_us']):>10} "
-                     f"{_fmt(r['goal_us']):>8}  {r['result']}")  # fmt: skip
+                     f"{_fmt(r['out_us']):>8} {_fmt(r['goal_us']):>8}  {r['result']:6}  {r['out_result']}")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -135,7 +139,7 @@ def dry_run(args) -> list[dict]:
     for row in QUANT_ROWS:
         if wanted(args, row.name):
             quant_call(reference.quantize, row, x)()
-            out.append(record("quantize", row.name, 100.0, 10.0, QUANTIZE_GOAL_US))
+            out.append(record("quantize", row.name, 100.0, 10.0, QUANTIZE_GOAL_US, out=8.0))
     gemms = [name for name, _, _ in GEMM_ROWS if wanted(args, name)]
     if gemms or wanted(args, TORCH_GEMM):
         out.append(record("gemm", TORCH_GEMM, 20.0, 20.0, None))
@@ -176,8 +180,10 @@ def gpu_run(args) -> list[dict]:
         if not ok:
             print(f"# skip {row.name}: {why}", flush=True)
             continue
-        before, after = before_after(quant_call(native.quantize, row, x), args)
-        out.append(record("quantize", row.name, before, after, QUANTIZE_GOAL_US))
+        call = quant_call(native.quantize, row, x)
+        before, after = before_after(call, args)
+        into = quant_call(native.quantize, row, x, out=call())  # a planned call's outputs, written again per call
+        out.append(record("quantize", row.name, before, after, QUANTIZE_GOAL_US, out=measure(into, args)))
         print(table(out[-1:]).splitlines()[1], flush=True)
     gemms = [r for r in GEMM_ROWS if wanted(args, r[0])]
     if not gemms and not wanted(args, TORCH_GEMM):

@@ -464,27 +464,22 @@ class QuantizePlan(QuantizePlanBase):
                 steps += self._launch(f"nvfp4_quantize_rows_{sfx}", rows * (cols // blk), [*src, a_g, data, scale, ld])
         return buffers, steps
 
-    def _run(self, x2d, seed, given, state) -> dict | None:
+    def _run(self, x2d, seed, given, state, out) -> None:
         if self.sr and seed is None:  # (reference.spec checks this for native.quantize; as quantize_2d)
             raise SpecViolation(f"{self.config.id}: stochastic rounding needs rng=(seed, stream) (docs/numerics.md §5.7)")
         if not self.aligned:  # the kernels use 16-byte vector loads along rows (quantize_2d clones such an X)
             x2d = x2d.clone()
-        dev = x2d.device
-        got = self.block.allocate(dev, self.index)
-        if got is None:
-            return None
-        base, fields = got
         if given is not None:
             # NUMERICS: §5.1 - the given amax is A_g of both copies (TE's quantize_with_amax); no pass over X.
-            fields.pop("_bits").copy_(given.to(device=dev, dtype=torch.float32).reshape(1).expand(2))
+            out.fields["_bits"].copy_(given.to(device=x2d.device, dtype=torch.float32).reshape(1).expand(2))
         named = {X: x2d.data_ptr()}
         if self.sr:
             named.update(seed=seed.seed, row_stream=seed.stream & _MASK32,
                          col_stream=(seed.stream + 1) & _MASK32)  # NUMERICS: §5.7 colwise stream + 1
         stream = raw_stream(self.index)
+        base = out.base
         for step in self.steps:
             step(base, named, stream)
-        return fields
 
 
 def plan_quantize(config: QuantConfig, m: int, k: int, dtype: torch.dtype, *, rowwise: bool, colwise: bool,

@@ -264,13 +264,10 @@ class QuantizePlan(QuantizePlanBase):
                                      ptr("colwise_data", torch.uint8) if colwise else None), index))  # fmt: skip
         self.steps = tuple(Step(s, block) for s in steps)
 
-    def _run(self, x2d, seed, given, state) -> dict | None:
+    def _run(self, x2d, seed, given, state, out) -> None:
         dev = x2d.device
         delayed = _state(self.config, state, dev)  # per call: the state's checks and a fresh one for None
-        got = self.block.allocate(dev, self.index)
-        if got is None:
-            return None
-        base, fields = got
+        base, fields = out.base, out.fields
         stream = raw_stream(self.index)
         named = {X: x2d.data_ptr()}
         if given is not None:
@@ -290,7 +287,6 @@ class QuantizePlan(QuantizePlanBase):
             if self.both:  # the cast kernel wrote amax and sinv once; the colwise copy gets its own tensors
                 fields[self.amax_c].copy_(amax)
                 fields[self.sinv_c].copy_(fields[self.sinv])
-        return fields
 
 
 def plan_quantize(config, m: int, k: int, dtype: torch.dtype, *, rowwise: bool, colwise: bool, aligned: bool,

@@ -126,6 +126,9 @@ class OutputBlock:
                 zero_end = off
             off = -(-off // ALIGN) * ALIGN
         self.nbytes = max(off, ALIGN)
+        internal = [name for name, *_ in self.views if name.startswith("_")]
+        # The QuantizedTensor fields among the views (None: all of them).
+        self.public = tuple(name for name, *_ in self.views if not name.startswith("_")) if internal else None
         self.zero_bytes = zero_end
         for _, dtype, *_ in self.views:
             if dtype not in self._dtypes:
@@ -196,30 +199,64 @@ class Step:
         self.launch.fire(pointers, stream)
 
 
+class Outputs:
+    """The outputs one planned call allocated: the plan, the block's base pointer, its views (`fields`, internal
+    ones named "_..." included) and the call's key. The QuantizedTensor of the call carries it as `STAMP`, so
+    that `native.quantize(..., out=q)` can write the same memory again (docs/design.md §4.1). A copy of it
+    (pickle, deepcopy) is None: a copied QuantizedTensor has its own tensors, which no plan allocated."""
+
+    __slots__ = ("plan", "base", "fields", "key")
+
+    def __init__(self, plan: QuantizePlan, base: int, fields: dict, key=None):
+        self.plan, self.base, self.fields, self.key = plan, base, fields, key
+
+    def public(self) -> dict:
+        """The QuantizedTensor fields (the views not named "_...")."""
+        fields = self.fields
+        return fields if self.plan.block.public is None else {n: fields[n] for n in self.plan.block.public}
+
+    def __reduce__(self):
+        return (_detached, ())
+
+
+def _detached() -> None:
+    return None
+
+
+STAMP = "_native_outputs"  # the attribute of a QuantizedTensor that holds the Outputs a plan allocated
+
+
 class QuantizePlan:
     """A plan of one quantize call signature: subclasses (one per launcher module) set `index`, `block` and
-    `steps` and implement `_run(x2d, seed, given, state) -> QuantizedTensor fields`."""
+    `steps` and implement `_run(x2d, seed, given, state, out)`, which launches into `out` (an `Outputs`)."""
 
     index: int
 
-    def run(self, x2d: torch.Tensor, seed, given, state) -> dict | None:
-        """The fields of this call (None: take the full path), on the plan's device."""
+    def run(self, x2d: torch.Tensor, seed, given, state, into: Outputs | None = None) -> Outputs | None:
+        """This call's outputs, on the plan's device: a fresh block, or `into`'s memory written again (its
+        zero-filled buffers cleared first). None: take the full path (an unaligned fresh block)."""
         if current_device() != self.index:
             with torch.cuda.device(self.index):
-                return self._run(x2d, seed, given, state)
-        return self._run(x2d, seed, given, state)
+                return self._outputs(x2d, seed, given, state, into)
+        return self._outputs(x2d, seed, given, state, into)
 
-    def _run(self, x2d, seed, given, state) -> dict | None:  # pragma: no cover - abstract
+    def _outputs(self, x2d, seed, given, state, into):
+        if into is None:
+            got = self.block.allocate(x2d.device, self.index)
+            if got is None:
+                return None
+            into = Outputs(self, *got)
+        elif self.block.zero_bytes:
+            memset_zero(into.base, self.block.zero_bytes, self.index)
+        self._run(x2d, seed, given, state, into)
+        return into
+
+    def _run(self, x2d, seed, given, state, out: Outputs) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
 
 class OneLaunchPlan(QuantizePlan):
-    """A plan whose call is one launch reading x (mxfp8, fp8_block): allocate the block, launch `steps[0]`."""
+    """A plan whose call is one launch reading x (mxfp8, fp8_block): `steps[0]` into the outputs."""
 
-    def _run(self, x2d, seed, given, state) -> dict | None:
-        got = self.block.allocate(x2d.device, self.index)
-        if got is None:
-            return None
-        base, fields = got
-        self.steps[0](base, {X: x2d.data_ptr()}, raw_stream(self.index))
-        return fields
+    def _run(self, x2d, seed, given, state, out: Outputs) -> None:
+        self.steps[0](out.base, {X: x2d.data_ptr()}, raw_stream(self.index))

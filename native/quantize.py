@@ -22,7 +22,7 @@ from reference.types import QuantizedTensor, SpecViolation, SRSeed, Unsupported
 from .launch import device_index
 from .launchers import launcher
 from .per_tensor import update_amax_history as _update_amax_history
-from .plan import QUANTIZE_PLANS
+from .plan import QUANTIZE_PLANS, STAMP
 
 OPS = ("quantize", "dequantize", "gemm")
 
@@ -94,16 +94,26 @@ def quantize(
     rng: SRSeed | tuple[int, int] | int | None = None,
     state=None,
     amax: torch.Tensor | None = None,
+    out: QuantizedTensor | None = None,
 ) -> QuantizedTensor:
     """Quantize a CUDA tensor by `config` with the native kernels; same result as `reference.quantize`.
 
     A given `amax` (TE's quantize_with_amax; fp8_current and nvfp4, `reference.spec.check_given_amax`)
     replaces the scheme's amax pass: the kernels read X once (docs/numerics.md §1, §5.1).
 
+    `out` (in place, like TE's `quantizer.update_quantized`): a QuantizedTensor returned by an earlier call with
+    the same signature (config, shape, dtype, device, copies, kinds of rng / state / amax, x's contiguity and
+    alignment) that a call plan allocated - any call after a signature's first, with plans on. Its tensors are
+    overwritten (on torch's current stream) with this call's values and `out` itself is returned: every earlier
+    reference to them sees the new values, and x must not overlap them. Anything else raises ValueError naming
+    what differs (docs/design.md §4.1). Without `out`, every call returns fresh tensors.
+
     Raises SpecViolation for input that breaks the spec (`reference.spec.check_quantize`, plus: x must be
     on a CUDA device) and Unsupported when this machine cannot run the kernels.
     """
     key = _plan_key(x_hp, config, rowwise, colwise, rng, state, amax)
+    if out is not None:
+        return _quantize_into(out, key, x_hp, config, rowwise, colwise, rng, state, amax)
     plan = QUANTIZE_PLANS.get(key) if key is not None else None
     if plan is not None:
         # A later call of a planned signature: only the per-call values are checked (the SR seed's range, a host
@@ -112,16 +122,16 @@ def quantize(
         given = None if amax is None else check_given_amax(amax, config)
         # NUMERICS: §0.1 - [..., K] is [M, K]; a contiguous 2-D input already is (key[1]: shape, key[9]: contiguous).
         x2d = x_hp if key[9] and len(key[1]) == 2 else x_hp.reshape(-1, x_hp.shape[-1]).contiguous()
-        fields = plan.run(x2d, seed, given, state)
-        if fields is not None:
-            return QuantizedTensor(config=config, shape=tuple(x_hp.shape), hp_dtype=DTYPE_NAMES[x_hp.dtype], **fields)
+        got = plan.run(x2d, seed, given, state)
+        if got is not None:
+            q = QuantizedTensor(config=config, shape=tuple(x_hp.shape), hp_dtype=DTYPE_NAMES[x_hp.dtype], **got.public())
+            got.key = key
+            setattr(q, STAMP, got)  # what `out=q` writes again
+            return q
     x2d, seed = check_quantize(x_hp, config, rowwise=rowwise, colwise=colwise, rng=rng)
     extra = {} if amax is None else {"amax": check_given_amax(amax, config)}
     if not x2d.is_cuda:
-        raise SpecViolation(
-            f"{config.id}: the native backend quantizes CUDA tensors; x is on {x2d.device} "
-            f"(move it with x.cuda(), or use the reference backend)"
-        )
+        raise _not_cuda(config, x2d)
     _require("quantize", config, x2d.device)
     with torch.cuda.device(x2d.device):
         mod = launcher(config.scheme)
@@ -132,6 +142,46 @@ def quantize(
                                                       colwise=bool(colwise), aligned=x2d.data_ptr() % 16 == 0,
                                                       given=amax is not None, index=device_index(x2d.device)))  # fmt: skip
     return QuantizedTensor(config=config, shape=tuple(x_hp.shape), hp_dtype=DTYPE_NAMES[x_hp.dtype], **fields)
+
+
+def _not_cuda(config, x2d) -> SpecViolation:
+    return SpecViolation(
+        f"{config.id}: the native backend quantizes CUDA tensors; x is on {x2d.device} "
+        f"(move it with x.cuda(), or use the reference backend)"
+    )
+
+
+# What each entry of a quantize plan key is (_plan_key), for the errors of out=.
+KEY_NAMES = ("config", "x.shape", "x.dtype", "x.device", "rowwise", "colwise", "rng is None", "state is None",
+             "amax is None", "x.is_contiguous()", "x is 16-byte aligned (or copied)")  # fmt: skip
+
+
+def _quantize_into(out, key, x_hp, config, rowwise, colwise, rng, state, amax) -> QuantizedTensor:
+    """quantize(..., out=out): the call's values written into out's tensors (the plan that allocated them)."""
+    got = getattr(out, STAMP, None) if isinstance(out, QuantizedTensor) else None
+    if got is None:
+        what = type(out).__name__ if not isinstance(out, QuantizedTensor) else "a QuantizedTensor no call plan allocated"
+        raise ValueError(
+            f"out= takes a QuantizedTensor that a native call plan allocated (a call after the first of its "
+            f"signature, with plans on; not a copy), got {what}"
+        )
+    if key != got.key:
+        if key is None:  # a call no plan can make: the full path's error
+            x2d, _ = check_quantize(x_hp, config, rowwise=rowwise, colwise=colwise, rng=rng)
+            raise _not_cuda(config, x2d)
+        diffs = [f"{n} is {a!r} here, {b!r} for out" for n, a, b in zip(KEY_NAMES, key, got.key, strict=True) if a != b]
+        raise ValueError(f"out= was allocated by another call signature: {'; '.join(diffs)}")
+    fields = got.fields
+    for name in got.plan.block.public or fields:
+        if getattr(out, name) is not fields[name]:
+            raise ValueError(f"out.{name} is not the tensor its call plan allocated (was it replaced?)")
+    # As the planned path of quantize: only the per-call values are checked.
+    seed = SRSeed.coerce(rng)
+    given = None if amax is None else check_given_amax(amax, config)
+    # NUMERICS: §0.1 - [..., K] is [M, K]; a contiguous 2-D input already is (key[1]: shape, key[9]: contiguous).
+    x2d = x_hp if key[9] and len(key[1]) == 2 else x_hp.reshape(-1, x_hp.shape[-1]).contiguous()
+    got.plan.run(x2d, seed, given, state, into=got)
+    return out
 
 
 def _plan_key(x_hp, config, rowwise, colwise, rng, state, amax) -> tuple | None:

@@ -9,6 +9,7 @@ state are read per call. GEMMs: planned calls equal the full path (plans off) bi
 
 from __future__ import annotations
 
+import copy
 import sys
 
 import pytest
@@ -275,6 +276,88 @@ def test_the_delayed_state_is_read_and_written_per_call():
         gold_state.update()
         native.update_amax_history(state)
     assert len(plans().QUANTIZE_PLANS) == 1
+
+
+# ---- out=: the in-place call -----------------------------------------------------------------------------------
+
+
+def pointers(q) -> dict[str, int]:
+    return {f"{o}_{f}": t.data_ptr() for o in ("rowwise", "colwise") for f in ("data", "scale", "amax")
+            if (t := getattr(q, f"{o}_{f}")) is not None}  # fmt: skip
+
+
+def on_device(kw: dict) -> dict:
+    return {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+
+
+@pytest.mark.parametrize("copies", list(COPIES))
+@pytest.mark.parametrize("given", [False, True])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_out_equals_a_fresh_call_and_the_golden(name, given, copies):
+    """quantize(x_i, cfg, out=q) for new inputs x_i (new SR seeds, amaxes, delayed-state steps): q itself comes back,
+    its memory unchanged, its bytes those of the golden and of a fresh planned call of x_i (whose storage is its own);
+    the fp8_delayed state's H[0] is recorded as the golden records it."""
+    import native
+
+    cfg = CONFIGS[name]
+    if given and name not in GIVEN:
+        pytest.skip("no given amax for this config (reference.spec.check_given_amax)")
+    if not copies_allowed(cfg, copies):
+        pytest.skip("row-scaled 4over6 has no columnwise copy")
+    rw, cw = COPIES[copies]
+    dtype = torch.bfloat16
+    delayed = cfg.scheme == "fp8_delayed"
+    for shape in shapes_of(cfg):
+        native.clear_plans()
+        xs = [make_x(shape, dtype, seed=seed_of(name, shape, dtype) + i) * (i + 1) for i in range(4)]
+        gold_state = AmaxHistory(cfg) if delayed else None
+        state = AmaxHistory(cfg, device="cuda") if delayed else None
+        kws = [call_kwargs(cfg, x, given=given, rng=SRSeed(SEED.seed + i, SEED.stream)) for i, x in enumerate(xs)]
+        native.quantize(xs[0].cuda(), cfg, rowwise=rw, colwise=cw, state=copy.deepcopy(state), **on_device(kws[0]))
+        q = before = None
+        for i, (x, kw) in enumerate(zip(xs, kws, strict=True)):
+            gold = reference.quantize(x, cfg, rowwise=rw, colwise=cw, state=gold_state, **kw)
+            label = f"{name} {shape} {copies} given={given} out= call {i}"
+            if q is None:  # the first planned call of the signature: its outputs are a plan's
+                q = native.quantize(x.cuda(), cfg, rowwise=rw, colwise=cw, state=state, **on_device(kw))
+                before = pointers(q)
+            else:  # a fresh planned call (a copy of the state: the same scale), then the same call into q
+                fresh = native.quantize(x.cuda(), cfg, rowwise=rw, colwise=cw, state=copy.deepcopy(state),
+                                        **on_device(kw))  # fmt: skip
+                assert native.quantize(x.cuda(), cfg, rowwise=rw, colwise=cw, state=state, out=q, **on_device(kw)) is q
+                assert pointers(q) == before, label
+                assert_same(gold, fresh, label + " (fresh)")
+                assert not (storages(fresh) & storages(q)), label
+            assert_same(gold, q, label)
+            if delayed:  # NUMERICS: §2 H[0] <- fmax(H[0], amax(x)) on every call, out= included
+                assert torch.equal(state.history.cpu().view(torch.int32), gold_state.history.view(torch.int32)), label
+                gold_state.update()
+                native.update_amax_history(state)
+        assert len(plans().QUANTIZE_PLANS) == 1
+
+
+def test_out_refuses_a_tensor_of_another_signature_or_no_plan():
+    import native
+
+    cfg = CONFIGS["mxfp8"]
+    x = make_x((256, 256), torch.bfloat16, seed=19).cuda()
+    first = native.quantize(x, cfg, rowwise=True, colwise=True)  # the full path: no plan allocated it
+    with pytest.raises(ValueError, match="no call plan allocated"):
+        native.quantize(x, cfg, rowwise=True, colwise=True, out=first)
+    q = native.quantize(x, cfg, rowwise=True, colwise=True)
+    refused = [
+        (dict(x=x[:128]), r"x\.shape is torch.Size\(\[128, 256\]\) here"),
+        (dict(colwise=False), "colwise is False here, True for out"),
+        (dict(config=CONFIGS["mxfp8-e5m2"]), "config is"),
+        (dict(x=x.float()), r"x\.dtype is torch.float32 here"),
+    ]
+    for kw, message in refused:
+        call = dict(x=x, config=cfg, colwise=True) | kw
+        with pytest.raises(ValueError, match=message):
+            native.quantize(call["x"], call["config"], rowwise=True, colwise=call["colwise"], out=q)
+    with pytest.raises(ValueError, match="no call plan allocated"):
+        native.quantize(x, cfg, rowwise=True, colwise=True, out=copy.deepcopy(q))
+    assert_same(reference.quantize(x.cpu(), cfg, rowwise=True, colwise=True), q, "out= after refused calls: untouched")
 
 
 # ---- GEMM -----------------------------------------------------------------------------------------------------

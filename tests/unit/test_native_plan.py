@@ -442,15 +442,19 @@ def test_cublaslt_sets_a_pointer_attribute_only_when_it_changes():
 
 
 def test_a_one_launch_plan_allocates_then_launches_its_step_with_x_on_the_plans_stream(monkeypatch):
-    """native.plan.OneLaunchPlan._run (the mxfp8 and fp8_block plans): the block's fields come back after one launch
-    of steps[0] with x's pointer, on raw_stream(index); an unaligned block (allocate -> None) means the full path."""
+    """native.plan.QuantizePlan._outputs with OneLaunchPlan._run (the mxfp8 and fp8_block plans): a fresh call
+    allocates the block and launches steps[0] once with x's pointer on raw_stream(index), its Outputs holding the
+    block's base and views; an unaligned block (allocate -> None) means the full path; a call into earlier
+    Outputs allocates nothing, clears the zero-filled bytes of ITS block and launches with ITS base."""
     from native import plan
 
     calls = []
 
     class Block:
-        def __init__(self, got):
-            self.got = got
+        public = None
+
+        def __init__(self, got, zero_bytes=0):
+            self.got, self.zero_bytes = got, zero_bytes
 
         def allocate(self, device, index):
             calls.append(("allocate", device, index))
@@ -461,10 +465,135 @@ def test_a_one_launch_plan_allocates_then_launches_its_step_with_x_on_the_plans_
         steps = (lambda base, named, stream: calls.append(("launch", base, named, stream)),)
 
     monkeypatch.setattr(plan, "raw_stream", lambda index: 1000 + index)
+    monkeypatch.setattr(plan, "memset_zero", lambda ptr, n, index: calls.append(("memset", ptr, n, index)))
     x = torch.zeros(4, 8)
     p = FakePlan()
-    p.block = Block((4096, {"rowwise_data": "fields"}))
-    assert p._run(x, None, None, None) == {"rowwise_data": "fields"}
+    p.block = Block((4096, {"rowwise_data": "fields"}), zero_bytes=512)
+    got = p._outputs(x, None, None, None, None)
+    assert (got.plan, got.base, got.fields, got.public()) == (p, 4096, {"rowwise_data": "fields"}, {"rowwise_data": "fields"})
+    # (the fresh block's zero-filled bytes are cleared by allocate itself: test_output_block_layout_and_views)
     assert calls == [("allocate", x.device, 3), ("launch", 4096, {plan.X: x.data_ptr()}, 1003)]
+    calls[:] = []
+    assert p._outputs(x, None, None, None, got) is got
+    assert calls == [("memset", 4096, 512, 3), ("launch", 4096, {plan.X: x.data_ptr()}, 1003)]
     p.block, calls[:] = Block(None), []
-    assert p._run(x, None, None, None) is None and calls == [("allocate", x.device, 3)]
+    assert p._outputs(x, None, None, None, None) is None and calls == [("allocate", x.device, 3)]
+    calls[:] = []
+    assert p._outputs(x, None, None, None, got) is got  # zero_bytes 0: no memset
+    assert calls == [("launch", 4096, {plan.X: x.data_ptr()}, 1003)]
+
+
+# ---- out=: the in-place call ----------------------------------------------------------------------------------
+
+
+class _RecordingPlan:
+    """A stand-in plan: records run(x2d, seed, given, state, into) (what quantize passes per call)."""
+
+    def __init__(self, public=None):
+        self.calls = []
+        self.block = mock.Mock(public=public)
+
+    def run(self, x2d, seed, given, state, into=None):
+        self.calls.append((x2d, seed, given, state, into))
+        return into
+
+
+def _stamped(x, config, plan, **kwargs):
+    """A QuantizedTensor as a planned call of (x, config, kwargs) returns it: its fields views of a block, stamped."""
+    q_mod = sys.modules["native.quantize"]
+    fields = {"rowwise_data": torch.zeros(64, 128, dtype=torch.uint8), "rowwise_scale": torch.zeros(64, 8)}
+    q = q_mod.QuantizedTensor(config=config, shape=tuple(x.shape), hp_dtype="bfloat16", **fields)
+    args = dict(rowwise=True, colwise=False, rng=None, state=None, amax=None) | kwargs
+    key = q_mod._plan_key(x, config, *args.values())
+    setattr(q, plan_mod.STAMP, plan_mod.Outputs(plan, 0x7F00_1000_0000, fields, key))
+    return q
+
+
+def test_out_runs_the_stamped_plan_into_its_outputs_with_the_per_call_values():
+    import native
+
+    cfg = QuantConfig("nvfp4", stochastic=True)
+    x = _fake_cuda_input()
+    plan = _RecordingPlan()
+    q = _stamped(x, cfg, plan, rng=(1, 2))
+    got = getattr(q, plan_mod.STAMP)
+    for rng in [(5, 6), SRSeed(7, 8)]:  # the seed of each call, coerced as the planned path coerces it
+        assert native.quantize(x, cfg, rng=rng, out=q) is q
+        assert plan.calls[-1] == (x, SRSeed.coerce(rng), None, None, got)
+    x_other = _fake_cuda_input(ptr=0x7F00_0000_0100)  # another tensor of the same signature: its pointer is read
+    assert native.quantize(x_other, cfg, rng=(1, 2), out=q) is q and plan.calls[-1][0] is x_other
+    # The per-call checks of the planned path still run: an SR seed out of range is refused before any launch.
+    n = len(plan.calls)
+    with pytest.raises(ValueError):
+        native.quantize(x, cfg, rng=(-1, 0), out=q)
+    assert len(plan.calls) == n
+
+
+def test_out_passes_a_given_amax_and_the_state_per_call():
+    import native
+
+    cfg = QuantConfig("fp8_current")
+    x = _fake_cuda_input()
+    plan = _RecordingPlan()
+    q = _stamped(x, cfg, plan, amax=torch.ones(1))
+    for v in (2.0, 3.5):
+        native.quantize(x, cfg, amax=torch.tensor([v]), out=q)
+        assert float(plan.calls[-1][2]) == v
+    delayed = QuantConfig("fp8_delayed")
+    plan_d = _RecordingPlan()
+    state = AmaxHistory(delayed)
+    q_d = _stamped(x, delayed, plan_d, state=state)
+    other = AmaxHistory(delayed)
+    native.quantize(x, delayed, state=other, out=q_d)
+    assert plan_d.calls[-1][3] is other
+
+
+def test_out_refuses_what_no_plan_allocated_or_another_signature_did():
+    import native
+    import reference
+
+    cfg = QuantConfig("mxfp8")
+    x = _fake_cuda_input()
+    plan = _RecordingPlan()
+    q = _stamped(x, cfg, plan)
+    with pytest.raises(ValueError, match="got Tensor"):
+        native.quantize(x, cfg, out=torch.zeros(4))
+    fresh = reference.quantize(torch.randn(64, 128), cfg)  # a QuantizedTensor no plan allocated
+    with pytest.raises(ValueError, match="no call plan allocated"):
+        native.quantize(x, cfg, out=fresh)
+    cases = [
+        (dict(x=_fake_cuda_input((64, 256))), r"x\.shape is torch.Size\(\[64, 256\]\) here, torch.Size\(\[64, 128\]\)"),
+        (dict(x=_fake_cuda_input(dtype=torch.float32)), r"x\.dtype is torch.float32 here, torch.bfloat16 for out"),
+        (dict(config=QuantConfig("mxfp8", element="e5m2")), r"config is .* here, .* for out"),
+        (dict(config=QuantConfig("fp8_block")), r"config is"),
+        (dict(colwise=True), r"colwise is True here, False for out"),
+        (dict(x=_fake_cuda_input(ptr=0x7F00_0000_0008)), r"16-byte aligned .* is False here, True for out"),
+        (dict(x=_fake_cuda_input(contiguous=False)), r"is_contiguous\(\) is False here, True for out"),
+    ]
+    for kwargs, message in cases:
+        args = dict(x=x, config=cfg, colwise=False) | kwargs
+        with pytest.raises(ValueError, match=message):
+            native.quantize(args["x"], args["config"], colwise=args["colwise"], out=q)
+    with pytest.raises(ValueError, match="another call signature: rng is None is False here, True for out"):
+        native.quantize(x, cfg, rng=(1, 2), out=q)
+    # A field replaced after the call: its memory is no longer what the plan writes.
+    q.rowwise_scale = torch.zeros(64, 8)
+    with pytest.raises(ValueError, match="out.rowwise_scale is not the tensor its call plan allocated"):
+        native.quantize(x, cfg, out=q)
+    # Not a CUDA tensor: the full path's errors.
+    with pytest.raises(reference.types.SpecViolation, match="the native backend quantizes CUDA tensors; x is on cpu"):
+        native.quantize(torch.ones(64, 128), cfg, out=q)
+    with pytest.raises(reference.types.SpecViolation, match="multiple of 32"):
+        native.quantize(torch.ones(64, 100), cfg, out=q)
+    assert plan.calls == []
+
+
+def test_a_copy_of_a_stamped_tensor_is_no_plans_output():
+    import copy
+    import pickle
+
+    x = _fake_cuda_input()
+    q = _stamped(x, QuantConfig("mxfp8"), _RecordingPlan())
+    assert getattr(copy.copy(q), plan_mod.STAMP) is getattr(q, plan_mod.STAMP)  # the same tensors
+    assert getattr(copy.deepcopy(q), plan_mod.STAMP) is None
+    assert getattr(pickle.loads(pickle.dumps(q)), plan_mod.STAMP) is None

@@ -48,9 +48,13 @@ def test_dry_run_builds_the_table(tmp_path, capsys):
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == len(bh.QUANT_ROWS) + 1 + len(bh.GEMM_ROWS)
     assert {r["result"] for r in rows if r["kind"] == "quantize"} == {"PASS"}  # placeholder 10 us <= 15 us
+    assert {(r["out_us"], r["out_result"]) for r in rows if r["kind"] == "quantize"} == {("8.0", "PASS")}
+    assert {r["out_result"] for r in rows if r["kind"] == "gemm"} == {"n/a"}  # no out= for a GEMM
     # --only filters rows; --check-goals fails on a MISS.
     assert bh.main(["--dry-run", "--size", "128", "--only", "mxfp8"]) == 0
     text = capsys.readouterr().out
     assert "mxfp8 1x32" in text and "fp8_block 1x128 " not in text
     miss = bh.record("quantize", "slow", 100.0, 16.0, bh.QUANTIZE_GOAL_US)
     assert miss["result"] == "MISS" and "MISS" in bh.table([miss])
+    both = bh.record("quantize", "in place", 100.0, 16.0, bh.QUANTIZE_GOAL_US, out=12.0)
+    assert (both["result"], both["out_result"]) == ("MISS", "PASS") and "12.0" in bh.table([both])
