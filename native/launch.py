@@ -71,6 +71,12 @@ def _cupy():
 
 
 @functools.cache
+def launch_kernel():
+    """CuPy's cuLaunchKernel binding (resolved once: the attribute chain costs on every launch)."""
+    return _cupy().cuda.driver.launchKernel
+
+
+@functools.cache
 def _raw_stream():
     """device index -> torch's current raw stream handle (torch's internal fast path when present)."""
     fast = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -154,11 +160,37 @@ class PreparedLaunch:
 
     def fire(self, pointers: int, stream: int) -> None:
         """cuLaunchKernel with the block at `pointers` on `stream` (the caller's device is the plan's)."""
-        _cupy().cuda.driver.launchKernel(self._fn, *self.geometry, stream, pointers, 0)
+        launch_kernel()(self._fn, *self.geometry, stream, pointers, 0)
 
     def __call__(self, values: Sequence[int], stream: int) -> None:
         """Launch with the patched slots set to `values` on `stream`."""
         self.fire(self.params(values), stream)
+
+
+class BoundLaunch:
+    """A PreparedLaunch with some patched slots fixed for good (the output pointers of one `native.plan.Outputs`):
+    its own parameter block, shared by every thread (a call writes only the `named` slots, then launches), so
+    concurrent calls of one BoundLaunch must not happen (they would write the same outputs anyway)."""
+
+    def __init__(self, launch: PreparedLaunch, fixed: dict[int, int], named: Sequence[tuple[int, str]]):
+        n = len(launch.fixed)
+        slots = list(launch.fixed)
+        for i, v in fixed.items():
+            slots[i] = v
+        buf = (ctypes.c_uint64 * (2 * max(n, 1)))(*slots)
+        base = ctypes.addressof(buf)
+        for i in range(n):
+            buf[n + i] = base + SLOT_BYTES * i
+        self.buf, self.pointers = buf, base + SLOT_BYTES * n
+        self.named = tuple(named)  # (slot index, role in the per-call dict)
+        self.name, self.index, self.geometry, self._fn = launch.name, launch.index, launch.geometry, launch._fn
+
+    def __call__(self, base: int, named: dict, stream: int) -> None:
+        """Write the per-call slots from `named` and launch on `stream` (`base`: unused, as a Step's signature)."""
+        buf = self.buf
+        for i, role in self.named:
+            buf[i] = named[role]
+        launch_kernel()(self._fn, *self.geometry, stream, self.pointers, 0)
 
 
 def device_index(device: torch.device) -> int:

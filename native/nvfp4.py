@@ -478,7 +478,7 @@ class QuantizePlan(QuantizePlanBase):
                          col_stream=(seed.stream + 1) & _MASK32)  # NUMERICS: §5.7 colwise stream + 1
         stream = raw_stream(self.index)
         base = out.base
-        for step in self.steps:
+        for step in out.steps:
             step(base, named, stream)
 
 

@@ -21,7 +21,7 @@ from reference.types import QuantizedTensor
 from .kernels import Patched
 from .launch import PreparedLaunch, device_index, grid_stride_blocks, launch, module_for, raw_stream
 from .launchers import CublasLtMode, LtScale
-from .plan import Buffer, OutputBlock, Step, X
+from .plan import Buffer, OutputBlock, Step, X, memcpy_2d
 from .plan import QuantizePlan as QuantizePlanBase
 
 CU_FILE = "fp8_per_tensor.cu"
@@ -94,7 +94,7 @@ def _state(config, state, dev: torch.device) -> AmaxHistory | None:
         return AmaxHistory(config, device=dev)  # documented: a fresh AmaxHistory (scale 1.0), then discarded
     if not isinstance(state, AmaxHistory):
         raise ValueError(f"{config.id}: state must be a reference.per_tensor.AmaxHistory, got {type(state).__name__}")
-    if state.config != config:
+    if state.config is not config and state.config != config:  # (identity first: a dataclass == compares fields)
         raise ValueError(f"{config.id}: state was built for {state.config.id}, not for this config")
     return state
 
@@ -239,6 +239,10 @@ class QuantizePlan(QuantizePlanBase):
         if colwise:
             buffers.append(Buffer("colwise_data", (k, m), torch.uint8))
         self.block = block = OutputBlock(buffers)
+        off = block.offsets
+        # fp8_delayed with both copies: (amax, sinv) -> (amax_c, sinv_c) as ONE 2-row copy (dst, dpitch, src, spitch).
+        self.pair = (off[self.amax_c], off[self.sinv_c] - off[self.amax_c], off[self.amax], off[self.sinv] - off[self.amax])
+        assert min(self.pair[1], self.pair[3]) >= 4  # cudaMemcpy2D: each pitch holds a row (one fp32)
         # vec_flags on ALIGN-aligned outputs (OutputBlock) and an input of the given alignment.
         vec_in = int(aligned and (k * dtype.itemsize) % 16 == 0)
         vec_row, vec_col = int(not rowwise or k % 8 == 0), int(not colwise or m % 16 == 0)
@@ -277,16 +281,23 @@ class QuantizePlan(QuantizePlanBase):
             fields[self.amax].copy_(given.to(device=dev, dtype=torch.float32).reshape(1))
         scale_in = None
         if delayed is not None:
-            scale_in = delayed.scale.to(device=dev, dtype=torch.float32).contiguous()  # NUMERICS: §2 sinv = RN(1/scale)
+            scale_in = delayed.scale
+            if not (scale_in.dtype is torch.float32 and scale_in.device == dev and scale_in.is_contiguous()):
+                scale_in = scale_in.to(device=dev, dtype=torch.float32).contiguous()  # NUMERICS: §2 sinv = RN(1/scale)
             named["scale_in"] = scale_in.data_ptr()
-        for step in self.steps:
+        for step in out.steps:
             step(base, named, stream)
         if delayed is not None:
             amax = fields[self.amax]
-            record(delayed, amax)  # NUMERICS: §2 H[0] <- fmax(H[0], amax(x)) on the state's own device
-            if self.both:  # the cast kernel wrote amax and sinv once; the colwise copy gets its own tensors
-                fields[self.amax_c].copy_(amax)
-                fields[self.sinv_c].copy_(fields[self.sinv])
+            history = delayed.history
+            if history.dtype is torch.float32 and history.device == dev:
+                h0 = history[:1]
+                torch.fmax(h0, amax, out=h0)  # NUMERICS: §2 H[0] <- fmax(H[0], amax(x)) (record(), in one op)
+            else:
+                record(delayed, amax)  # NUMERICS: §2 H[0] <- fmax(H[0], amax(x)) on the state's own device
+            if self.both:  # the cast kernel wrote amax and sinv once; the colwise copy gets its own (one copy)
+                dst, dpitch, src, spitch = self.pair
+                memcpy_2d(base + dst, dpitch, base + src, spitch, 4, 2, self.index)
 
 
 def plan_quantize(config, m: int, k: int, dtype: torch.dtype, *, rowwise: bool, colwise: bool, aligned: bool,

@@ -5,7 +5,7 @@ key runs the full path (every `reference.spec` check, every error unchanged) and
 with that key run only what can differ per call: per-call values (the SR seed, a given amax, the fp8_delayed
 state, a GEMM's scales and alpha), ONE output allocation (`OutputBlock`: every output a view of it), the
 pointer patching of prepared launches (`native.launch.PreparedLaunch`) and the launches on torch's current
-stream. Plans live in two bounded LRU caches (`PlanCache`, `MAX_PLANS` entries each); `clear_plans()` empties
+stream. Plans live in two bounded caches (`PlanCache`, `MAX_PLANS` entries each); `clear_plans()` empties
 them. A plan never holds a tensor of a call: every call allocates fresh outputs.
 """
 
@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from .launch import PreparedLaunch, raw_stream
+from .launch import BoundLaunch, PreparedLaunch, raw_stream
 
 MAX_PLANS = 256
 ALIGN = 256  # every buffer of an OutputBlock starts on this many bytes (torch's CUDA blocks are 512-aligned)
@@ -27,34 +26,27 @@ X = "x"  # the role of the quantize input's pointer in a launch template
 
 
 class PlanCache:
-    """A bounded least-recently-used map key -> plan (per process)."""
+    """A bounded map key -> plan (per process), evicting the oldest RECORDED plan first: a hit does not reorder
+    (an LRU's move_to_end costs a second hash of the key on every call); a plan evicted while still in use is
+    recorded again by its signature's next call (one full-path call)."""
 
     def __init__(self, maxsize: int = MAX_PLANS):
         self.maxsize = maxsize
-        self.enabled = True  # False: every call takes the full path and nothing is recorded (`use_plans`)
-        self._plans: OrderedDict = OrderedDict()
-
-    def get(self, key):
-        if not self.enabled:
-            return None
-        plan = self._plans.get(key)
-        if plan is not None:
-            try:
-                self._plans.move_to_end(key)
-            except KeyError:  # evicted by another thread meanwhile
-                pass
-        return plan
+        self.enabled = True  # False: nothing is recorded (`use_plans` also empties the cache: every call is full)
+        self._plans: dict = {}
+        self.get = self._plans.get  # key -> plan or None (the dict's own method: no Python layer per call)
 
     def put(self, key, plan) -> None:
         if not self.enabled:
             return
-        self._plans[key] = plan
-        self._plans.move_to_end(key)
-        while len(self._plans) > self.maxsize:
-            self._plans.popitem(last=False)
+        plans = self._plans
+        plans.pop(key, None)
+        plans[key] = plan
+        while len(plans) > self.maxsize:
+            del plans[next(iter(plans))]
 
     def clear(self) -> None:
-        self._plans.clear()
+        self._plans.clear()  # (in place: `get` stays bound to it)
 
     def __len__(self) -> int:
         return len(self._plans)
@@ -162,6 +154,12 @@ def memset_zero(ptr: int, nbytes: int, index: int) -> None:
     _runtime().memsetAsync(ptr, 0, nbytes, raw_stream(index))
 
 
+def memcpy_2d(dst: int, dpitch: int, src: int, spitch: int, width: int, height: int, index: int) -> None:
+    """cudaMemcpy2DAsync device to device (`height` rows of `width` bytes, pitches in bytes) on torch's current
+    stream of device `index` (the current device): one call for several small copies of one block."""
+    _runtime().memcpy2DAsync(dst, dpitch, src, spitch, width, height, 3, raw_stream(index))  # 3: DeviceToDevice
+
+
 def current_device() -> int:
     """torch's current CUDA device (its internal getter when present: torch.cuda.current_device also re-checks
     the lazy initialization on every call)."""
@@ -192,6 +190,11 @@ class Step:
     def values(self, base: int, named: dict) -> list[int]:
         return [base + s if type(s) is int else named[s] for s in self.sources]
 
+    def bind(self, base: int) -> BoundLaunch:
+        """This step with the block at `base` for good: only the named per-call values are written per call."""
+        fixed = {i: base + s for i, s in self._slots if type(s) is int}
+        return BoundLaunch(self.launch, fixed, [(i, s) for i, s in self._slots if type(s) is not int])
+
     def __call__(self, base: int, named: dict, stream: int) -> None:
         buf, pointers = self.launch.block()
         for i, s in self._slots:  # = launch(values(base, named), stream), without the intermediate list
@@ -205,10 +208,12 @@ class Outputs:
     that `native.quantize(..., out=q)` can write the same memory again (docs/design.md §4.1). A copy of it
     (pickle, deepcopy) is None: a copied QuantizedTensor has its own tensors, which no plan allocated."""
 
-    __slots__ = ("plan", "base", "fields", "key")
+    __slots__ = ("plan", "base", "fields", "key", "steps")
 
     def __init__(self, plan: QuantizePlan, base: int, fields: dict, key=None):
         self.plan, self.base, self.fields, self.key = plan, base, fields, key
+        self.steps = plan.steps  # what _run launches: the plan's steps (patched per call) or, once written again,
+        # the steps bound to this block (`bind`: only x, the seed, ... written per call)
 
     def public(self) -> dict:
         """The QuantizedTensor fields (the views not named "_...")."""
@@ -246,8 +251,11 @@ class QuantizePlan:
             if got is None:
                 return None
             into = Outputs(self, *got)
-        elif self.block.zero_bytes:
-            memset_zero(into.base, self.block.zero_bytes, self.index)
+        else:
+            if into.steps is self.steps:
+                into.steps = tuple(step.bind(into.base) for step in self.steps)
+            if self.block.zero_bytes:
+                memset_zero(into.base, self.block.zero_bytes, self.index)
         self._run(x2d, seed, given, state, into)
         return into
 
@@ -259,4 +267,4 @@ class OneLaunchPlan(QuantizePlan):
     """A plan whose call is one launch reading x (mxfp8, fp8_block): `steps[0]` into the outputs."""
 
     def _run(self, x2d, seed, given, state, out: Outputs) -> None:
-        self.steps[0](out.base, {X: x2d.data_ptr()}, raw_stream(self.index))
+        out.steps[0](out.base, {X: x2d.data_ptr()}, raw_stream(self.index))

@@ -133,20 +133,24 @@ def test_every_allocation_is_fresh(monkeypatch):
 # ---- the cache ------------------------------------------------------------------------------------------------
 
 
-def test_plan_cache_is_a_bounded_lru():
+def test_plan_cache_is_bounded_and_evicts_the_oldest_recorded_plan():
     cache = PlanCache(maxsize=3)
     for k in "abc":
         cache.put(k, k.upper())
-    assert cache.get("a") == "A"  # a is now the most recent
-    cache.put("d", "D")  # evicts b, the least recently used
-    assert "b" not in cache and len(cache) == 3 and [cache.get(k) for k in "acd"] == ["A", "C", "D"]
+    assert cache.get("a") == "A"  # a hit does not reorder: a is still the oldest recorded
+    cache.put("d", "D")  # evicts a
+    assert "a" not in cache and len(cache) == 3 and [cache.get(k) for k in "bcd"] == ["B", "C", "D"]
+    cache.put("b", "B2")  # recording a key again makes it the newest
+    cache.put("e", "E")  # evicts c
+    assert [cache.get(k) for k in "bcde"] == ["B2", None, "D", "E"] and len(cache) == 3
     cache.enabled = False
-    assert cache.get("a") is None
-    cache.put("e", "E")
-    assert "e" not in cache
+    cache.put("f", "F")
+    assert "f" not in cache
     cache.enabled = True
     cache.clear()
-    assert len(cache) == 0 and plan_mod.MAX_PLANS >= 100
+    assert len(cache) == 0 and cache.get("b") is None and plan_mod.MAX_PLANS >= 100
+    cache.put("g", "G")  # get is still bound to the (cleared) map
+    assert cache.get("g") == "G"
 
 
 def test_clear_plans_and_use_plans():
@@ -275,6 +279,26 @@ def _planned(plan, named_scalars) -> list[tuple]:
     return out
 
 
+def _check_bound_steps(plan, monkeypatch) -> None:
+    """Every step bound to a block (`Step.bind`, the out= path) launches the bytes the step itself writes for the
+    same base and per-call values, with the same kernel and geometry, and writes only the per-call slots."""
+    fired = []
+    monkeypatch.setattr(launch_mod, "launch_kernel", lambda: lambda *a: fired.append(a))
+    base = 0x7E00_0000_0000
+    for step in plan.steps:
+        n = len(step.launch.fixed)
+        roles = [s for s in step.sources if type(s) is not int]
+        named = {role: 0x7F00_0000_0000 + 0x100 * j for j, role in enumerate(roles)}
+        bound = step.bind(base)
+        for values in (named, {r: v + 0x40 for r, v in named.items()}):  # a second call: new per-call values
+            fired.clear()
+            bound(None, values, 77)
+            (fn, *geometry, stream, pointers, extra), = fired
+            assert (fn, tuple(geometry), stream, extra) == (step.launch._fn, step.launch.geometry, 77, 0)
+            assert read_slots(pointers, n) == read_slots(step.launch.params(step.values(base, values)), n)
+        assert len(bound.named) == len(roles)
+
+
 def _block_fields(plan, monkeypatch) -> dict:
     _cpu_memset(monkeypatch)
     return {k: v for k, v in plan.block.allocate(torch.device("cpu"), 0)[1].items() if not k.startswith("_")}
@@ -327,6 +351,7 @@ def test_fp8_plans_launch_what_quantize_2d_launches(monkeypatch, config, extra, 
                                  given="amax" in kw, index=0)  # fmt: skip
         assert _planned(plan, {}) == _today(calls, x2d, fields)
         _same_fields(_block_fields(plan, monkeypatch), fields)
+        _check_bound_steps(plan, monkeypatch)
 
 
 NVFP4_CASES = [
@@ -380,6 +405,7 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
         named = {"seed": seed.seed, "row_stream": seed.stream, "col_stream": (seed.stream + 1) & 0xFFFFFFFF}
     assert _planned(plan, named) == _today(calls, x2d, fields)
     _same_fields(_block_fields(plan, monkeypatch), fields)
+    _check_bound_steps(plan, monkeypatch)
 
 
 def test_every_launcher_module_plans_its_quantize():
@@ -460,27 +486,42 @@ def test_a_one_launch_plan_allocates_then_launches_its_step_with_x_on_the_plans_
             calls.append(("allocate", device, index))
             return self.got
 
+    class FakeStep:
+        def __init__(self, bound=None):
+            self.bound = bound
+
+        def bind(self, base):
+            calls.append(("bind", base))
+            return FakeStep(bound=base)
+
+        def __call__(self, base, named, stream):
+            calls.append(("launch", base, named, stream) if self.bound is None else ("bound", self.bound, named, stream))
+
     class FakePlan(plan.OneLaunchPlan):
         index = 3
-        steps = (lambda base, named, stream: calls.append(("launch", base, named, stream)),)
+        steps = (FakeStep(),)
 
     monkeypatch.setattr(plan, "raw_stream", lambda index: 1000 + index)
     monkeypatch.setattr(plan, "memset_zero", lambda ptr, n, index: calls.append(("memset", ptr, n, index)))
     x = torch.zeros(4, 8)
+    named = {plan.X: x.data_ptr()}
     p = FakePlan()
     p.block = Block((4096, {"rowwise_data": "fields"}), zero_bytes=512)
     got = p._outputs(x, None, None, None, None)
     assert (got.plan, got.base, got.fields, got.public()) == (p, 4096, {"rowwise_data": "fields"}, {"rowwise_data": "fields"})
     # (the fresh block's zero-filled bytes are cleared by allocate itself: test_output_block_layout_and_views)
-    assert calls == [("allocate", x.device, 3), ("launch", 4096, {plan.X: x.data_ptr()}, 1003)]
+    assert calls == [("allocate", x.device, 3), ("launch", 4096, named, 1003)]
+    calls[:] = []
+    assert p._outputs(x, None, None, None, got) is got  # the steps bound to the block once, then launched
+    assert calls == [("bind", 4096), ("memset", 4096, 512, 3), ("bound", 4096, named, 1003)]
     calls[:] = []
     assert p._outputs(x, None, None, None, got) is got
-    assert calls == [("memset", 4096, 512, 3), ("launch", 4096, {plan.X: x.data_ptr()}, 1003)]
+    assert calls == [("memset", 4096, 512, 3), ("bound", 4096, named, 1003)]
     p.block, calls[:] = Block(None), []
     assert p._outputs(x, None, None, None, None) is None and calls == [("allocate", x.device, 3)]
     calls[:] = []
     assert p._outputs(x, None, None, None, got) is got  # zero_bytes 0: no memset
-    assert calls == [("launch", 4096, {plan.X: x.data_ptr()}, 1003)]
+    assert calls == [("bound", 4096, named, 1003)]
 
 
 # ---- out=: the in-place call ----------------------------------------------------------------------------------
@@ -492,6 +533,7 @@ class _RecordingPlan:
     def __init__(self, public=None):
         self.calls = []
         self.block = mock.Mock(public=public)
+        self.steps = ()
 
     def run(self, x2d, seed, given, state, into=None):
         self.calls.append((x2d, seed, given, state, into))
@@ -597,3 +639,50 @@ def test_a_copy_of_a_stamped_tensor_is_no_plans_output():
     assert getattr(copy.copy(q), plan_mod.STAMP) is getattr(q, plan_mod.STAMP)  # the same tensors
     assert getattr(copy.deepcopy(q), plan_mod.STAMP) is None
     assert getattr(pickle.loads(pickle.dumps(q)), plan_mod.STAMP) is None
+
+
+# ---- the fp8_delayed per-call work of a plan ------------------------------------------------------------------
+
+
+def _host_memcpy_2d(dst, dpitch, src, spitch, width, height, index):
+    """cudaMemcpy2D's semantics on host memory (rows of `width` bytes at the two pitches)."""
+    for r in range(height):
+        ctypes.memmove(dst + r * dpitch, src + r * spitch, width)
+
+
+@pytest.mark.parametrize("rowwise, colwise", COPIES)
+def test_a_delayed_plan_records_h0_and_copies_amax_and_sinv_to_the_colwise_copy(monkeypatch, rowwise, colwise):
+    """per_tensor.QuantizePlan._run for fp8_delayed on the CPU, the cast kernel replaced by a step that writes amax
+    and sinv where the kernel does: H[0] <- fmax(H[0], amax) (NaN in H[0] ignored, docs/numerics.md §2 / §0.1) and,
+    with both copies, the colwise amax / sinv equal the rowwise ones as separate memory (one 2-row copy); the cast
+    reads the state's scale."""
+    cfg = QuantConfig("fp8_delayed")
+    monkeypatch.setattr(per_tensor, "module_for", lambda *a: "module")
+    monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
+    monkeypatch.setattr(per_tensor, "memcpy_2d", _host_memcpy_2d)
+    monkeypatch.setattr(per_tensor, "raw_stream", lambda index: 0)
+    _cpu_memset(monkeypatch)
+    plan = per_tensor.plan_quantize(cfg, 32, 64, torch.bfloat16, rowwise=rowwise, colwise=colwise, aligned=True,
+                                    given=False, index=0)  # fmt: skip
+    x_amax, scales = [0.0], []
+
+    def kernel(base, named, stream):  # what per_tensor_cast writes: amax(x) and sinv = 1 / scale
+        scale = ctypes.c_float.from_address(named["scale_in"]).value
+        ctypes.c_float.from_address(base + plan.block.offsets[plan.amax]).value = x_amax[0]
+        ctypes.c_float.from_address(base + plan.block.offsets[plan.sinv]).value = 1.0 / scale
+        scales.append(scale)
+
+    x = torch.zeros(32, 64, dtype=torch.bfloat16)
+    base, fields = plan.block.allocate(x.device, 0)
+    out = mock.Mock(base=base, fields=fields, steps=(kernel,))
+    state = AmaxHistory(cfg)
+    state.scale = torch.tensor([4.0])
+    for amax, h0_before, h0_after in ((3.0, 0.0, 3.0), (2.0, 3.0, 3.0), (5.0, float("nan"), 5.0)):
+        state.history[0], x_amax[0] = h0_before, amax
+        plan._run(x, None, None, state, out)
+        assert float(state.history[0]) == h0_after and scales[-1] == 4.0
+        for o in [c for c, on in (("rowwise", rowwise), ("colwise", colwise)) if on]:
+            assert float(fields[f"{o}_amax"]) == amax and float(fields[f"{o}_scale"]) == 0.25, o
+        if rowwise and colwise:
+            assert fields["rowwise_amax"].data_ptr() != fields["colwise_amax"].data_ptr()
+            assert fields["rowwise_scale"].data_ptr() != fields["colwise_scale"].data_ptr()
