@@ -249,6 +249,54 @@ def _plan(lt, key: tuple, a: LtOperand, b: LtOperand, k: int, out_dtype, bias_dt
             lt.matmul_desc_destroy(desc)
 
 
+def _plan_key(device: int, a: LtOperand, b: LtOperand, k: int, fast_accum: bool, bias_dtype, out_dtype,
+              ep: tuple | None) -> tuple:  # fmt: skip
+    """The descriptor-set key of `_PLANS`: everything `_plan` reads."""
+    return (device, a.element, b.element, a.outer, b.outer, k, a.k_contiguous, b.k_contiguous, a.ld, b.ld,
+            a.scale_mode, b.scale_mode, fast_accum, bias_dtype, out_dtype,
+            None if ep is None else (ep[0], *(None if t is None else t.dtype for t in ep[1:])))  # fmt: skip
+
+
+class PreparedMatmul:
+    """`scaled_matmul` without bias, C or epilogue for one signature, prepared once (a GEMM call plan,
+    docs/design.md §4.1): the same cached descriptor set, algorithm, handle, workspace, alpha and beta = 0; a call
+    sets the two scale-pointer attributes (only when they differ from the ones last set on the shared descriptor,
+    through a preallocated attribute buffer) and runs the same cublasLtMatmul with the data and out pointers."""
+
+    def __init__(self, a: LtOperand, b: LtOperand, k: int, out_dtype: torch.dtype, *, alpha: float, fast_accum: bool,
+                 device: int):  # fmt: skip
+        lt = self._lt = _lt()
+        with _LOCK:
+            self.plan = _plan(lt, _plan_key(device, a, b, k, fast_accum, None, out_dtype, None), a, b, k, out_dtype,
+                              None, fast_accum, device)  # fmt: skip
+        self.handle = _handle(device)
+        self._ws = _workspace(device)  # kept alive with the plan
+        self.ws_ptr = self._ws.data_ptr()
+        self.alpha_h = np.asarray([alpha], dtype=np.float32)  # host pointer mode, as scaled_matmul
+        self.beta_h = np.zeros(1, dtype=np.float32)
+        self.alpha_ptr, self.beta_ptr = self.alpha_h.ctypes.data, self.beta_h.ctypes.data
+        D = lt.MatmulDescAttribute
+        # (attribute, its value buffer typed by the binding's table, the buffer's address): A_SCALE = b's scale.
+        self.scale_attrs = tuple((attr, buf, buf.ctypes.data) for attr in (D.A_SCALE_POINTER, D.B_SCALE_POINTER)
+                                 for buf in [np.zeros(1, dtype=np.dtype(lt.get_matmul_desc_attribute_dtype(attr)))])  # fmt: skip
+
+    def __call__(self, a_data: int, a_scale: int, b_data: int, b_scale: int, out: int, stream: int) -> None:
+        lt, plan = self._lt, self.plan
+        lay_a, lay_b, lay_c = plan.layouts
+        with _LOCK:
+            pointers = plan.pointers
+            for (attr, buf, addr), value in zip(self.scale_attrs, (b_scale, a_scale), strict=True):
+                if pointers.get(attr) != value:  # as _set_pointer
+                    buf[0] = value
+                    lt.matmul_desc_set_attribute(plan.desc, attr, addr, buf.itemsize)
+                    pointers[attr] = value
+            try:
+                lt.matmul(self.handle, plan.desc, self.alpha_ptr, b_data, lay_a, a_data, lay_b, self.beta_ptr, out,
+                          lay_c, out, lay_c, plan.heur.ptr, self.ws_ptr, WORKSPACE_BYTES, stream)  # fmt: skip
+            except lt.cuBLASLtError as e:
+                raise Unsupported(f"cuBLASLt refused the GEMM: {e}") from e
+
+
 def _set_desc(lt, desc: int, attr, value) -> None:
     _set_attr(lt.matmul_desc_set_attribute, lt.get_matmul_desc_attribute_dtype, desc, attr, value)
 
@@ -307,9 +355,7 @@ def scaled_matmul(
         raise Unsupported(f"cuBLASLt path supports out_dtype bfloat16 or float32, got {out.dtype}")
     bias_dtype = None if bias is None else bias.dtype
     ep = _check_epilogue(epilogue, out, bias, aux, bgrad)
-    key = (device, a.element, b.element, a.outer, b.outer, k, a.k_contiguous, b.k_contiguous, a.ld, b.ld,
-           a.scale_mode, b.scale_mode, fast_accum, bias_dtype, out.dtype,
-           None if ep is None else (epilogue, *(None if t is None else t.dtype for t in ep[1:])))
+    key = _plan_key(device, a, b, k, fast_accum, bias_dtype, out.dtype, ep)
     D = lt.MatmulDescAttribute
     alpha_h = np.asarray([alpha], dtype=np.float32)
     beta_h = np.asarray([1.0 if accumulate else 0.0], dtype=np.float32)

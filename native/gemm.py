@@ -349,6 +349,9 @@ class GemmPlan:
         self.portable = None
         if resolved == "portable" and not (av.config.row_scaled or bv.config.row_scaled):
             self.portable = _prepare_portable(av, bv, out_dtype, bias, c, self.index)
+        self.matmul = _prepare_matmul(av, bv, resolved, out_dtype, bias, c, self.index)
+        self.out_shape = (av.outer, bv.outer)
+        self.fields = tuple(name for spec in self.views for name in spec[:2])  # a_data, a_scale, b_data, b_scale
 
     def _view(self, q: QuantizedTensor, spec) -> OperandView:
         data_f, scale_f, amax_f, orientation, g, outer, k, i_st, k_st, s_idiv, s_is, s_ks = spec
@@ -356,11 +359,76 @@ class GemmPlan:
                            getattr(q, scale_f).contiguous(), s_idiv, s_is, s_ks, getattr(q, amax_f))  # fmt: skip
 
     def run(self, a: QuantizedTensor, b: QuantizedTensor, out_dtype, bias, c) -> torch.Tensor:
+        if self.matmul is not None or self.portable is not None:
+            a_data, a_scale, b_data, b_scale = self.fields
+            ts = (getattr(a, a_data), getattr(a, a_scale), getattr(b, b_data), getattr(b, b_scale))
+            if all(t.is_contiguous() for t in ts):  # (else the views' .contiguous() copies: the general path)
+                call = self._matmul if self.matmul is not None else self._portable
+                if current_device() != self.index:
+                    with torch.cuda.device(self.device):
+                        return call(ts, a, b, out_dtype, bias, c)
+                return call(ts, a, b, out_dtype, bias, c)
         av, bv = self._view(a, self.views[0]), self._view(b, self.views[1])
         if current_device() != self.index:
             with torch.cuda.device(self.device):
                 return _dispatch(av, bv, self.resolved, out_dtype, bias, c, checked=True, portable=self.portable)
         return _dispatch(av, bv, self.resolved, out_dtype, bias, c, checked=True, portable=self.portable)
+
+
+    def _matmul(self, ts, a, b, out_dtype, bias, c) -> torch.Tensor:
+        """The prepared cublasLtMatmul (`_prepare_matmul`): one output allocation, one call."""
+        out = torch.empty(self.out_shape, dtype=out_dtype, device=self.device)
+        a_data, a_scale, b_data, b_scale = ts
+        self.matmul(a_data.data_ptr(), a_scale.data_ptr(), b_data.data_ptr(), b_scale.data_ptr(), out.data_ptr(),
+                    raw_stream(self.index))  # fmt: skip
+        return out
+
+    def _portable(self, ts, a, b, out_dtype, bias, c) -> torch.Tensor:
+        """`_portable`'s planned launch without building the operand views: one output allocation, one launch
+        (the amaxes, bias and C widened to fp32 exactly as `_portable` does; only its temporaries are recorded
+        on the stream)."""
+        device = self.device
+        out = torch.empty(self.out_shape, dtype=out_dtype, device=device)
+        a_data, a_scale, b_data, b_scale = ts
+        named = {"a_data": a_data.data_ptr(), "a_scale": a_scale.data_ptr(), "b_data": b_data.data_ptr(),
+                 "b_scale": b_scale.data_ptr(), "out": out.data_ptr()}  # fmt: skip
+        temps = []
+        for role, t in (("amax_a", getattr(a, self.views[0][2])), ("amax_b", getattr(b, self.views[1][2]))):
+            if t is not None:  # as _portable: the global amaxes as fp32 on the GEMM's device
+                named[role] = (t32 := t.to(device=device, dtype=torch.float32).contiguous()).data_ptr()
+                if t32 is not t:
+                    temps.append(t32)
+        for role, t in (("bias", bias), ("c", c)):
+            if t is not None:  # NUMERICS: §6 - as _portable: bias and C widened to fp32 (exact)
+                named[role] = (t32 := t.to(torch.float32).contiguous()).data_ptr()
+                if t32 is not t:
+                    temps.append(t32)
+        prepared = self.portable
+        prepared([named[mk.role] for _, mk in prepared.patched], raw_stream(self.index))
+        for t in temps:  # keep the temporaries alive until the kernel has run on torch's stream
+            t.record_stream(torch.cuda.current_stream(device))
+        return out
+
+
+def _prepare_matmul(av: OperandView, bv: OperandView, resolved: str, out_dtype, bias, c, index: int):
+    """A `cublaslt.PreparedMatmul` for a planned signature whose `_cublaslt` call is exactly one scaled_matmul with
+    the consumed copies' scales as stored (fp32) and a constant alpha: the per-tensor and blockwise FP8 schemes
+    (`lt_alpha` 1; `lt_scale` the stored scale), no bias or C, non-empty; None otherwise (the general path)."""
+    if not resolved.startswith("cublaslt") or bias is not None or c is not None or 0 in (av.outer, bv.outer, av.k):
+        return None
+    if av.config.row_scaled or bv.config.row_scaled or out_dtype not in OUT_DTYPES:
+        return None
+    scheme = launcher(av.config.scheme)
+    if scheme.CUBLASLT.family not in ("per_tensor", "fp8_block"):
+        return None
+    from . import cublaslt as lt_mod
+
+    la, lb = _lt_operand(av, lt_mod), _lt_operand(bv, lt_mod)
+    for lt_op, v in ((la, av), (lb, bv)):  # the scale cuBLASLt reads is the stored tensor itself
+        if lt_op.scale.dtype != torch.float32 or lt_op.scale.data_ptr() != v.scale.data_ptr():
+            return None
+    return lt_mod.PreparedMatmul(la, lb, av.k, out_dtype, alpha=scheme.lt_alpha(av, bv),
+                                 fast_accum=resolved == "cublaslt_fast_accum", device=index)  # fmt: skip
 
 
 def _row_scaled(av: OperandView, bv: OperandView, resolved: str, out_dtype, bias, c) -> torch.Tensor:

@@ -686,3 +686,146 @@ def test_a_delayed_plan_records_h0_and_copies_amax_and_sinv_to_the_colwise_copy(
         if rowwise and colwise:
             assert fields["rowwise_amax"].data_ptr() != fields["colwise_amax"].data_ptr()
             assert fields["rowwise_scale"].data_ptr() != fields["colwise_scale"].data_ptr()
+
+
+# ---- the planned GEMM calls -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_bias_c", [False, True])
+@pytest.mark.parametrize("cfgs", [("fp8_current", {}, {}), ("nvfp4", {}, {}), ("mxfp8", {}, {}),
+                                  ("fp8_block", {}, {"tile": (128, 128)})], ids=lambda c: c[0])  # fmt: skip
+def test_a_planned_portable_gemm_launches_what_portable_launches(monkeypatch, cfgs, with_bias_c):
+    """GemmPlan.run's portable call (no operand views built): one launch of the prepared kernel with the bytes of
+    _portable's arguments for these operands and its fresh output, on the plan's stream; fresh outputs per call."""
+    import reference
+
+    g = sys.modules["native.gemm"]
+    scheme, a_kw, b_kw = cfgs
+    a = reference.quantize(torch.randn(64, 128), QuantConfig(scheme, **a_kw))
+    b = reference.quantize(torch.randn(32, 128), QuantConfig(scheme, **b_kw))
+    av, bv = g.operand_view(a, "rowwise", "a"), g.operand_view(b, "rowwise", "b")
+    bias = torch.ones(32) if with_bias_c else None
+    c = torch.ones(64, 32) if with_bias_c else None
+    monkeypatch.setattr(g, "_portable_module", lambda *a: None)
+    monkeypatch.setattr(g, "device_index", lambda dev: 0)
+    monkeypatch.setattr(g, "current_device", lambda: 0)
+    monkeypatch.setattr(g, "raw_stream", lambda index: 55)
+    fired = []
+    monkeypatch.setattr(launch_mod, "launch_kernel", lambda: lambda *args: fired.append(args))
+    plan = g.GemmPlan(av, bv, "portable", torch.bfloat16, bias, c)
+    assert plan.matmul is None and plan.portable is not None
+    outs = []
+    for _ in range(2):
+        out = plan.run(a, b, torch.bfloat16, bias, c)
+        assert out.shape == (64, 32) and out.dtype == torch.bfloat16
+        (_, *geometry, stream, pointers, _), = fired
+        fired.clear()
+        assert tuple(geometry) == plan.portable.geometry and stream == 55
+
+        def t(tensor, dtype=None):
+            return None if tensor is None else fake_cuda(dtype or tensor.dtype, tensor.data_ptr())
+
+        args = g._portable_args(av, bv, t(a.rowwise_data), t(a.rowwise_scale), t(b.rowwise_data), t(b.rowwise_scale),
+                                t(a.rowwise_amax), t(b.rowwise_amax), t(bias), t(c), t(out), torch.bfloat16)  # fmt: skip
+        assert read_slots(pointers, 23) == signature("block_scaled_gemm").slots(args)
+        outs.append(out)
+    assert outs[0].data_ptr() != outs[1].data_ptr()
+    # A non-contiguous consumed copy takes the general path (its view copies it): _portable's launch.
+    a.rowwise_data = a.rowwise_data.t().contiguous().t()
+    monkeypatch.setattr(g, "_portable", lambda *args, **kw: "general path")
+    assert plan.run(a, b, torch.bfloat16, bias, c) == "general path" and fired == []
+
+
+class _FakeLt:
+    """The calls scaled_matmul / PreparedMatmul make to nvmath's cuBLASLt binding, recorded."""
+
+    class cuBLASLtError(Exception):  # noqa: N801 - the binding's name
+        pass
+
+    MatmulDescAttribute = mock.Mock(A_SCALE_POINTER="A_SCALE_POINTER", B_SCALE_POINTER="B_SCALE_POINTER",
+                                    BIAS_POINTER="BIAS_POINTER")  # fmt: skip
+
+    def __init__(self):
+        self.calls = []
+
+    def get_matmul_desc_attribute_dtype(self, attr):
+        return np.uint64
+
+    def matmul_desc_set_attribute(self, desc, attr, address, size):
+        self.calls.append(("set", desc, attr, ctypes.c_uint64.from_address(address).value, size))
+
+    def matmul(self, handle, desc, alpha, a, lay_a, b, lay_b, beta, c, lay_c, d, lay_d, algo, ws, ws_size, stream):
+        self.calls.append(("matmul", handle, desc, ctypes.c_float.from_address(alpha).value, a, lay_a, b, lay_b,
+                           ctypes.c_float.from_address(beta).value, c, lay_c, d, lay_d, algo, ws, ws_size, stream))  # fmt: skip
+
+
+def test_a_prepared_matmul_makes_the_calls_of_scaled_matmul(monkeypatch):
+    """cublaslt.PreparedMatmul (a planned per-tensor / blockwise GEMM): the descriptor set of scaled_matmul's key,
+    the same scale-pointer sets (skipped when unchanged, shared memo) and the same cublasLtMatmul arguments."""
+    from native import cublaslt
+
+    fake = _FakeLt()
+    keys = []
+    desc = cublaslt._Plan(desc=7, layouts=(21, 22, 23), heur=mock.Mock(ptr=0xA160))
+
+    def plan(lt, key, *args):
+        keys.append(key)
+        return desc
+
+    monkeypatch.setattr(cublaslt, "_lt", lambda: fake)
+    monkeypatch.setattr(cublaslt, "_plan", plan)
+    monkeypatch.setattr(cublaslt, "_handle", lambda device: 0x4A)
+    monkeypatch.setattr(cublaslt, "_workspace", lambda device: mock.Mock(data_ptr=lambda: 0x3000))
+    monkeypatch.setattr(cublaslt, "raw_stream", lambda device: 99)
+    la = cublaslt.LtOperand(fake_cuda(torch.uint8, 0x1000), "e4m3", 64, True, 128, fake_cuda(torch.float32, 0x1100),
+                            "SCALAR_32F")  # fmt: skip
+    lb = cublaslt.LtOperand(fake_cuda(torch.uint8, 0x2000), "e4m3", 32, True, 128, fake_cuda(torch.float32, 0x2100),
+                            "SCALAR_32F")  # fmt: skip
+    out = mock.Mock(shape=(64, 32), dtype=torch.bfloat16, device=torch.device("cuda", 0))
+    out.is_contiguous.return_value = True
+    out.data_ptr.return_value = 0x9000
+    cublaslt.scaled_matmul(la, lb, 128, out, alpha=1.0, fast_accum=True)
+    full = list(fake.calls)
+    prepared = cublaslt.PreparedMatmul(la, lb, 128, torch.bfloat16, alpha=1.0, fast_accum=True, device=0)
+    assert keys[0] == keys[1]  # the same cached descriptor set
+    desc.pointers.clear()
+    fake.calls.clear()
+    prepared(0x1000, 0x1100, 0x2000, 0x2100, 0x9000, 99)
+    assert fake.calls == full and [c[2] for c in full if c[0] == "set"] == ["A_SCALE_POINTER", "B_SCALE_POINTER"]
+    assert full[-1] == ("matmul", 0x4A, 7, 1.0, 0x2000, 21, 0x1000, 22, 0.0, 0x9000, 23, 0x9000, 23, 0xA160, 0x3000,
+                        cublaslt.WORKSPACE_BYTES, 99)  # fmt: skip
+    fake.calls.clear()  # the same scales again: no attribute set; a new b scale: only A_SCALE (b's) is set
+    prepared(0x1800, 0x1100, 0x2800, 0x2100, 0x9800, 99)
+    prepared(0x1800, 0x1100, 0x2800, 0x2200, 0x9800, 99)
+    assert [c[0] for c in fake.calls] == ["matmul", "set", "matmul"] and fake.calls[1][2:4] == ("A_SCALE_POINTER", 0x2200)
+    fake.calls.clear()  # scaled_matmul shares the memo: it sets b's scale back, not a's
+    cublaslt.scaled_matmul(la, lb, 128, out, alpha=1.0, fast_accum=True)
+    assert [c[2:4] for c in fake.calls if c[0] == "set"] == [("A_SCALE_POINTER", 0x2100)]
+
+
+def test_a_gemm_plan_prepares_a_matmul_only_for_stored_fp32_scales(monkeypatch):
+    """_prepare_matmul: per-tensor and blockwise FP8 on cuBLASLt without bias / C get a PreparedMatmul; the portable
+    method, MXFP8 / NVFP4 (swizzled scales, a computed alpha), a bias or C get none (the general path)."""
+    import reference
+
+    g = sys.modules["native.gemm"]
+    made = []
+    monkeypatch.setattr(sys.modules["native.cublaslt"], "PreparedMatmul", lambda *a, **kw: made.append(kw) or "prepared")
+
+    def views(scheme, **kw):
+        a = reference.quantize(torch.randn(64, 128), QuantConfig(scheme, **kw))
+        b = reference.quantize(torch.randn(32, 128), QuantConfig(scheme, **kw))
+        return g.operand_view(a, "rowwise", "a"), g.operand_view(b, "rowwise", "b")
+
+    av, bv = views("fp8_current")
+    assert g._prepare_matmul(av, bv, "cublaslt_fast_accum", torch.bfloat16, None, None, 0) == "prepared"
+    assert made[-1] == {"alpha": 1.0, "fast_accum": True, "device": 0}
+    assert g._prepare_matmul(*views("fp8_block"), "cublaslt", torch.float32, None, None, 0) == "prepared"
+    assert made[-1] == {"alpha": 1.0, "fast_accum": False, "device": 0}
+    assert g._prepare_matmul(av, bv, "portable", torch.bfloat16, None, None, 0) is None
+    assert g._prepare_matmul(av, bv, "cublaslt", torch.bfloat16, torch.ones(32), None, 0) is None
+    assert g._prepare_matmul(av, bv, "cublaslt", torch.bfloat16, None, torch.ones(64, 32), 0) is None
+    monkeypatch.setattr(sys.modules["native.swizzle"], "swizzled", lambda scale, *a, **kw: scale.clone())
+    assert g._prepare_matmul(*views("mxfp8"), "cublaslt", torch.bfloat16, None, None, 0) is None
+    assert g._prepare_matmul(*views("nvfp4"), "cublaslt", torch.bfloat16, None, None, 0) is None
+    assert len(made) == 2
