@@ -276,7 +276,10 @@ def gemm(
     The first call of a signature (`_plan_key`) runs every check and records a `GemmPlan`; later calls skip the
     checks that plan already passed (docs/design.md §4.1)."""
     key = _plan_key(a, b, layout, out_dtype, bias, c, method)
-    plan = GEMM_PLANS.get(key) if key is not None else None
+    try:
+        plan = GEMM_PLANS.get(key) if key is not None else None
+    except TypeError:  # an unhashable out_dtype or method: no plan (the full path raises the spec's error)
+        key = plan = None
     if plan is not None:
         return plan.run(a, b, out_dtype, bias, c)
     av, bv = _check_operands(a, b, layout, out_dtype, bias, c, method)
@@ -321,16 +324,16 @@ def _plan_key(a, b, layout, out_dtype, bias, c, method) -> tuple | None:
     """The GEMM plan key (docs/design.md §4.1): everything check_gemm, _check_operands and resolve_method read -
     both configs, logical shapes and input dtypes, the consumed copies' shapes, dtypes and devices, the layout,
     out_dtype, method and the bias / C shapes, dtypes and devices; None when the call cannot have one."""
-    if type(a) is not QuantizedTensor or type(b) is not QuantizedTensor:
+    if type(a) is not QuantizedTensor or type(b) is not QuantizedTensor or type(a.shape) is not tuple \
+            or type(b.shape) is not tuple:  # fmt: skip
         return None
     try:
         lay = gemm_layout(layout)
-        key = (lay.name, out_dtype, method, _operand_key(a, lay.a), _operand_key(b, lay.b), _tensor_key(bias),
-               _tensor_key(c))  # fmt: skip
-        hash(key)
+        # (hashed once, by the cache's get: gemm() treats a TypeError there as "no plan")
+        return (lay.name, out_dtype, method, _operand_key(a, lay.a), _operand_key(b, lay.b), _tensor_key(bias),
+                _tensor_key(c))  # fmt: skip
     except (SpecViolation, AttributeError, TypeError):  # the full path raises the spec's error for such input
         return None
-    return key
 
 
 class GemmPlan:

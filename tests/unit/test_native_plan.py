@@ -232,6 +232,13 @@ def test_gemm_key_holds_every_input_the_checks_read():
     assert g._plan_key(bad, b, "TN", torch.bfloat16, None, None, "auto") is None
     bad.shape = (np.int64(32), np.int64(64))  # equal to (32, 64), but check_quantized refuses it: another key
     assert g._plan_key(bad, b, "TN", torch.bfloat16, None, None, "auto") not in (None, base)
+    # An unhashable out_dtype or method: the key cannot be looked up; gemm raises the full path's error.
+    import native
+
+    with pytest.raises(reference.types.SpecViolation, match=r"out_dtype=\[torch.bfloat16\] is invalid"):
+        native.gemm(a, b, out_dtype=[torch.bfloat16])
+    with pytest.raises(ValueError, match=r"method=\['auto'\] is invalid"):
+        native.gemm(a, b, method=["auto"])
 
 
 # ---- a plan launches what quantize_2d launches ----------------------------------------------------------------
