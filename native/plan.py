@@ -6,7 +6,9 @@ with that key run only what can differ per call: per-call values (the SR seed, a
 state, a GEMM's scales and alpha), ONE output allocation (`OutputBlock`: every output a view of it), the
 pointer patching of prepared launches (`native.launch.PreparedLaunch`) and the launches on torch's current
 stream. Plans live in two bounded caches (`PlanCache`, `MAX_PLANS` entries each); `clear_plans()` empties
-them. A plan never holds a tensor of a call: every call allocates fresh outputs.
+them. A plan never holds a tensor of a call: every call allocates fresh outputs, except `quantize(..., out=q)`,
+which writes again the block of an earlier planned call (`Outputs`, carried by q as `STAMP`) through launches
+bound to it (`Step.bind`).
 """
 
 from __future__ import annotations
