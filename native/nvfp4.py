@@ -42,7 +42,7 @@ from . import swizzle
 from .kernels import Patched
 from .launch import PreparedLaunch, device_index, launch, module_for, raw_stream
 from .launchers import CublasLtMode, LtScale
-from .plan import Buffer, OutputBlock, Step, X
+from .plan import Buffer, OutputBlock, Step, X, given_on, memcpy
 from .plan import QuantizePlan as QuantizePlanBase
 
 CU_FILE = "nvfp4.cu"
@@ -395,7 +395,7 @@ class QuantizePlan(QuantizePlanBase):
         x = Patched(X, dtype)
         a_x = "rowwise_amax" if rowwise else "_a_x"
         a_c = "colwise_amax" if colwise else "_a_c"
-        bits = Buffer("_bits", (2,), torch.float32, zero=not given, parts=((a_x, 0, 1), (a_c, 1, 1)), field=given)
+        bits = Buffer("_bits", (2,), torch.float32, zero=not given, parts=((a_x, 0, 1), (a_c, 1, 1)), field=False)
         buffers = [bits]
         copies, pads = [], []
         for on, o, a_g, stream in ((rowwise, "rowwise", a_x, "row_stream"), (colwise, "colwise", a_c, "col_stream")):
@@ -434,7 +434,7 @@ class QuantizePlan(QuantizePlanBase):
         buffers, steps = [], []
         slot_names = ("rowwise_amax" if rowwise else "_a0", "colwise_amax" if colwise else "_a1")
         if not config.row_scaled:
-            buffers.append(Buffer("_bits", (2,), torch.float32, zero=not given, field=given,
+            buffers.append(Buffer("_bits", (2,), torch.float32, zero=not given, field=False,
                                   parts=((slot_names[0], 0, 1), (slot_names[1], 1, 1))))  # fmt: skip
         if not config.row_scaled and not given:
             no_pads = [None, _i64(0), _i64(0), None, _i64(0), _i64(0)]
@@ -471,7 +471,10 @@ class QuantizePlan(QuantizePlanBase):
             x2d = x2d.clone()
         if given is not None:
             # NUMERICS: §5.1 - the given amax is A_g of both copies (TE's quantize_with_amax); no pass over X.
-            out.fields["_bits"].copy_(given.to(device=x2d.device, dtype=torch.float32).reshape(1).expand(2))
+            src = given_on(given, x2d.device)  # (alive until both copies are enqueued)
+            bits = out.base + self.block.offsets["_bits"]
+            memcpy(bits, src.data_ptr(), 4, self.index)
+            memcpy(bits + 4, src.data_ptr(), 4, self.index)
         named = {X: x2d.data_ptr()}
         if self.sr:
             named.update(seed=seed.seed, row_stream=seed.stream & _MASK32,

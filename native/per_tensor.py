@@ -21,7 +21,7 @@ from reference.types import QuantizedTensor
 from .kernels import Patched
 from .launch import PreparedLaunch, device_index, grid_stride_blocks, launch, module_for, raw_stream
 from .launchers import CublasLtMode, LtScale
-from .plan import Buffer, OutputBlock, Step, X, memcpy_2d
+from .plan import Buffer, OutputBlock, Step, X, given_on, memcpy, memcpy_2d
 from .plan import QuantizePlan as QuantizePlanBase
 
 CU_FILE = "fp8_per_tensor.cu"
@@ -278,7 +278,8 @@ class QuantizePlan(QuantizePlanBase):
             if delayed is not None:
                 raise ValueError(f"{self.config.id}: a given amax is for fp8_current (fp8_delayed scales from its state)")
             # NUMERICS: §1 - a given amax (TE's quantize_with_amax) replaces amax(X) in the scale rule; no amax pass.
-            fields[self.amax].copy_(given.to(device=dev, dtype=torch.float32).reshape(1))
+            src = given_on(given, dev)  # (alive until the copy is enqueued)
+            memcpy(base + self.block.offsets[self.amax], src.data_ptr(), 4, self.index)
         scale_in = None
         if delayed is not None:
             scale_in = delayed.scale

@@ -156,10 +156,21 @@ def memset_zero(ptr: int, nbytes: int, index: int) -> None:
     _runtime().memsetAsync(ptr, 0, nbytes, raw_stream(index))
 
 
+def memcpy(dst: int, src: int, nbytes: int, index: int) -> None:
+    """cudaMemcpyAsync device to device on torch's current stream of device `index` (the current device)."""
+    _runtime().memcpyAsync(dst, src, nbytes, 3, raw_stream(index))  # 3: cudaMemcpyDeviceToDevice
+
+
 def memcpy_2d(dst: int, dpitch: int, src: int, spitch: int, width: int, height: int, index: int) -> None:
     """cudaMemcpy2DAsync device to device (`height` rows of `width` bytes, pitches in bytes) on torch's current
     stream of device `index` (the current device): one call for several small copies of one block."""
     _runtime().memcpy2DAsync(dst, dpitch, src, spitch, width, height, 3, raw_stream(index))  # 3: DeviceToDevice
+
+
+def given_on(given: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A given amax (`reference.spec.check_given_amax`: fp32 [1]) on `device`: itself, or a copy (kept alive by the
+    caller until its copy from it is enqueued; torch's allocator orders any reuse after it on the stream)."""
+    return given if given.device == device else given.to(device=device)
 
 
 def current_device() -> int:

@@ -836,3 +836,50 @@ def test_a_gemm_plan_prepares_a_matmul_only_for_stored_fp32_scales(monkeypatch):
     assert g._prepare_matmul(*views("mxfp8"), "cublaslt", torch.bfloat16, None, None, 0) is None
     assert g._prepare_matmul(*views("nvfp4"), "cublaslt", torch.bfloat16, None, None, 0) is None
     assert len(made) == 2
+
+
+@pytest.mark.parametrize("rowwise, colwise", COPIES)
+@pytest.mark.parametrize("config", [QuantConfig("fp8_current"), QuantConfig("nvfp4"), QuantConfig("nvfp4", variant="4over6")],
+                         ids=lambda c: c.id)  # fmt: skip
+def test_a_given_amax_is_copied_into_the_amax_slots_before_the_launches(monkeypatch, config, rowwise, colwise):
+    """A plan's given amax (TE's quantize_with_amax): one 4-byte device copy into the amax slot (fp8_current) or
+    both A_g slots (NVFP4, docs/numerics.md §5.1), enqueued before the kernels; the returned amax fields hold it."""
+    mod = per_tensor if config.scheme == "fp8_current" else nvfp4
+    events = []
+    monkeypatch.setattr(mod, "module_for", lambda *a: "module")
+    monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
+    monkeypatch.setattr(per_tensor, "grid_stride_blocks", lambda n, t, i: 1)
+    monkeypatch.setattr(mod, "raw_stream", lambda index: 0)
+
+    def copy(dst, src, nbytes, index):
+        events.append("copy")
+        ctypes.memmove(dst, src, nbytes)
+
+    monkeypatch.setattr(mod, "memcpy", copy)
+    _cpu_memset(monkeypatch)
+    plan = mod.plan_quantize(config, 32, 64, torch.bfloat16, rowwise=rowwise, colwise=colwise, aligned=True,
+                             given=True, index=0)  # fmt: skip
+    x = torch.zeros(32, 64, dtype=torch.bfloat16)
+    base, fields = plan.block.allocate(x.device, 0)
+    assert not any(name.startswith("_") for name in fields)  # no view of internal slots is built
+    out = mock.Mock(base=base, fields=fields, steps=[lambda *a: events.append("launch")] * len(plan.steps))
+    for value in (2.5, float("inf"), 0.0):
+        events.clear()
+        plan._run(x, None, torch.tensor([value]), None, out)
+        n_copies = 1 if mod is per_tensor else 2
+        assert events == ["copy"] * n_copies + ["launch"] * len(plan.steps)
+        for o in [c for c, on in (("rowwise", rowwise), ("colwise", colwise)) if on]:
+            if mod is nvfp4 or o == ("rowwise" if rowwise else "colwise"):  # (fp8_current: the kernel copies it on)
+                assert float(fields[f"{o}_amax"]) == value, o
+        if mod is nvfp4:
+            bits = (ctypes.c_float * 2).from_address(base + plan.block.offsets["_bits"])
+            assert list(bits) == [value, value]
+
+
+def test_given_on_moves_a_given_amax_only_when_it_is_elsewhere():
+    here = torch.tensor([1.5])
+    assert plan_mod.given_on(here, here.device) is here
+    elsewhere = mock.Mock(device=torch.device("cuda", 1))
+    elsewhere.to.return_value = "moved"
+    assert plan_mod.given_on(elsewhere, torch.device("cuda", 0)) == "moved"
+    elsewhere.to.assert_called_once_with(device=torch.device("cuda", 0))
