@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,19 +37,22 @@ class PlanCache:
         self.maxsize = maxsize
         self.enabled = True  # False: nothing is recorded (`use_plans` also empties the cache: every call is full)
         self._plans: dict = {}
+        self._lock = threading.Lock()
         self.get = self._plans.get  # key -> plan or None (the dict's own method: no Python layer per call)
 
     def put(self, key, plan) -> None:
         if not self.enabled:
             return
         plans = self._plans
-        plans.pop(key, None)
-        plans[key] = plan
-        while len(plans) > self.maxsize:
-            del plans[next(iter(plans))]
+        with self._lock:  # (a miss's path; lookups stay lock-free: a dict's get is atomic)
+            plans.pop(key, None)
+            plans[key] = plan
+            while len(plans) > self.maxsize:
+                del plans[next(iter(plans))]
 
     def clear(self) -> None:
-        self._plans.clear()  # (in place: `get` stays bound to it)
+        with self._lock:
+            self._plans.clear()  # (in place: `get` stays bound to it)
 
     def __len__(self) -> int:
         return len(self._plans)
