@@ -147,7 +147,8 @@ class OutputBlock:
             memset_zero(base, self.zero_bytes, index)
         typed = [raw] + [raw.view(dtype) for dtype in self._dtypes[1:]]
         start = raw.storage_offset()  # bytes (0 for a fresh block); as_strided's offset counts from the storage
-        return base, {name: typed[t].as_strided(shape, strides, start // size + elem)
+        as_strided = torch.as_strided  # (the function form: ~0.1 us less per view than the method, timeit on CPU)
+        return base, {name: as_strided(typed[t], shape, strides, start // size + elem)
                       for name, t, size, shape, strides, elem in self._fast}  # fmt: skip
 
 
