@@ -10,7 +10,6 @@ a run stopped by SIGINT / SIGTERM (finished pairs are in the report; --resume co
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import contextlib
 import re
 import signal
@@ -290,7 +289,7 @@ def _out_dir(args) -> Path:
 
 def cmd_run(args) -> int:
     from .forkserver import context as forkserver_context  # noqa: PLC0415
-    from .meta import environment  # noqa: PLC0415
+    from .meta import EnvironmentProbe  # noqa: PLC0415
     from .pool import DEFAULT_CASE_TIMEOUT, WorkerPool  # noqa: PLC0415
 
     if args.case_timeout is None:
@@ -306,14 +305,12 @@ def cmd_run(args) -> int:
     # The workers start first: they import torch and create their CUDA contexts while this process selects
     # the cases and prepares the backends (harness.pool.WorkerPool); every return below stops them.
     # The environment probe (about a second of GPU queries) runs meanwhile in a process of its own.
-    with WorkerPool(args.workers, args.device if args.device not in (None, "auto") else None) as workers, \
-            concurrent.futures.ProcessPoolExecutor(1, mp_context=forkserver_context()) as probe:
-        env = probe.submit(environment)
-        return _run_with(args, out, device, workers.start(), env)
+    with WorkerPool(args.workers, args.device if args.device not in (None, "auto") else None) as workers:
+        return _run_with(args, out, device, workers.start(), EnvironmentProbe(forkserver_context()))
 
 
 def _run_with(args, out: Path, device: str, workers, env) -> int:
-    """cmd_run once its workers are starting; `env`: the future of harness.meta.environment()."""
+    """cmd_run once its workers are starting; `env`: the harness.meta.EnvironmentProbe of this run."""
     from . import report  # noqa: PLC0415
     from .artefacts import repro_command  # noqa: PLC0415
     from .backends import backend_spec  # noqa: PLC0415

@@ -103,7 +103,7 @@ def adapter_info(backend) -> dict:
 def environment(probe_gpu: bool = True) -> dict:
     """The run's machine and software: git state, host, versions, GPUs (a CUDA context and a cuBLAS handle
     through CuPy, and nvidia-smi, when `probe_gpu` and a GPU is visible). Takes about a second on a GPU host:
-    harness.cli computes it on a thread while it selects the cases."""
+    harness run computes it in an `EnvironmentProbe` while it selects the cases."""
     commit = _git("rev-parse", "HEAD")
     dirty = _git("status", "--porcelain")
     env = {
@@ -122,6 +122,36 @@ def environment(probe_gpu: bool = True) -> dict:
         env.update(_cupy_info())
         env.update(_nvidia_smi())
     return env
+
+
+def _send_environment(conn) -> None:
+    try:
+        conn.send(environment())
+    finally:
+        conn.close()
+
+
+class EnvironmentProbe:
+    """`environment()` computed in a one-shot process started from `context` (harness run: forked from the
+    workers' forkserver), so the GPU queries neither hold this process's GIL nor outlive it (the child ends
+    when it has sent its answer, also when this process was killed meanwhile). `result()` waits for the
+    answer; if the child died without one, the probe runs here."""
+
+    def __init__(self, context) -> None:
+        self._recv, send = context.Pipe(duplex=False)
+        self._proc = context.Process(target=_send_environment, args=(send,), daemon=True)
+        self._proc.start()
+        send.close()
+
+    def result(self) -> dict:
+        try:
+            env = self._recv.recv()
+        except (EOFError, OSError):
+            env = environment()
+        finally:
+            self._recv.close()
+            self._proc.join()
+        return env
 
 
 def run_meta(options: Mapping | None = None, *, probe_gpu: bool = True, backends=(),

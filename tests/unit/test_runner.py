@@ -587,18 +587,23 @@ def test_a_worker_pool_left_unused_is_stopped_on_leaving_its_block():
 
 _KILLED_PARENT = '''
 import multiprocessing as mp, os, signal, time
-from harness import pool
+from multiprocessing import forkserver
+from harness import forkserver as fs, meta, pool
 if __name__ == "__main__":
+    fs.start()
     w = pool.WorkerPool(2, "cpu").start()
+    probe = meta.EnvironmentProbe(fs.context())  # never read: harness run killed while it probes
     w.pool.schedule(time.sleep, args=(0.1,)).result(timeout=120)  # a worker ran a task: both are up
-    print(" ".join(str(p.pid) for p in mp.active_children()), flush=True)
+    pids = [p.pid for p in mp.active_children()] + [forkserver._forkserver._forkserver_pid]
+    print(" ".join(str(p) for p in pids), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 '''
 
 
-def test_workers_die_when_the_sweep_process_is_killed(tmp_path):
-    """A SIGKILLed `harness run` leaves no worker behind (PR_SET_PDEATHSIG; forked workers die with the
-    forkserver, which exits when the sweep's process does)."""
+def test_workers_probe_and_forkserver_end_when_the_sweep_process_is_killed(tmp_path):
+    """A SIGKILLed `harness run` leaves no process behind: the workers end on their channel's EOF (or with the
+    forkserver, PR_SET_PDEATHSIG), the environment probe after its one answer, and then the forkserver, whose
+    alive pipe every child of it holds (a process pool's idle worker kept it, and the forkserver, forever)."""
     import subprocess
 
     script = tmp_path / "killed.py"
@@ -608,8 +613,8 @@ def test_workers_die_when_the_sweep_process_is_killed(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     pids = [int(p) for p in proc.stdout.split()]
-    assert len(pids) >= 2
-    deadline = time.monotonic() + 20
+    assert len(pids) >= 3  # 2 workers (and the probe unless it has answered), the forkserver
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline and any(pool._alive(p) for p in pids):
         time.sleep(0.1)
     assert not [p for p in pids if pool._alive(p)]
