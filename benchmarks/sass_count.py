@@ -1,0 +1,194 @@
+"""SASS instructions per input element of the NVFP4 quantize pass, split by role, without a GPU.
+
+Usage:
+    python benchmarks/sass_count.py [--arch sm_90] [--dtype bf16] [--rht] [--sr] [--listing]
+
+Builds native/cuda/nvfp4.cu as NVRTC would (`native._compile.nvcc_command`, the defines of the config,
+plus -lineinfo, which adds line tables and changes no instruction), disassembles `nvfp4_quantize_<dtype>`
+with `nvdisasm -gi` (nvdisasm / cuobjdump: CUDA toolkit, or pip nvidia-cuda-nvdisasm), and walks ONE
+iteration of the tile loop on the common path: inner loops run their trip count (rowwise blocks and
+colwise words per thread), a forward branch is taken iff its fall-through block holds a CALL (the
+slow paths of the 64-bit division and of __frcp_rn) or NaN-only code (the block_amax redo,
+encode_block's has_nan fix-up). Each executed instruction gets a role from its opcode and its chain of
+inlined source functions; counts are divided by the thread's input elements per tile (both copies are
+written from them). Source: docs/design.md §4.2 (the table this prints).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from native._compile import CUDA_DIR, cu_path, defines_for, nvcc_command  # noqa: E402
+from reference.formats import QuantConfig  # noqa: E402
+
+TILE_ROWS, TILE_BYTES, THREADS = 128, 128, 256  # nvfp4.cu TILE_M, TILE_WORDS * 4, QUANT_THREADS
+ELEM_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
+ROLES = (
+    "load X (LDG)", "shared tile (STS/LDS/BAR)", "widen to fp32", "amax", "scale math (§5.1-§5.3)",
+    "E2M1 encode (y = RN(x f), code)", "pack codes", "store codes + scales (STG)", "index math / control",
+)
+_BRANCH = re.compile(r"BRA `\((\.L_x_\d+)\)")
+
+
+def source_functions() -> dict[str, dict[int, str]]:
+    """file name -> line -> the function whose body holds it (definition lines at column 0)."""
+    out = {}
+    for path in CUDA_DIR.glob("nvfp4.cu*"):
+        cur, names = "?", {}
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if line[:1].isalpha() and not line.startswith(("namespace", "struct", "enum", "typedef", "constexpr", "using")):
+                m = re.match(r".*?\b([A-Za-z_]\w*)\s*\(", line)
+                if m and m.group(1) not in ("static_assert", "NVFP4_INSTANTIATE", "NVFP4_VARIANT_INSTANTIATE"):
+                    cur = m.group(1)
+            if line.startswith("#define NVFP4_INSTANTIATE"):
+                cur = "kernel"
+            names[i] = cur
+        out[path.name] = names
+    return out
+
+
+def disassemble(config: QuantConfig, arch: str, fn: str, tmp: Path) -> str:
+    cubin = tmp / "nvfp4.cubin"
+    cmd = nvcc_command(cu_path("nvfp4.cu"), cubin, arch, defines_for(config))
+    cmd.insert(1, "-lineinfo")
+    subprocess.run(cmd, check=True)
+    txt = subprocess.run([shutil.which("nvdisasm") or "nvdisasm", "-c", "-gi", str(cubin)], check=True,
+                         capture_output=True, text=True).stdout
+    start = txt.index(f"//--------------------- .text.{fn} ")
+    end = txt.find("//---------------------", start + 10)
+    return txt[start:end if end > 0 else None]
+
+
+def parse(body: str):
+    """[(address, instruction, [(file, line) innermost first])], {label: index}."""
+    ins, labels, pending, chain = [], {}, [], []
+    for line in body.splitlines():
+        if m := re.match(r"^(\.L_x_\d+):", line):
+            labels[m.group(1)] = len(ins)
+        elif line.strip().startswith("//##"):
+            if m := re.search(r'File "([^"]+)", line (\d+)', line):
+                pending.append((Path(m.group(1)).name, int(m.group(2))))
+        elif m := re.match(r"\s+/\*([0-9a-f]+)\*/\s+(.*?)\s*;", line):
+            chain, pending = (pending or chain), []
+            ins.append((int(m.group(1), 16), m.group(2), chain))
+    return ins, labels
+
+
+def count(body: str, trips: int, elems: int):
+    funcs, src = source_functions(), {p.name: p.read_text().splitlines() for p in CUDA_DIR.glob("nvfp4.cu*")}
+    ins, labels = parse(body)
+    label_at = set(labels.values())
+
+    def chain_funcs(k):
+        return [funcs.get(f, {}).get(n, f) for f, n in ins[k][2]]
+
+    def rare(k):  # NaN-only code: the amax redo, the has_nan fix-up
+        fs = chain_funcs(k)
+        if "block_amax" in fs and "block_amax_nan" in fs:
+            return True
+        return any("is_nan(v[e])" in src[f][n - 1] or ("ELEM_NAN_CODE" in src[f][n - 1] and "word" in src[f][n - 1])
+                   for f, n in ins[k][2] if f in src)
+
+    def role(k):
+        op = ins[k][1].split()
+        opc = op[1] if op[0].startswith("@") else op[0]
+        fs = chain_funcs(k)
+        if opc.startswith("LDG"):
+            return ROLES[0]
+        if opc.startswith(("LDS", "STS", "BAR")):
+            return ROLES[1]
+        if opc.startswith("STG"):
+            return ROLES[7]
+        if set(fs) & {"block_scale", "global_scale", "sat_e4m3", "ue4m3_value", "rcp_rn"} or any("fp8" in f for f, _ in ins[k][2]):
+            return ROLES[4]
+        if (fs[:2] == ["mul_rn", "encode_block"]) or any(f.startswith(("e2m1_", "rne_sat", "grid_", "floor_mag", "add_rz", "sr_word", "philox")) for f in fs):
+            return ROLES[5]
+        if fs and (fs[0] == "encode_block" or "pack" in fs[0]):
+            return ROLES[6]
+        if set(fs) & {"block_amax_nan", "fmax_nan", "block_amax"}:
+            return ROLES[3]
+        if set(fs) & {"widen", "column_values", "bf16_to_f32", "f16_to_f32", "rht16", "rht_butterfly", "rht_path", "round_bf16"}:
+            return ROLES[2]
+        return ROLES[8]
+
+    first_exit = next(k for k, (_, op, _) in enumerate(ins) if op == "EXIT")
+    backs = [(labels[m.group(1)], k) for k, (_, op, _) in enumerate(ins[:first_exit])
+             if (m := _BRANCH.search(op)) and labels[m.group(1)] <= k]
+    head, tail = min(backs)
+    trips_left = {k: trips for t, k in backs if k != tail}
+    counts, path, k = Counter(), [], head
+    while True:
+        counts[role(k)] += 1
+        path.append(k)
+        op = ins[k][1]
+        if k == tail:
+            break
+        if "EXIT" in op or "CALL" in op:
+            raise SystemExit(f"the walk reached {op} at {ins[k][0]:#x}")
+        m = _BRANCH.search(op)
+        if not m:
+            k += 1
+            continue
+        target = labels[m.group(1)]
+        if not op.startswith("@"):
+            k = target
+        elif target <= k:  # an inner loop's back edge
+            if trips_left[k] > 1:
+                trips_left[k] -= 1
+                k = target
+            else:
+                trips_left[k] = trips
+                k += 1
+        else:
+            j, slow = k + 1, False
+            while j < target and j not in label_at:
+                if "CALL" in ins[j][1] or rare(j):
+                    slow = True
+                    break
+                if "BRA" in ins[j][1]:
+                    break
+                j += 1
+            k = target if slow else k + 1
+    return counts, [ins[i] for i in path]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--dtype", default="bf16", choices=sorted(ELEM_BYTES))
+    ap.add_argument("--rht", action="store_true")
+    ap.add_argument("--sr", action="store_true")
+    ap.add_argument("--listing", action="store_true", help="print the walked instructions")
+    a = ap.parse_args(argv)
+    config = QuantConfig("nvfp4", rht=a.rht, stochastic=a.sr)
+    per_row = TILE_BYTES // ELEM_BYTES[a.dtype]
+    elems = TILE_ROWS * per_row // THREADS  # input elements per thread per tile
+    trips = {"f32": 1, "bf16": 2, "f16": 2}[a.dtype]  # colwise words and rowwise blocks per thread
+    with tempfile.TemporaryDirectory() as tmp:
+        body = disassemble(config, a.arch, f"nvfp4_quantize_{a.dtype}", Path(tmp))
+    counts, path = count(body, trips, elems)
+    if a.listing:
+        for addr, op, _ in path:
+            print(f"{addr:05x} {op}")
+    total = sum(counts.values())
+    print(f"nvfp4_quantize_{a.dtype} {a.arch} rht={a.rht} sr={a.sr}: {total} instructions per thread per tile, "
+          f"{elems} input elements per thread")
+    print(f"| {'role':34s} | per tile | per element |")
+    for r in ROLES:
+        print(f"| {r:34s} | {counts[r]:8d} | {counts[r] / elems:11.2f} |")
+    print(f"| {'total':34s} | {total:8d} | {total / elems:11.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
