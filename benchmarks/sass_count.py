@@ -35,8 +35,12 @@ TILE_ROWS, TILE_BYTES, THREADS = 128, 128, 256  # nvfp4.cu TILE_M, TILE_WORDS * 
 ELEM_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 ROLES = (
     "load X (LDG)", "shared tile (STS/LDS/BAR)", "widen to fp32", "amax", "scale math (§5.1-§5.3)",
-    "E2M1 encode (y = RN(x f), code)", "pack codes", "store codes + scales (STG)", "index math / control",
+    "E2M1 encode (y = RN(x f), code, place)", "pack codes", "store codes + scales (STG)", "index math / control",
 )
+# Opcodes taken to run on the 16-lane integer/logic ALU pipe of an sm_90 SM sub-partition (half the
+# issue rate; FFMA/FMUL/FADD/IMAD run on the 32-lane FMA pipes): an estimate, ncu's pipe counters decide.
+ALU_OPCODES = {"LOP3", "IADD3", "SHF", "LEA", "ISETP", "FSETP", "FMNMX", "SEL", "FSEL", "PRMT", "IMNMX", "VIADDMNMX",
+               "PLOP3", "IABS", "FLO", "POPC", "BMSK", "SGXT"}
 _BRANCH = re.compile(r"BRA `\((\.L_x_\d+)\)")
 
 
@@ -55,6 +59,11 @@ def source_functions() -> dict[str, dict[int, str]]:
             names[i] = cur
         out[path.name] = names
     return out
+
+
+def _opcode(op: str) -> str:
+    parts = op.split()
+    return parts[1] if parts[0].startswith("@") else parts[0]
 
 
 def disassemble(config: QuantConfig, arch: str, fn: str, tmp: Path) -> str:
@@ -100,8 +109,7 @@ def count(body: str, trips: int, elems: int):
                    for f, n in ins[k][2] if f in src)
 
     def role(k):
-        op = ins[k][1].split()
-        opc = op[1] if op[0].startswith("@") else op[0]
+        opc = _opcode(ins[k][1])
         fs = chain_funcs(k)
         if opc.startswith("LDG"):
             return ROLES[0]
@@ -113,7 +121,7 @@ def count(body: str, trips: int, elems: int):
             return ROLES[4]
         if (fs[:2] == ["mul_rn", "encode_block"]) or any(f.startswith(("e2m1_", "rne_sat", "grid_", "floor_mag", "add_rz", "sr_word", "philox")) for f in fs):
             return ROLES[5]
-        if fs and (fs[0] == "encode_block" or "pack" in fs[0]):
+        if fs and fs[0] == "encode_block" and "word" in src[ins[k][2][0][0]][ins[k][2][0][1] - 1]:
             return ROLES[6]
         if set(fs) & {"block_amax_nan", "fmax_nan", "block_amax"}:
             return ROLES[3]
@@ -181,12 +189,14 @@ def main(argv: list[str] | None = None) -> int:
         for addr, op, _ in path:
             print(f"{addr:05x} {op}")
     total = sum(counts.values())
+    alu = sum(1 for _, op, _ in path if _opcode(op).split(".")[0] in ALU_OPCODES)
     print(f"nvfp4_quantize_{a.dtype} {a.arch} rht={a.rht} sr={a.sr}: {total} instructions per thread per tile, "
           f"{elems} input elements per thread")
-    print(f"| {'role':34s} | per tile | per element |")
+    print(f"| {'role':40s} | per tile | per element |")
     for r in ROLES:
-        print(f"| {r:34s} | {counts[r]:8d} | {counts[r] / elems:11.2f} |")
-    print(f"| {'total':34s} | {total:8d} | {total / elems:11.2f} |")
+        print(f"| {r:40s} | {counts[r]:8d} | {counts[r] / elems:11.2f} |")
+    print(f"| {'total':40s} | {total:8d} | {total / elems:11.2f} |")
+    print(f"| {'of which ALU pipe (assumed)':40s} | {alu:8d} | {alu / elems:11.2f} |")
     return 0
 
 

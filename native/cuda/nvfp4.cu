@@ -216,9 +216,11 @@ NVFP4_HD void encode_block(const QuantArgs& a, GlobalScale g, i64 r, i64 cb, flo
             }
         }
     } else {
+        float y[BLOCK];
 #pragma unroll
-        for (int e = 0; e < BLOCK; ++e)  // NUMERICS: §5.4 y = RN(x * f)
-            word[e / PER_WORD] |= e2m1_rn_not_nan(mul_rn(v[e], s.f)) << (ELEM_BITS * (e % PER_WORD));
+        for (int e = 0; e < BLOCK; ++e) y[e] = mul_rn(v[e], s.f);  // NUMERICS: §5.4 y = RN(x * f)
+        word[0] = e2m1_rn_word(y);  // NUMERICS: §0.5 e2m1_rn_not_nan, §5.4 packing
+        word[1] = e2m1_rn_word(y + PER_WORD);
     }
     if (has_nan) {
         // NUMERICS: §0.5 e2m1_rn / §5.7 - a NaN y of either sign gives ELEM_NAN_CODE. y = RN(v * f)

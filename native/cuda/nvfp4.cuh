@@ -148,8 +148,17 @@ NVFP4_HD float d2f_rn(double d) {
 
 NVFP4_HD bool is_nan(float v) { return v != v; }
 
-// fmin/fmax ignore NaN (docs/numerics.md §0.1): fminf/fmaxf on both sides.
-NVFP4_HD float fmin_nn(float a, float b) { return fminf(a, b); }
+// fmin/fmax ignore NaN (docs/numerics.md §0.1): fminf/fmaxf on the device. The host fmin_nn is the
+// same rule written out (a NaN operand gives the other one), so the host replays inline it instead
+// of calling libm's fminf (the exhaustive encode replay calls it 2^34 times); no caller passes two
+// zeros of opposite signs, the one case where C leaves fminf's choice open.
+NVFP4_HD float fmin_nn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return fminf(a, b);
+#else
+    return (a < b || b != b) ? a : b;
+#endif
+}
 NVFP4_HD float fmax_nn(float a, float b) { return fmaxf(a, b); }
 
 // max(a, b), NaN if either is NaN (PTX max.NaN; one instruction on sm_80+).
@@ -291,6 +300,75 @@ NVFP4_HD u32 e2m1_rn_not_nan(float v) { return e2m1_sign(v) | e2m1_rn_mag(v); }
 
 // NUMERICS: §0.5 e2m1_rn - as e2m1_rn_not_nan, and NaN of either sign gives ELEM_NAN_CODE (+6).
 NVFP4_HD u32 e2m1_rn(float v) { return is_nan(v) ? (u32)ELEM_NAN_CODE : e2m1_rn_not_nan(v); }
+
+// ---- E2M1 RN encode of a word of codes: the cheaper exact sm_90 path --------------------------
+// For a >= 0 on the grid of (EXP, MAN, BIAS) (emin = 1 - BIAS, emax = 2^EXP - 1 - BIAS), the magnitude
+// code of a value in binade e (a in [2^e, 2^(e+1)), or below 2^emin for e = emin) is the line
+// g_e(a) = a * 2^(MAN - e) + (e - emin) * 2^MAN, exact at the grid points and half-way between them at
+// the midpoints. g_e - g_(e+1) = 2^(MAN-e-1) * (a - 2^(e+1)), so g = min over e of g_e is the right
+// line in every binade, and the RN code of a (ties to the even code, clamped to maxv first) is
+// RNE(g(a)). Each g_e(a) + 2^23 is ONE rounding (a fused multiply-add of an exact product and an
+// exact constant) onto the integers (ulp 1 in [2^23, 2^24); g <= 2^(EXP+MAN) << 2^23), and RN is
+// monotone, so min_e RN(g_e(a) + 2^23) = RN(g(a)) + 2^23: three FMA-pipe roundings and two min for
+// E2M1, no exponent extraction. The code is the result's bits - bits(2^23).
+constexpr u32 GRID_MAGIC_BITS = (u32)(FP32_MAN_BITS + FP32_EXP_BIAS) << FP32_MAN_BITS;  // 2^23
+
+// The magnitude code of a in [0, maxv] plus GRID_MAGIC_BITS (the bits of RN(g(a)) + 2^23).
+template <int EXP, int MAN, int BIAS>
+NVFP4_HD u32 min_lines_code_biased(float a) {
+    constexpr int EMIN = 1 - BIAS, EMAX = (1 << EXP) - 1 - BIAS;
+    const float magic = u2f(GRID_MAGIC_BITS);
+    // NUMERICS: §0.5 e2m1_rn - RNE onto the grid: each line rounded once (ties to even integer = even code).
+    float m = fma_rn(a, pow2f(MAN - EMIN), magic);  // e = emin: also the subnormal line
+#pragma unroll
+    for (int e = EMIN + 1; e <= EMAX; ++e)
+        m = fmin_nn(m, fma_rn(a, pow2f(MAN - e), add_rn(magic, (float)((e - EMIN) << MAN))));
+    return f2u(m);
+}
+
+// NUMERICS: §0.5 e2m1_rn, as rne_sat_mag: the E2M1 magnitude code of a >= 0 clamped to maxv first.
+NVFP4_HD u32 e2m1_rn_mag_lines(float v) {
+    return min_lines_code_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS>(fmin_nn(fabsf(v), ELEM_MAX)) - GRID_MAGIC_BITS;
+}
+
+// (hi:lo) << 4, high word: the funnel shift (SHF.L.U32.HI) that moves lo's top nibble under hi.
+NVFP4_HD u32 funnel4(u32 lo, u32 hi) {
+#if defined(__CUDA_ARCH__)
+    return __funnelshift_l(lo, hi, 4);
+#else
+    return (hi << 4) | (lo >> 28);
+#endif
+}
+
+constexpr int WORD_CODES = 32 / ELEM_BITS;  // 8 codes per 32-bit word
+static_assert(ELEM_BITS == 4 && ELEM_SIGN == 8u, "the word encode packs 4-bit codes with the sign in bit 3");
+
+// NUMERICS: §0.5 e2m1_rn_not_nan of y[0..7], packed as §5.4 (element i in nibble i, even element in
+// the low nibble of its byte): equal to OR_i e2m1_rn_not_nan(y[i]) << 4i. Magnitudes: the biased codes
+// summed as (bits << 4i) mod 2^32 and the bias sum(bits(2^23) << 4i) subtracted once (the shifted
+// codes do not overlap, so the sum is their OR); signs: bit 31 of y[i] funnel-shifted to bit 4i + 3
+// (element 7 first), one SHF per element and one mask per word. sm_100a families: the hardware cast
+// per element (e2m1_rn_not_nan).
+NVFP4_HD u32 e2m1_rn_word(const float* y) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 1000) && defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && \
+    (__CUDA_ARCH_FAMILY_SPECIFIC__ >= 1000) && (__CUDA_ARCH_FAMILY_SPECIFIC__ < 1300)
+    u32 word = 0u;
+#pragma unroll
+    for (int i = 0; i < WORD_CODES; ++i) word |= e2m1_rn_not_nan(y[i]) << (ELEM_BITS * i);
+    return word;
+#else
+    constexpr u32 NIBBLE_SIGNS = 0x88888888u;  // bit 3 of every nibble
+    u32 mags = 0u, signs = 0u, bias = 0u;
+#pragma unroll
+    for (int i = WORD_CODES - 1; i >= 0; --i) {
+        const u32 biased = min_lines_code_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS>(fmin_nn(fabsf(y[i]), ELEM_MAX));
+        mags += biased << (ELEM_BITS * i);
+        bias += GRID_MAGIC_BITS << (ELEM_BITS * i);  // a constant: folded by the compiler
+        signs = funnel4(f2u(y[i]), signs);
+    }
+    return (mags - bias) | (signs & NIBBLE_SIGNS);
+#endif
+}
 
 NVFP4_HD float e2m1_value(u32 code) {
     const float mag = decode_mag<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS>(code & (ELEM_SIGN - 1u));

@@ -1,0 +1,61 @@
+"""The sm_90 word encode of native/cuda/nvfp4.cuh (e2m1_rn_word: three roundings and a minimum) over all 2^32
+fp32 bit patterns, compiled for the CPU: equal to the per-element software path (rne_sat_mag) everywhere, and to
+the reference at both ends of every run of equal codes.
+
+Source: docs/numerics.md §0.5 e2m1_rn, §5.4 (packing); docs/design.md §4.2 (why the encode changed).
+tests/unit/host/nvfp4_encode_exhaustive.cpp compares the packed words of the two paths for every pattern
+(patterns 8j..8j+7 fill a word, rotated by j so each lane sees every low-bit residue; NaN lanes are fixed up by
+the kernels and masked) and writes the runs of the per-element code in pattern order. A run's code is constant
+over it, and the reference (RN onto the E2M1 grid) is monotone in |v| for each sign, so checking the reference at
+both ends of every run covers every pattern. Skipped where nvcc is missing (CI has it).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from native import _compile
+from reference import QuantConfig, fp32
+from reference.nvfp4 import e2m1_rn
+from tests.unit.host_build import build_host_program
+
+pytestmark = [pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH"), pytest.mark.slow]
+
+NAN = 0xFF  # the replay's code for a NaN pattern
+
+
+def test_word_encode_matches_software_path_and_reference_on_every_fp32_pattern(tmp_path):
+    # -O3 -march=native: a host build of the same source (no fast-math, no contraction); ~20-30 s on one core.
+    exe = build_host_program("nvfp4_encode_exhaustive.cpp", tmp_path / "exhaustive",
+                             _compile.defines_for(QuantConfig("nvfp4")), extra=("-Xcompiler", "-O3,-march=native"))
+    out = tmp_path / "out.bin"
+    proc = subprocess.run([str(exe), str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    raw = out.read_bytes()
+    mismatches = int(np.frombuffer(raw[:8], dtype=np.uint64)[0])
+    assert mismatches == 0, f"{mismatches} words of the 2^29 differ between e2m1_rn_word and rne_sat_mag"
+
+    runs = np.frombuffer(raw[8:], dtype=np.uint32).reshape(-1, 2).astype(np.int64)
+    starts, codes = runs[:, 0], runs[:, 1]
+    ends = np.append(starts[1:] - 1, (1 << 32) - 1)
+    # +0 .. +inf: codes 0..7 in order, then the positive NaNs; -0 .. -inf: codes 8..15, then the negative NaNs.
+    assert codes.tolist() == [*range(8), NAN, *range(8, 16), NAN]
+    assert starts[0] == 0 and starts[9] == 0x80000000
+
+    def ref(bits: np.ndarray) -> list[int]:
+        x = fp32.from_bits(torch.from_numpy(bits.astype(np.uint32).view(np.int32)))
+        return e2m1_rn(x).tolist()
+
+    finite = codes != NAN
+    for at in (starts, ends):
+        assert ref(at[finite]) == codes[finite].tolist()
+        nan_bits = at[~finite]
+        assert torch.isnan(fp32.from_bits(torch.from_numpy(nan_bits.astype(np.uint32).view(np.int32)))).all()
+    # The code changes exactly at the E2M1 midpoints (ties to the even code) and at the NaN range.
+    assert [hex(b) for b in starts[1:8]] == [hex(b) for b in (0x3E800001, 0x3F400000, 0x3FA00001, 0x3FE00000,
+                                                               0x40200001, 0x40600000, 0x40A00001)]
