@@ -6,7 +6,7 @@ Usage:
 Builds native/cuda/nvfp4.cu as NVRTC would (`native._compile.nvcc_command`, the defines of the config,
 plus -lineinfo, which adds line tables and changes no instruction), disassembles `nvfp4_quantize_<dtype>`
 with `nvdisasm -gi` (nvdisasm / cuobjdump: CUDA toolkit, or pip nvidia-cuda-nvdisasm), and walks ONE
-iteration of the tile loop on the common path: inner loops run their trip count (rowwise blocks and
+iteration of the tile loop (the longest loop) on the common path: inner loops run their trip count (rowwise blocks and
 colwise words per thread), a forward branch is taken iff its fall-through block holds a CALL (the
 slow paths of the 64-bit division and of __frcp_rn) or NaN-only code (the block_amax redo,
 encode_block's has_nan fix-up). Each executed instruction gets a role from its opcode and its chain of
@@ -50,7 +50,7 @@ def source_functions() -> dict[str, dict[int, str]]:
     for path in CUDA_DIR.glob("nvfp4.cu*"):
         cur, names = "?", {}
         for i, line in enumerate(path.read_text().splitlines(), 1):
-            if line[:1].isalpha() and not line.startswith(("namespace", "struct", "enum", "typedef", "constexpr", "using")):
+            if (line[:1].isalpha() or line[:1] == "_") and not line.startswith(("namespace", "struct", "enum", "typedef", "constexpr", "using")):
                 m = re.match(r".*?\b([A-Za-z_]\w*)\s*\(", line)
                 if m and m.group(1) not in ("static_assert", "NVFP4_INSTANTIATE", "NVFP4_VARIANT_INSTANTIATE"):
                     cur = m.group(1)
@@ -117,7 +117,8 @@ def count(body: str, trips: int, elems: int):
             return ROLES[1]
         if opc.startswith("STG"):
             return ROLES[7]
-        if set(fs) & {"block_scale", "global_scale", "sat_e4m3", "ue4m3_value", "rcp_rn"} or any("fp8" in f for f, _ in ins[k][2]):
+        if set(fs) & {"block_scale", "block_scale_code", "table_scale", "encode_factor", "global_scale", "sat_e4m3", "ue4m3_value",
+                          "rcp_rn"} or any("fp8" in f for f, _ in ins[k][2]):
             return ROLES[4]
         if (fs[:2] == ["mul_rn", "encode_block"]) or any(f.startswith(("e2m1_", "rne_sat", "grid_", "floor_mag", "add_rz", "sr_word", "philox")) for f in fs):
             return ROLES[5]
@@ -132,7 +133,7 @@ def count(body: str, trips: int, elems: int):
     first_exit = next(k for k, (_, op, _) in enumerate(ins) if op == "EXIT")
     backs = [(labels[m.group(1)], k) for k, (_, op, _) in enumerate(ins[:first_exit])
              if (m := _BRANCH.search(op)) and labels[m.group(1)] <= k]
-    head, tail = min(backs)
+    head, tail = max(backs, key=lambda b: b[1] - b[0])  # the tile loop: the longest loop
     trips_left = {k: trips for t, k in backs if k != tail}
     counts, path, k = Counter(), [], head
     while True:

@@ -19,9 +19,10 @@
 // torch.empty). A block is encoded without the per-element NaN rule and fixed afterwards when its
 // NaN-propagating amax says it holds a NaN (docs/numerics.md §0.5: NaN -> +6).
 //
-// The rounding code (encode_block and the nvfp4.cuh rules it calls) is __host__ __device__ so the
-// same code can be replayed on a CPU (tests/unit/host); the quantize kernel only moves data between
-// X, the shared tile and encode_block.
+// The rounding code (encode_block, encode_words and the nvfp4.cuh rules they call) is __host__
+// __device__ so the same code can be replayed on a CPU (tests/unit/host); the quantize kernel only
+// moves data between X, the shared tile and encode_words, and reads each block's encode factor from a
+// per-CTA table of the same encode_factor.
 // schemes: nvfp4
 #include "nvfp4.cuh"
 
@@ -190,18 +191,14 @@ __device__ __forceinline__ void zero_scale_paddings(const ScalePads& p, i64 m_ro
     zero_scale_padding(p.col_scale, p.col_stride, p.col_scale_rows, k_cols, m_rows / BLOCK, first, step);
 }
 
-// Encode block (r, cb) of the copy from its 16 values v, whose block amax is amax_b (docs/numerics.md
-// §5.5: block_amax(v) in 1-D builds, the 16x16 tile amax in 2-D ones); has_nan: some v[i] is NaN.
-// NUMERICS: §5.1-§5.4, §5.7, §5.9.
+// The 16 codes of block (r, cb) of the copy from its values v and encode factor f (§5.3), packed in two
+// words (element i is nibble i % 8 of word i / 8, little-endian bytes: byte j = code[2j] | code[2j+1] << 4,
+// §5.4); (r, cb) only place the SR draws. has_nan: some v[i] is NaN. NUMERICS: §5.4, §5.7, §0.5.
 template <bool SR>
-NVFP4_HD void encode_block(const QuantArgs& a, GlobalScale g, i64 r, i64 cb, float amax_b, bool has_nan,
-                           const float (&v)[BLOCK]) {
-    const BlockScale s = block_scale(amax_b, g);
+NVFP4_HD void encode_words(const QuantArgs& a, float f, i64 r, i64 cb, bool has_nan, const float (&v)[BLOCK],
+                           u32 (&word)[2]) {
     constexpr int PER_WORD = 32 / ELEM_BITS;  // 8 codes per 32-bit word
-
-    // NUMERICS: §5.4 - byte j = code[2j] | code[2j+1] << 4 (even element in the low nibble): element
-    // i is nibble i % 8 of word i / 8 (little-endian bytes).
-    u32 word[2] = {0u, 0u};
+    word[0] = word[1] = 0u;
     if (SR) {
         // NUMERICS: §5.7 - L = r * C + c in the copy's own layout; group L / 4, byte L % 4 of x0.
         const u64 l0 = (u64)(r * a.cols + cb * BLOCK);  // a multiple of 16
@@ -211,14 +208,14 @@ NVFP4_HD void encode_block(const QuantArgs& a, GlobalScale g, i64 r, i64 cb, flo
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int e = 4 * q + i;
-                const u32 code = e2m1_sr_not_nan(mul_rn(v[e], s.f), (rnd >> (SR_BITS * i)) & ((1u << SR_BITS) - 1u));
+                const u32 code = e2m1_sr_not_nan(mul_rn(v[e], f), (rnd >> (SR_BITS * i)) & ((1u << SR_BITS) - 1u));
                 word[e / PER_WORD] |= code << (ELEM_BITS * (e % PER_WORD));
             }
         }
     } else {
         float y[BLOCK];
 #pragma unroll
-        for (int e = 0; e < BLOCK; ++e) y[e] = mul_rn(v[e], s.f);  // NUMERICS: §5.4 y = RN(x * f)
+        for (int e = 0; e < BLOCK; ++e) y[e] = mul_rn(v[e], f);  // NUMERICS: §5.4 y = RN(x * f)
         word[0] = e2m1_rn_word(y);  // NUMERICS: §0.5 e2m1_rn_not_nan, §5.4 packing
         word[1] = e2m1_rn_word(y + PER_WORD);
     }
@@ -232,17 +229,32 @@ NVFP4_HD void encode_block(const QuantArgs& a, GlobalScale g, i64 r, i64 cb, flo
             word[e / PER_WORD] = (word[e / PER_WORD] & ~(((1u << ELEM_BITS) - 1u) << sh)) | ((u32)ELEM_NAN_CODE << sh);
         }
     }
+}
 
-    u8* out = a.data + r * (a.cols / 2) + cb * (BLOCK / 2);
+// Store one block's codes at out (8 bytes, 8-byte aligned: C/2 and cb * 8 are multiples of 8) and its
+// scale byte at scale_out.
+NVFP4_HD void store_block(u8* out, u8* scale_out, const u32 (&word)[2], u32 scale_code) {
 #if defined(__CUDA_ARCH__)
-    *reinterpret_cast<uint2*>(out) = make_uint2(word[0], word[1]);  // 8-byte aligned: C/2 and cb*8 are multiples of 8
+    *reinterpret_cast<uint2*>(out) = make_uint2(word[0], word[1]);
 #else
     for (int i = 0; i < 4; ++i) {
         out[i] = (u8)(word[0] >> (8 * i));
         out[4 + i] = (u8)(word[1] >> (8 * i));
     }
 #endif
-    a.scale[r * a.scale_stride + cb] = (u8)s.code;
+    *scale_out = (u8)scale_code;
+}
+
+// Encode block (r, cb) of the copy from its 16 values v, whose block amax is amax_b (docs/numerics.md
+// §5.5: block_amax(v) in 1-D builds, the 16x16 tile amax in 2-D ones); has_nan: some v[i] is NaN.
+// NUMERICS: §5.1-§5.4, §5.7, §5.9.
+template <bool SR>
+NVFP4_HD void encode_block(const QuantArgs& a, GlobalScale g, i64 r, i64 cb, float amax_b, bool has_nan,
+                           const float (&v)[BLOCK]) {
+    const BlockScale s = block_scale(amax_b, g);
+    u32 word[2];
+    encode_words<SR>(a, s.f, r, cb, has_nan, v, word);
+    store_block(a.data + r * (a.cols / 2) + cb * (BLOCK / 2), a.scale + r * a.scale_stride + cb, word, s.code);
 }
 
 // ---- the quantize tile ------------------------------------------------------------------------
@@ -342,6 +354,16 @@ NVFP4_HD void col_item_words(const u32* tile, ColItem c, u32 (&words)[BLOCK]) {
     for (int i = 0; i < BLOCK; ++i) words[i] = tile[tile_word(c.mb * BLOCK + i, c.cw)];
 }
 
+// Element `half` of a pair of bf16 words as the high half of an fp32 pattern (low half zero): one
+// byte permute with a selector chosen by `half` (the colwise loop's half is a run-time value).
+NVFP4_HD u32 bf16_half(u32 w, int half) {
+#if defined(__CUDA_ARCH__)
+    return __byte_perm(w, 0u, half == 0 ? 0x1044u : 0x3244u);  // bytes (w1 w0 0 0) or (w3 w2 0 0)
+#else
+    return half == 0 ? w << 16 : w & 0xFFFF0000u;
+#endif
+}
+
 // Column `half` of a colwise item, widened to fp32: words[i] is the item's word of tile row
 // 16 mb + i; fp32 (half 0) takes it whole, 16-bit inputs its low (half 0) or high (half 1) element.
 template <int DT>
@@ -351,7 +373,7 @@ NVFP4_HD void column_values(const u32 (&words)[BLOCK], int half, float (&v)[BLOC
         if constexpr (DT == IN_F32) {
             v[i] = u2f(words[i]);
         } else if constexpr (DT == IN_BF16) {
-            v[i] = u2f(half == 0 ? words[i] << 16 : words[i] & 0xFFFF0000u);  // exact: a bf16 is an fp32's high half
+            v[i] = u2f(bf16_half(words[i], half));  // exact: a bf16 is an fp32's high half
         } else {
             v[i] = f16_to_f32((u16)(half == 0 ? words[i] : words[i] >> 16));
         }
@@ -420,59 +442,100 @@ __device__ __forceinline__ void amax_commit(float a, u32* out, u32* out2 = nullp
 #define NVFP4_THREADS 256
 // Resident quantize CTAs per SM that the register allocation must allow (<= 80 registers a thread):
 // 24 warps per SM, so tile loads of some CTAs overlap the encoding of others. The encodes of a
-// thread run one after another (unroll 1 below) to fit without spilling; only the rare fp64 path
-// of rht16 (RHT builds) spills a few words on sm_90.
+// thread run one after another (unroll 1 below) to fit; on sm_90 the f16 kernel spills 16 bytes once
+// per tile (1-D; 48 with RHT + SR), the bf16 and fp32 kernels none.
 #define NVFP4_QUANT_MIN_BLOCKS 3
 static_assert(QUANT_THREADS == NVFP4_THREADS, "native/nvfp4.py launches NVFP4_THREADS-thread CTAs");
 
-// Load tile (m0, k0) of X into shared memory (layout: see tile_word); only the valid rows x cols
-// part (multiples of 16) is read and written.
+// Load a tile of X into shared memory (layout: see tile_word); only the valid rows x cols part
+// (multiples of 16) is read and written. This thread loads chunk q of tile rows m + j * LOAD_ROW_STEP;
+// src points at its first chunk, step is the bytes between its chunks.
+constexpr int LOAD_ROW_STEP = QUANT_THREADS / TILE_CHUNKS;  // 32 tile rows between a thread's loads
+
+template <int DT>
+__device__ __forceinline__ void load_tile_from(const char* __restrict__ src, i64 step, int m, int q, int rows, int cols,
+                                               u32* tile) {
+    using T = Tile<DT>;
+    uint4 v[LOAD_ITEMS];
+#pragma unroll
+    for (int j = 0; j < LOAD_ITEMS; ++j)  // all loads first: LOAD_ITEMS vectors in flight
+        if (m + j * LOAD_ROW_STEP < rows && q * T::CHUNK_ELEMS < cols)
+            v[j] = *reinterpret_cast<const uint4*>(src + j * step);
+#pragma unroll
+    for (int j = 0; j < LOAD_ITEMS; ++j)
+        if (m + j * LOAD_ROW_STEP < rows && q * T::CHUNK_ELEMS < cols)
+            *reinterpret_cast<uint4*>(tile + tile_word(m + j * LOAD_ROW_STEP, q * CHUNK_WORDS)) = v[j];
+}
+
+// Load tile (m0, k0) of X (the chunk map of the thread maps above: id = t + QUANT_THREADS * j, row id / 8,
+// chunk id % 8).
 template <int DT>
 __device__ __forceinline__ void load_tile(const void* __restrict__ x, i64 k_cols, i64 m0, i64 k0, int rows, int cols,
                                           u32* tile) {
-    using T = Tile<DT>;
     constexpr int ELEM_BYTES = DT == IN_F32 ? 4 : 2;
-    const char* base = static_cast<const char*>(x);
-    uint4 v[LOAD_ITEMS];
-#pragma unroll
-    for (int j = 0; j < LOAD_ITEMS; ++j) {  // all loads first: LOAD_ITEMS vectors in flight
-        const int id = threadIdx.x + j * QUANT_THREADS, m = id / TILE_CHUNKS, q = id % TILE_CHUNKS;
-        if (m < rows && q * T::CHUNK_ELEMS < cols)
-            v[j] = *reinterpret_cast<const uint4*>(base + ((m0 + m) * k_cols + k0 + q * T::CHUNK_ELEMS) * ELEM_BYTES);
-    }
-#pragma unroll
-    for (int j = 0; j < LOAD_ITEMS; ++j) {
-        const int id = threadIdx.x + j * QUANT_THREADS, m = id / TILE_CHUNKS, q = id % TILE_CHUNKS;
-        if (m < rows && q * T::CHUNK_ELEMS < cols)
-            *reinterpret_cast<uint4*>(tile + tile_word(m, q * CHUNK_WORDS)) = v[j];
-    }
+    const int m = threadIdx.x / TILE_CHUNKS, q = threadIdx.x % TILE_CHUNKS;
+    const char* src = static_cast<const char*>(x) + ((m0 + m) * k_cols + k0 + q * Tile<DT>::CHUNK_ELEMS) * ELEM_BYTES;
+    load_tile_from<DT>(src, (i64)LOAD_ROW_STEP * k_cols * ELEM_BYTES, m, q, rows, cols, tile);
+}
+
+// NUMERICS: §5.2-§5.3 as block_scale, the encode factor read from a table of encode_factor over every
+// scale code (the same function of the code and S_dec, computed once per CTA).
+__device__ __forceinline__ BlockScale table_scale(float amax_b, GlobalScale g, const float* factor) {
+    BlockScale s;
+    s.code = block_scale_code(amax_b, g);
+    s.f = factor[s.code & (SCALE_CODES - 1u)];
+    return s;
 }
 
 // Quantize the rowwise copy (row.data non-null) and/or the columnwise copy (col.data non-null) of
 // X [M, K], one tile per CTA and loop step (see "the quantize tile" above for the maps and layout).
+// Addressing: what depends on the thread only (its load chunk, rowwise block, colwise item) is a byte
+// offset computed once; what depends on the tile is a base computed once per tile; both in 64 bits (a
+// row index times an extent can pass 2^32). The tiles are walked without a division per step.
 template <int DT>
 __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m_rows, i64 k_cols, const QuantArgs& row,
                                                const QuantArgs& col) {
     using T = Tile<DT>;
+    constexpr int ELEM_BYTES = DT == IN_F32 ? 4 : 2;
+    constexpr int ROW_STEP = QUANT_THREADS / T::ROW_BLOCKS;  // tile rows between a thread's rowwise blocks
     __shared__ __align__(16) u32 tile[TILE_M * TILE_PITCH];
     __shared__ u32 tile_amax[TILE_MBLOCKS][T::ROW_BLOCKS];  // 2-D: fp32 bits of each 16x16 tile's amax
+    __shared__ float factor[2][SCALE_CODES];                // encode_factor of every scale code: row, col
     const int lane = threadIdx.x % WARP;
     const ColItem item = col_item(threadIdx.x);
     const int cw = item.cw, mb = item.mb;
-    const int tk = cw / T::TILE_WORD_COLS;  // its 16-column tile (2-D)
+    const int t2 = cw / T::TILE_WORD_COLS;  // its 16-column tile (2-D)
     const bool do_row = row.data != nullptr, do_col = col.data != nullptr;
     GlobalScale g_row{}, g_col{};
     if (do_row) g_row = global_scale(*row.amax_g);
     if (do_col) g_col = global_scale(*col.amax_g);
+    for (unsigned c = threadIdx.x; c < 2 * SCALE_CODES; c += QUANT_THREADS)  // read after the first __syncthreads
+        factor[c / SCALE_CODES][c % SCALE_CODES] = encode_factor(c % SCALE_CODES, c < SCALE_CODES ? g_row : g_col);
 
-    const i64 n_tiles = tile_count<DT>(m_rows, k_cols);
+    const int load_m = threadIdx.x / TILE_CHUNKS, load_q = threadIdx.x % TILE_CHUNKS;
+    const i64 load_off = ((i64)load_m * k_cols + load_q * T::CHUNK_ELEMS) * ELEM_BYTES;
+    const i64 load_step = (i64)LOAD_ROW_STEP * k_cols * ELEM_BYTES;
+    const int row_r = threadIdx.x / T::ROW_BLOCKS, row_cb = threadIdx.x % T::ROW_BLOCKS;  // rows row_r + j * ROW_STEP
+    const i64 row_off = (i64)row_r * (k_cols / 2) + row_cb * (BLOCK / 2), row_off_step = (i64)ROW_STEP * (k_cols / 2);
+    const i64 row_soff = (i64)row_r * row.scale_stride + row_cb, row_soff_step = (i64)ROW_STEP * row.scale_stride;
+    const i64 col_off = (i64)cw * T::PER_WORD * (m_rows / 2) + mb * (BLOCK / 2);  // column cw * PER_WORD, m-block mb
+    const i64 col_soff = (i64)cw * T::PER_WORD * col.scale_stride + mb;
+
+    const i64 tiles_k = ceil_div(k_cols, T::COLS), n_tiles = ceil_div(m_rows, TILE_M) * tiles_k;
+    const i64 step_m = gridDim.x / tiles_k, step_k = gridDim.x % tiles_k;
+    i64 tile_m = blockIdx.x / tiles_k, tile_k = blockIdx.x % tiles_k;
     for (i64 t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-        const TilePos p = tile_pos<DT>(t, m_rows, k_cols);
+        TilePos p;
+        p.m0 = tile_m * TILE_M;
+        p.k0 = tile_k * T::COLS;
+        p.rows = (int)(m_rows - p.m0 < TILE_M ? m_rows - p.m0 : TILE_M);
+        p.cols = (int)(k_cols - p.k0 < T::COLS ? k_cols - p.k0 : T::COLS);
         const i64 m0 = p.m0, k0 = p.k0;
         const int rows = p.rows, cols = p.cols;
         if (k2d && threadIdx.x < TILE_MBLOCKS * T::ROW_BLOCKS)
             tile_amax[threadIdx.x / T::ROW_BLOCKS][threadIdx.x % T::ROW_BLOCKS] = 0u;
-        load_tile<DT>(x, k_cols, m0, k0, rows, cols, tile);
+        load_tile_from<DT>(static_cast<const char*>(x) + (m0 * k_cols + k0) * ELEM_BYTES + load_off, load_step, load_m,
+                           load_q, rows, cols, tile);
         __syncthreads();
 
         // The colwise item's 16 words: word column cw of tile rows 16 mb .. 16 mb + 15.
@@ -498,34 +561,48 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
 #pragma unroll
             for (int off = TILE_MBLOCKS; off < WARP; off <<= 1)  // lanes of one m-block: l % 8 equal
                 bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, off));
-            if (lane < TILE_MBLOCKS) atomicMax(&tile_amax[mb][tk], bits);
+            if (lane < TILE_MBLOCKS) atomicMax(&tile_amax[mb][t2], bits);
             __syncthreads();
         }
 
         if (do_col && col_in) {
-            // Column k = k0 + PER_WORD * cw + e, m-block m0 / 16 + mb: block (k, m0 / 16 + mb) of X^T.
+            // Column k = k0 + PER_WORD * cw + e, m-block m0 / 16 + mb: block (k, m0 / 16 + mb) of X^T,
+            // codes at col.data + k * (M/2) + (m0 / 16 + mb) * 8, scale at col.scale + k * stride + m0 / 16 + mb.
+            u8* data = col.data + k0 * (m_rows / 2) + m0 / 2 + col_off;
+            u8* scale = col.scale + k0 * col.scale_stride + m0 / BLOCK + col_soff;
 #pragma unroll 1
             for (int e = 0; e < T::PER_WORD; ++e) {
                 float v[BLOCK];
                 column_values<DT>(words, e, v);
-                const i64 k = k0 + cw * T::PER_WORD + e, cb = m0 / BLOCK + mb;
+                const i64 k = k0 + cw * T::PER_WORD + e, cb = m0 / BLOCK + mb;  // SR positions (§5.7)
+                u32 word[2];
+                BlockScale s;
                 if constexpr (Modes<DT>::rht_colwise) {
                     float h[BLOCK];
                     rht16(v, h);  // NUMERICS: §5.6 - the colwise block is the RHT chunk of column k
                     const AmaxNan an = block_amax_nan(h);
-                    encode_block<kSr>(col, g_col, k, cb, k2d ? u2f(tile_amax[mb][tk]) : an.amax, an.has_nan, h);
+                    s = table_scale(k2d ? u2f(tile_amax[mb][t2]) : an.amax, g_col, factor[1]);
+                    encode_words<kSr>(col, s.f, k, cb, an.has_nan, h, word);
                 } else {
                     const AmaxNan an = block_amax_nan(v);
-                    encode_block<kSr>(col, g_col, k, cb, k2d ? u2f(tile_amax[mb][tk]) : an.amax, an.has_nan, v);
+                    s = table_scale(k2d ? u2f(tile_amax[mb][t2]) : an.amax, g_col, factor[1]);
+                    encode_words<kSr>(col, s.f, k, cb, an.has_nan, v, word);
                 }
+                store_block(data, scale, word, s.code);
+                data += m_rows / 2;  // the next column: the next row of X^T
+                scale += col.scale_stride;
             }
         }
 
         if (do_row) {
+            // Row m0 + r, block k0 / 16 + cb: codes at row.data + (m0 + r) * (K/2) + (k0 / 16 + cb) * 8,
+            // scale at row.scale + (m0 + r) * stride + k0 / 16 + cb.
+            u8* data = row.data + m0 * (k_cols / 2) + k0 / 2 + row_off;
+            u8* scale = row.scale + m0 * row.scale_stride + k0 / BLOCK + row_soff;
 #pragma unroll 1
             for (int j = 0; j < T::ROW_ITEMS; ++j) {
-                const int b = threadIdx.x + j * QUANT_THREADS, r = b / T::ROW_BLOCKS, cb = b % T::ROW_BLOCKS;
-                if (r >= rows || cb * BLOCK >= cols) continue;
+                const int r = row_r + j * ROW_STEP, cb = row_cb;
+                if (r >= rows || cb * BLOCK >= cols) break;  // r grows with j: no later block is in the tile
                 Raw<DT> raw;
 #pragma unroll
                 for (int q = 0; q < T::BLOCK_CHUNKS; ++q) {
@@ -539,11 +616,21 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
                 float v[BLOCK];
                 widen<DT>(raw, v);
                 const AmaxNan an = block_amax_nan(v);
-                const float amax_b = k2d ? u2f(tile_amax[r / BLOCK][cb]) : an.amax;
-                encode_block<kSr>(row, g_row, m0 + r, k0 / BLOCK + cb, amax_b, an.has_nan, v);
+                const BlockScale s = table_scale(k2d ? u2f(tile_amax[r / BLOCK][cb]) : an.amax, g_row, factor[0]);
+                u32 word[2];
+                encode_words<kSr>(row, s.f, m0 + r, k0 / BLOCK + cb, an.has_nan, v, word);
+                store_block(data, scale, word, s.code);
+                data += row_off_step;
+                scale += row_soff_step;
             }
         }
         __syncthreads();  // the next tile overwrites the shared tile
+        tile_k += step_k;  // tile t + gridDim.x: (tile_m, tile_k) advanced by (step_m, step_k) with the carry
+        tile_m += step_m;
+        if (tile_k >= tiles_k) {
+            tile_k -= tiles_k;
+            ++tile_m;
+        }
     }
 }
 

@@ -420,6 +420,7 @@ NVFP4_HD float ue4m3_value(u32 code) {
 struct GlobalScale {
     float s_enc;  // encode scale S_enc
     float s_dec;  // decode scale S_dec = RN(1/S_enc)
+    float m;      // the block-scale multiplier RN(S_enc * fl(1/6)) (§5.2), once per copy
 };
 
 // NUMERICS: §5.1 - S_enc = fmin(RN(2688 / A_g), FLT_MAX); A_g = 0 or S_enc = 0 -> 1; S_dec = RN(1/S_enc).
@@ -429,6 +430,7 @@ NVFP4_HD GlobalScale global_scale(float amax_g) {
     GlobalScale g;
     g.s_enc = s;
     g.s_dec = rcp_rn(s);
+    g.m = mul_rn(s, ELEM_RECIP_MAX);  // NUMERICS: §5.2 m = RN(S_enc * fl(1/6)), fl(1/6) = 0x3E2AAAAB
     return g;
 }
 
@@ -438,13 +440,22 @@ struct BlockScale {
 };
 
 // NUMERICS: §5.2 m = RN(S_enc * fl(1/6)); d = fmin(RN(A_b * m), FLT_MAX); s_blk = sat_e4m3(d).
+NVFP4_HD u32 block_scale_code(float amax_b, GlobalScale g) { return sat_e4m3(fmin_nn(mul_rn(amax_b, g.m), flt_max())); }
+
 // NUMERICS: §5.3 f = fmin(RN(1 / RN(float(s_blk) * S_dec)), FLT_MAX); s_blk = 0 -> f = FLT_MAX.
+NVFP4_HD float encode_factor(u32 code, GlobalScale g) {
+    return code == 0 ? flt_max() : fmin_nn(rcp_rn(mul_rn(ue4m3_value(code), g.s_dec)), flt_max());
+}
+
+// Scale codes sat_e4m3 can return for a d that is not NaN (0 .. 0x7E: UE4M3 has no sign, and
+// satfinite never gives the NaN pattern 0x7F): the size of a per-copy table of encode_factor.
+constexpr u32 SCALE_CODES = 1u << (SCALE_EXP_BITS + SCALE_MAN_BITS);
+
+// NUMERICS: §5.2-§5.3 the block scale code and its encode factor.
 NVFP4_HD BlockScale block_scale(float amax_b, GlobalScale g) {
-    const float m = mul_rn(g.s_enc, ELEM_RECIP_MAX);  // fl(1/6) = 0x3E2AAAAB
-    const float d = fmin_nn(mul_rn(amax_b, m), flt_max());
     BlockScale b;
-    b.code = sat_e4m3(d);
-    b.f = b.code == 0 ? flt_max() : fmin_nn(rcp_rn(mul_rn(ue4m3_value(b.code), g.s_dec)), flt_max());
+    b.code = block_scale_code(amax_b, g);
+    b.f = encode_factor(b.code, g);
     return b;
 }
 
