@@ -1,0 +1,58 @@
+"""The NVFP4 quantize kernel's walk over its tiles when a CTA quantizes several: byte for byte against the golden.
+
+Source: docs/numerics.md §5 (NVFP4); docs/design.md §4.2. native.nvfp4 launches one CTA per tile, so the kernel's
+grid-stride walk (tile t + gridDim.x reached by adding gridDim.x / tiles_k rows and gridDim.x % tiles_k columns of
+tiles, with a carry) only runs past its first tile when the grid is capped: here the quantize launch gets 1 .. 23
+CTAs over 4 x 11 (bf16) or 4 x 21 (fp32) tiles with partial last rows and columns, for 1-D, 2-D and RHT + SR builds
+and each copy alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import reference
+from reference.formats import QuantConfig
+
+from .test_native_nvfp4 import DTYPES, SEED, assert_fields_equal, make_input
+
+pytestmark = pytest.mark.gpu
+
+SHAPE = (400, 656)  # 128-row tiles: 3 whole + 16 rows; 64 bf16 columns: 10 whole + 16; 32 fp32: 20 + 16
+CONFIGS = {
+    "1x16": QuantConfig("nvfp4"),
+    "16x16": QuantConfig("nvfp4", tile=(16, 16)),
+    "1x16-rht-sr": QuantConfig("nvfp4", rht=True, stochastic=True),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _needs_cupy():
+    pytest.importorskip("cupy")
+
+
+@pytest.mark.parametrize("grid", [1, 3, 7, 13, 23])
+@pytest.mark.parametrize("cfg_name,dtype_name", [("1x16", "bfloat16"), ("1x16", "float32"), ("1x16", "float16"),
+                                                 ("16x16", "bfloat16"), ("16x16", "float32"),
+                                                 ("1x16-rht-sr", "bfloat16")])
+@pytest.mark.parametrize("rowwise, colwise", [(True, True), (True, False), (False, True)], ids=["both", "row", "col"])
+def test_capped_grid_matches_reference(cfg_name, dtype_name, grid, rowwise, colwise):
+    from native import nvfp4
+
+    cfg = CONFIGS[cfg_name]
+    x = make_input("normal", SHAPE, DTYPES[dtype_name], seed=grid * 31 + len(cfg_name))
+    rng = SEED if cfg.stochastic else None
+    golden = reference.quantize(x, cfg, rowwise=rowwise, colwise=colwise, rng=rng)
+    x_gpu = x.cuda()
+    base = nvfp4._launcher(cfg, x_gpu.device)
+
+    def capped(name, n_units, args, max_blocks=nvfp4.MAX_BLOCKS, units_per_block=nvfp4.THREADS):
+        if name.startswith("nvfp4_quantize_"):
+            assert n_units > grid  # every CTA walks more than one tile
+            max_blocks = grid
+        base(name, n_units, args, max_blocks=max_blocks, units_per_block=units_per_block)
+
+    fields = nvfp4.quantize_with(capped, x_gpu, cfg, rowwise=rowwise, colwise=colwise, seed=rng)
+    torch.cuda.synchronize()
+    assert_fields_equal(golden, fields, *SHAPE, f"{cfg.id} {dtype_name} grid {grid}")
