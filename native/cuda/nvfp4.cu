@@ -441,9 +441,9 @@ __device__ __forceinline__ void amax_commit(float a, u32* out, u32* out2 = nullp
 
 #define NVFP4_THREADS 256
 // Resident quantize CTAs per SM that the register allocation must allow (<= 80 registers a thread):
-// 24 warps per SM, so tile loads of some CTAs overlap the encoding of others. The encodes of a
-// thread run one after another (unroll 1 below) to fit; on sm_90 the f16 kernel spills 16 bytes once
-// per tile (1-D; 48 with RHT + SR), the bf16 and fp32 kernels none.
+// 24 warps per SM, so tile loads of some CTAs overlap the encoding of others. RN builds unroll a
+// thread's blocks and fit without spilling; SR and RHT builds encode them one after another (unroll 1)
+// and still spill a few words in places (sm_90 f16 with SR: 48 bytes; sm_100a bf16 RHT + SR: 16).
 #define NVFP4_QUANT_MIN_BLOCKS 3
 static_assert(QUANT_THREADS == NVFP4_THREADS, "native/nvfp4.py launches NVFP4_THREADS-thread CTAs");
 
@@ -498,6 +498,10 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     using T = Tile<DT>;
     constexpr int ELEM_BYTES = DT == IN_F32 ? 4 : 2;
     constexpr int ROW_STEP = QUANT_THREADS / T::ROW_BLOCKS;  // tile rows between a thread's rowwise blocks
+    // The blocks of a thread's colwise item and its rowwise blocks: unrolled in RN builds (no spill at the
+    // register cap on sm_90 / sm_100a), one after another with SR or RHT (their Philox / fp64 paths spill).
+    constexpr int COL_UNROLL = kSr || Modes<DT>::rht_colwise ? 1 : T::PER_WORD;
+    constexpr int ROW_UNROLL = kSr ? 1 : T::ROW_ITEMS;
     __shared__ __align__(16) u32 tile[TILE_M * TILE_PITCH];
     __shared__ u32 tile_amax[TILE_MBLOCKS][T::ROW_BLOCKS];  // 2-D: fp32 bits of each 16x16 tile's amax
     __shared__ float factor[2][SCALE_CODES];                // encode_factor of every scale code: row, col
@@ -570,7 +574,7 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
             // codes at col.data + k * (M/2) + (m0 / 16 + mb) * 8, scale at col.scale + k * stride + m0 / 16 + mb.
             u8* data = col.data + k0 * (m_rows / 2) + m0 / 2 + col_off;
             u8* scale = col.scale + k0 * col.scale_stride + m0 / BLOCK + col_soff;
-#pragma unroll 1
+#pragma unroll(COL_UNROLL)
             for (int e = 0; e < T::PER_WORD; ++e) {
                 float v[BLOCK];
                 column_values<DT>(words, e, v);
@@ -599,7 +603,7 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
             // scale at row.scale + (m0 + r) * stride + k0 / 16 + cb.
             u8* data = row.data + m0 * (k_cols / 2) + k0 / 2 + row_off;
             u8* scale = row.scale + m0 * row.scale_stride + k0 / BLOCK + row_soff;
-#pragma unroll 1
+#pragma unroll(ROW_UNROLL)
             for (int j = 0; j < T::ROW_ITEMS; ++j) {
                 const int r = row_r + j * ROW_STEP, cb = row_cb;
                 if (r >= rows || cb * BLOCK >= cols) break;  // r grows with j: no later block is in the tile
