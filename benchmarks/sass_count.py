@@ -8,8 +8,9 @@ plus -lineinfo, which adds line tables and changes no instruction), disassembles
 with `nvdisasm -gi` (nvdisasm / cuobjdump: CUDA toolkit, or pip nvidia-cuda-nvdisasm), and walks ONE
 iteration of the tile loop (the longest loop) on the common path: inner loops run their trip count (rowwise blocks and
 colwise words per thread), a forward branch is taken iff its fall-through block holds a CALL (the
-slow paths of the 64-bit division and of __frcp_rn) or NaN-only code (the block_amax redo,
-encode_block's has_nan fix-up). Each executed instruction gets a role from its opcode and its chain of
+slow path of __frcp_rn), NaN-only code (the block_amax redo, encode_words' has_nan fix-up) or a line
+marked `// edge tile` (the guarded loads of a tile at X's bottom or right edge). Each executed
+instruction gets a role from its opcode and its chain of
 inlined source functions; counts are divided by the thread's input elements per tile (both copies are
 written from them). Source: docs/design.md §4.2 (the table this prints).
 """
@@ -105,8 +106,11 @@ def count(body: str, trips: int, elems: int):
         fs = chain_funcs(k)
         if "block_amax" in fs and "block_amax_nan" in fs:
             return True
+        chain = [(f, n) for f, n in ins[k][2] if f in src]
+        if chain and src[chain[0][0]][chain[0][1] - 1].endswith("// edge tile"):
+            return True
         return any("is_nan(v[e])" in src[f][n - 1] or ("ELEM_NAN_CODE" in src[f][n - 1] and "word" in src[f][n - 1])
-                   for f, n in ins[k][2] if f in src)
+                   for f, n in chain)
 
     def role(k):
         opc = _opcode(ins[k][1])

@@ -332,6 +332,18 @@ NVFP4_HD int tile_word(int m, int w) {
     return m * TILE_PITCH + ((w / CHUNK_WORDS) ^ (m / BLOCK)) * CHUNK_WORDS + w % CHUNK_WORDS;
 }
 
+// tile_word(m + D, chunk * CHUNK_WORDS) for 0 <= m < STEP and D = STEP * j, STEP a multiple of 2 * BLOCK
+// larger than m... i.e. the rows a thread visits at a fixed stride: (m + D) / 16 = m / 16 + D / 16 has no
+// carry between the two (m / 16 < STEP / 16, D / 16 a multiple of STEP / 16, a power of two), so it is
+// m / 16 ^ D / 16 and the swizzled chunk is (chunk ^ m / 16) ^ D / 16: the per-thread part sw =
+// chunk ^ m / 16 and the row base m * TILE_PITCH are computed once, each access adds a constant row offset
+// and XORs a constant into sw.
+template <int STEP>
+NVFP4_HD int tile_word_at(int m_base, int sw, int j) {
+    static_assert(STEP % (2 * BLOCK) == 0 && ((STEP / BLOCK) & (STEP / BLOCK - 1)) == 0, "carry-free row split");
+    return m_base + j * STEP * TILE_PITCH + (sw ^ (j * (STEP / BLOCK))) * CHUNK_WORDS;
+}
+
 // A thread's colwise item (thread maps above): word column cw and m-block mb of the tile.
 struct ColItem {
     int cw, mb;
@@ -350,8 +362,11 @@ NVFP4_HD bool col_item_in(ColItem c, const TilePos& p) {
 
 // The item's 16 words: word column cw of tile rows 16 mb .. 16 mb + 15.
 NVFP4_HD void col_item_words(const u32* tile, ColItem c, u32 (&words)[BLOCK]) {
+    // tile_word(16 mb + i, cw) for i < 16: every row of the segment has m / 16 = mb, so one base and
+    // constant row offsets i * TILE_PITCH.
+    const u32* base = tile + tile_word(c.mb * BLOCK, c.cw);
 #pragma unroll
-    for (int i = 0; i < BLOCK; ++i) words[i] = tile[tile_word(c.mb * BLOCK + i, c.cw)];
+    for (int i = 0; i < BLOCK; ++i) words[i] = base[i * TILE_PITCH];
 }
 
 // Element `half` of a pair of bf16 words as the high half of an fp32 pattern (low half zero): one
@@ -457,14 +472,22 @@ __device__ __forceinline__ void load_tile_from(const char* __restrict__ src, i64
                                                u32* tile) {
     using T = Tile<DT>;
     uint4 v[LOAD_ITEMS];
+    const int m_base = m * TILE_PITCH, sw = q ^ (m / BLOCK);  // m < LOAD_ROW_STEP: tile_word_at's rows
+    if (rows == TILE_M && cols == T::COLS) {  // a whole tile (all but the bottom and right edges): no guards
+#pragma unroll
+        for (int j = 0; j < LOAD_ITEMS; ++j) v[j] = *reinterpret_cast<const uint4*>(src + j * step);  // all in flight
+#pragma unroll
+        for (int j = 0; j < LOAD_ITEMS; ++j) *reinterpret_cast<uint4*>(tile + tile_word_at<LOAD_ROW_STEP>(m_base, sw, j)) = v[j];
+        return;
+    }
 #pragma unroll
     for (int j = 0; j < LOAD_ITEMS; ++j)  // all loads first: LOAD_ITEMS vectors in flight
-        if (m + j * LOAD_ROW_STEP < rows && q * T::CHUNK_ELEMS < cols)
-            v[j] = *reinterpret_cast<const uint4*>(src + j * step);
+        if (m + j * LOAD_ROW_STEP < rows && q * T::CHUNK_ELEMS < cols)  // edge tile
+            v[j] = *reinterpret_cast<const uint4*>(src + j * step);     // edge tile
 #pragma unroll
     for (int j = 0; j < LOAD_ITEMS; ++j)
-        if (m + j * LOAD_ROW_STEP < rows && q * T::CHUNK_ELEMS < cols)
-            *reinterpret_cast<uint4*>(tile + tile_word(m + j * LOAD_ROW_STEP, q * CHUNK_WORDS)) = v[j];
+        if (m + j * LOAD_ROW_STEP < rows && q * T::CHUNK_ELEMS < cols)                // edge tile
+            *reinterpret_cast<uint4*>(tile + tile_word_at<LOAD_ROW_STEP>(m_base, sw, j)) = v[j];  // edge tile
 }
 
 // Load tile (m0, k0) of X (the chunk map of the thread maps above: id = t + QUANT_THREADS * j, row id / 8,
@@ -610,8 +633,9 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
                 Raw<DT> raw;
 #pragma unroll
                 for (int q = 0; q < T::BLOCK_CHUNKS; ++q) {
-                    const int w = (cb * T::BLOCK_CHUNKS + q) * CHUNK_WORDS;
-                    const uint4 c = *reinterpret_cast<const uint4*>(tile + tile_word(r, w));
+                    // tile_word(r, (cb * BLOCK_CHUNKS + q) * CHUNK_WORDS), r = row_r + j * ROW_STEP (row_r < ROW_STEP)
+                    const int sw = (cb * T::BLOCK_CHUNKS + q) ^ (row_r / BLOCK);
+                    const uint4 c = *reinterpret_cast<const uint4*>(tile + tile_word_at<ROW_STEP>(row_r * TILE_PITCH, sw, j));
                     raw.w[4 * q] = c.x;
                     raw.w[4 * q + 1] = c.y;
                     raw.w[4 * q + 2] = c.z;
