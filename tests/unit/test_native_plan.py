@@ -423,11 +423,8 @@ def test_every_launcher_module_plans_its_quantize():
         assert callable(mod.plan_quantize) and issubclass(mod.QuantizePlan, plan_mod.QuantizePlan), scheme
 
 
-@pytest.mark.parametrize("with_bias_c", [False, True])
-@pytest.mark.parametrize("cfgs", [("fp8_current", {}, {}), ("nvfp4", {}, {}), ("mxfp8", {}, {}),
-                                  ("fp8_block", {}, {"tile": (128, 128)})], ids=lambda c: c[0])  # fmt: skip
-def test_portable_gemm_plan_launches_what_portable_launches(monkeypatch, cfgs, with_bias_c):
-    """The portable GEMM's prepared launch holds _portable's arguments: every scalar slot, each pointer's role."""
+def _portable_operands(cfgs, with_bias_c: bool, c_dtype: torch.dtype):
+    """native.gemm and quantized 64x128 / 32x128 operands of `cfgs` with their rowwise views (+ bias and C)."""
     import reference
 
     g = sys.modules["native.gemm"]
@@ -436,7 +433,16 @@ def test_portable_gemm_plan_launches_what_portable_launches(monkeypatch, cfgs, w
     b = reference.quantize(torch.randn(32, 128), QuantConfig(scheme, **b_kw))
     av, bv = g.operand_view(a, "rowwise", "a"), g.operand_view(b, "rowwise", "b")
     bias = torch.ones(32) if with_bias_c else None
-    c = torch.ones(64, 32, dtype=torch.bfloat16) if with_bias_c else None
+    c = torch.ones(64, 32, dtype=c_dtype) if with_bias_c else None
+    return g, a, b, av, bv, bias, c
+
+
+@pytest.mark.parametrize("with_bias_c", [False, True])
+@pytest.mark.parametrize("cfgs", [("fp8_current", {}, {}), ("nvfp4", {}, {}), ("mxfp8", {}, {}),
+                                  ("fp8_block", {}, {"tile": (128, 128)})], ids=lambda c: c[0])  # fmt: skip
+def test_portable_gemm_plan_launches_what_portable_launches(monkeypatch, cfgs, with_bias_c):
+    """The portable GEMM's prepared launch holds _portable's arguments: every scalar slot, each pointer's role."""
+    g, a, b, av, bv, bias, c = _portable_operands(cfgs, with_bias_c, torch.bfloat16)
     monkeypatch.setattr(g, "_portable_module", lambda *a: None)
     prepared = g._prepare_portable(av, bv, torch.bfloat16, bias, c, 0)
     assert prepared.geometry == (1, 1, 1, 16, 16, 1, 0)  # (ceil(32 / 64), ceil(64 / 64)) tiles of 16x16 threads
@@ -704,15 +710,7 @@ def test_a_delayed_plan_records_h0_and_copies_amax_and_sinv_to_the_colwise_copy(
 def test_a_planned_portable_gemm_launches_what_portable_launches(monkeypatch, cfgs, with_bias_c):
     """GemmPlan.run's portable call (no operand views built): one launch of the prepared kernel with the bytes of
     _portable's arguments for these operands and its fresh output, on the plan's stream; fresh outputs per call."""
-    import reference
-
-    g = sys.modules["native.gemm"]
-    scheme, a_kw, b_kw = cfgs
-    a = reference.quantize(torch.randn(64, 128), QuantConfig(scheme, **a_kw))
-    b = reference.quantize(torch.randn(32, 128), QuantConfig(scheme, **b_kw))
-    av, bv = g.operand_view(a, "rowwise", "a"), g.operand_view(b, "rowwise", "b")
-    bias = torch.ones(32) if with_bias_c else None
-    c = torch.ones(64, 32) if with_bias_c else None
+    g, a, b, av, bv, bias, c = _portable_operands(cfgs, with_bias_c, torch.float32)
     monkeypatch.setattr(g, "_portable_module", lambda *a: None)
     monkeypatch.setattr(g, "device_index", lambda dev: 0)
     monkeypatch.setattr(g, "current_device", lambda: 0)
