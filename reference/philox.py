@@ -36,6 +36,15 @@ def _mulhilo(a, m: int):
     if not isinstance(a, torch.Tensor):
         p = a * m
         return p >> 32, p & MASK32
+    if a.device.type == "cpu":
+        # NUMERICS: §5.7 - on the CPU one int64 multiply: a*m < 2^64 wraps modulo 2^64 (two's complement), so its
+        # bits are the product's; lo = bits 0-31, hi = bits 32-63 (the arithmetic shift's sign copies masked off).
+        # Checked against Python integers (tests/unit/test_philox.py). Other devices keep the 16-bit split below.
+        p = a * m
+        hi = p >> 32
+        hi &= MASK32
+        p &= MASK32
+        return hi, p
     p_lo = a * (m & _MASK16)  # < 2^48
     t = a * (m >> 16)  # < 2^48
     t += p_lo >> 16  # < 2^49
