@@ -136,6 +136,18 @@ def _contiguous_units(n_blocks: int) -> int:
     return _cdiv(n_blocks, GROUP * WARP) * WARP
 
 
+def _copy_source(orientation: str, m: int, k: int) -> tuple[int, int, list]:
+    """(rows, cols) of one copy of X [m, k] and the kernel arguments that address it in X: rows, cols, row stride,
+    column stride, in X's elements (the colwise copy is X^T)."""
+    rows, cols, rs, cs = (m, k, k, 1) if orientation == "rowwise" else (k, m, 1, k)
+    return rows, cols, [_i64(rows), _i64(cols), _i64(rs), _i64(cs)]
+
+
+def _no_pads() -> list:
+    """The amax kernel's scale-padding arguments when it pads nothing (null scales, 0 rows / strides)."""
+    return [None, _i64(0), _i64(0), None, _i64(0), _i64(0)]
+
+
 def quantize_with(
     launch: Launcher, x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, seed: SRSeed | None,
     given: torch.Tensor | None = None,
@@ -243,16 +255,13 @@ def quantize_variant_with(launch: Launcher, x2d: torch.Tensor, config: QuantConf
     elif not config.row_scaled:
         # NUMERICS: §0.1 / §5.1 - A_g = amax(X), NaN ignored, into both slots (the copies' amaxes).
         bits = torch.zeros(2, dtype=torch.float32, device=dev)
-        no_pads = [None, _i64(0), _i64(0), None, _i64(0), _i64(0)]
         launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // blk), [x2d, _i64(m), _i64(k), bits[0:1], bits[1:2],
-               *no_pads], max_blocks=REDUCE_BLOCKS)  # fmt: skip
-    # (rows, cols, row stride, column stride) of each copy in X's elements.
-    sources = {"rowwise": (m, k, k, 1), "colwise": (k, m, 1, k)}
+               *_no_pads()], max_blocks=REDUCE_BLOCKS)  # fmt: skip
     for slot, (on, orientation) in enumerate(((rowwise, "rowwise"), (colwise, "colwise"))):
         if not on:
             continue
-        rows, cols, rs, cs = sources[orientation]
-        src = [x2d, _i64(rows), _i64(cols), _i64(rs), _i64(cs)]
+        rows, cols, geometry = _copy_source(orientation, m, k)
+        src = [x2d, *geometry]
         g = copy_geometry(config, orientation, m, k)
         data = torch.empty(g.data_shape, dtype=torch.uint8, device=dev)
         scale = torch.zeros(g.scale_padded_shape, dtype=torch.uint8, device=dev)
@@ -437,16 +446,14 @@ class QuantizePlan(QuantizePlanBase):
             buffers.append(Buffer("_bits", (2,), torch.float32, zero=not given, field=False,
                                   parts=((slot_names[0], 0, 1), (slot_names[1], 1, 1))))  # fmt: skip
         if not config.row_scaled and not given:
-            no_pads = [None, _i64(0), _i64(0), None, _i64(0), _i64(0)]
             steps += self._launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // blk),
                                   [x, _i64(m), _i64(k), Patched(slot_names[0], torch.float32),
-                                   Patched(slot_names[1], torch.float32), *no_pads], max_blocks=REDUCE_BLOCKS)  # fmt: skip
-        sources = {"rowwise": (m, k, k, 1), "colwise": (k, m, 1, k)}
+                                   Patched(slot_names[1], torch.float32), *_no_pads()], max_blocks=REDUCE_BLOCKS)  # fmt: skip
         for slot, (on, o) in enumerate(((rowwise, "rowwise"), (colwise, "colwise"))):
             if not on:
                 continue
-            rows, cols, rs, cs = sources[o]
-            src = [x, _i64(rows), _i64(cols), _i64(rs), _i64(cs)]
+            rows, cols, geometry = _copy_source(o, m, k)
+            src = [x, *geometry]
             g = copy_geometry(config, o, m, k)
             buffers += [Buffer(f"{o}_data", g.data_shape, torch.uint8),
                         Buffer(f"{o}_scale", g.scale_padded_shape, torch.uint8, zero=True)]  # fmt: skip
