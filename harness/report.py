@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
 RESULTS = "results.csv"
@@ -434,12 +435,28 @@ def completed_pairs(path: str | os.PathLike) -> set[tuple[str, str]]:
     return set(zip(df["case_id"], df["backend"], strict=True))
 
 
+def _pairs(df: pd.DataFrame) -> tuple[pd.Series, pd.DataFrame, np.ndarray]:
+    """(pair number of each row, the first row of each pair, each pair's worst_status), pairs of (case_id,
+    backend) numbered in order of first appearance; `df` has a RangeIndex. Column operations: worst_status picks
+    the first row of the worst rank, as idxmax does (info counts as pass)."""
+    keys = ["case_id", "backend"]
+    pair = df.groupby(keys, sort=False).ngroup()
+    first = df.drop_duplicates(keys)
+    status = df["status"].astype(str)
+    status = status.where(status != "info", "pass")
+    rank = status.map(_RANK).fillna(_RANK["error"]).astype(int)  # status_rank of each row, as one dict lookup
+    worst = rank.groupby(pair).idxmax()
+    return pair, first, status.to_numpy()[worst.sort_index().to_numpy()]
+
+
 def case_status(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (case_id, backend): scheme and the worst status of its rows."""
+    """One row per (case_id, backend), in order of first appearance: scheme (its first row's) and the worst
+    status of its rows (worst_status)."""
     if df.empty:
         return pd.DataFrame(columns=["case_id", "backend", "scheme", "status"])
-    g = df.groupby(["case_id", "backend"], sort=False)
-    out = g.agg(scheme=("scheme", "first"), status=("status", worst_status)).reset_index()
+    _, first, status = _pairs(df.reset_index(drop=True))
+    out = first[["case_id", "backend", "scheme"]].reset_index(drop=True)
+    out["status"] = status
     return out
 
 
@@ -455,25 +472,26 @@ def pair_severity(df: pd.DataFrame) -> pd.DataFrame:
             "worst_delta_sqnr_db"]
     if df.empty:
         return pd.DataFrame(columns=cols)
-    keys = ["case_id", "backend"]
     df = df.reset_index(drop=True)
-    pair = df.groupby(keys, sort=False).ngroup()
-    first = df.drop_duplicates(keys)  # the first row of each pair, pairs in order of first appearance
+    pair, first, status = _pairs(df)
     out = first[["case_id", "backend", "scheme", "distribution"]].reset_index(drop=True)
-    status = df["status"].astype(str).where(df["status"].astype(str) != "info", "pass")
-    worst = status.map(status_rank).groupby(pair).idxmax()  # the first row of the worst rank (worst_status)
-    out["status"] = status.loc[worst.sort_index().to_numpy()].to_numpy()
+    out["status"] = status
     out["severity"] = first["severity"].astype(str).to_numpy()
     out["matches_convention"] = first["matches_convention"].astype(str).to_numpy()
     names: dict[int, set[str]] = {}
     cells = df["mismatch_classes"]
-    for i in df.index[cells.astype(bool) & cells.notna()]:
-        try:
-            names.setdefault(pair[i], set()).update(json.loads(cells[i]))
-        except ValueError:
-            names.setdefault(pair[i], set()).add(str(cells[i]))
-    for i in df.index[status == "error"]:
-        names.setdefault(pair[i], set()).add("exception")
+    pair_no = pair.to_numpy()
+    parsed: dict[str, list[str]] = {}  # the distinct cells (a nightly report: 88k cells, a few dozen distinct)
+    nonempty = (cells.astype(bool) & cells.notna()).to_numpy()
+    for p, cell in zip(pair_no[nonempty].tolist(), cells[nonempty].tolist(), strict=True):
+        if cell not in parsed:
+            try:
+                parsed[cell] = list(json.loads(cell))
+            except ValueError:
+                parsed[cell] = [str(cell)]
+        names.setdefault(p, set()).update(parsed[cell])
+    for p in pair_no[(df["status"] == "error").to_numpy()].tolist():
+        names.setdefault(p, set()).add("exception")
     out["classes"] = [",".join(sorted(names[i])) or "-" if i in names else "-" for i in range(len(out))]
     deltas = pd.to_numeric(df["delta_sqnr_db"], errors="coerce").where(df["kind"] == "accuracy")
     out["worst_delta_sqnr_db"] = deltas.groupby(pair).min().reindex(range(len(out))).to_numpy(dtype=float)

@@ -432,10 +432,11 @@ def _pair_severity_one_by_one(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def test_pair_severity_equals_the_pair_by_pair_definition_on_mixed_rows():
+def _mixed_rows(seed: int = 3) -> pd.DataFrame:
+    """400 report rows of 240 possible pairs with every status (an unknown one too), kinds, classes and deltas."""
     import random
 
-    rnd = random.Random(3)
+    rnd = random.Random(seed)
     rows = []
     for _ in range(400):
         case, backend = f"c{rnd.randrange(120)}", rnd.choice(["native", "mine"])
@@ -445,11 +446,30 @@ def test_pair_severity_equals_the_pair_by_pair_definition_on_mixed_rows():
                      "severity": rnd.choice(["exact", "degraded", ""]), "matches_convention": rnd.choice(["", "te"]),
                      "mismatch_classes": rnd.choice(["", "", '["tie_flip"]', '["other", "nan_sign"]', "not json"]),
                      "delta_sqnr_db": rnd.choice([math.nan, -1.5, 0.0, 2.25])})
-    df = pd.DataFrame(rows)
+    return pd.DataFrame(rows)
+
+
+def test_pair_severity_equals_the_pair_by_pair_definition_on_mixed_rows():
+    df = _mixed_rows()
     want = _pair_severity_one_by_one(df)
     got = report.pair_severity(df)
     assert len(got) == len(want) > 100 and set(got["status"]) >= {"pass", "fail", "error", "odd"}
     pd.testing.assert_frame_equal(got.reset_index(drop=True), want, check_dtype=False)
+
+
+def test_case_status_equals_worst_status_pair_by_pair():
+    """case_status's column operations against its meaning: per (case_id, backend) in order of first appearance,
+    the first row's scheme and worst_status of the rows (info alone is a pass, an unknown status ranks as error
+    and is kept as written); a frame with a non-range index gives the same."""
+    df = _mixed_rows(5)
+    want = pd.DataFrame([{"case_id": c, "backend": b, "scheme": rows["scheme"].iloc[0],
+                          "status": report.worst_status(rows["status"])}
+                         for (c, b), rows in df.groupby(["case_id", "backend"], sort=False)])
+    got = report.case_status(df)
+    assert len(got) > 100 and set(got["status"]) >= {"pass", "skip", "fail", "error", "odd"}
+    pd.testing.assert_frame_equal(got, want)
+    shuffled_index = df.set_axis(range(len(df) * 2, 0, -2))
+    pd.testing.assert_frame_equal(report.case_status(shuffled_index), want)
 
 
 def test_read_results_checks_the_file_unless_its_writer_says_it_is_checked(tmp_path):
