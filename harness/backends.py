@@ -249,14 +249,17 @@ class NativeBackend:
 
         items = []
         ops = set()
+        steps = set()  # (recipe, input dtype) of the linear cases: thousands of cases, a few dozen distinct
         for c in cases:  # a linear case loads every role's quantizer and every GEMM of the step
             if c.op != "linear":
                 ops.add((c.op, c.config, c.b_config, c.out_dtype))
-                continue
-            cfg = c.module.recipe.configs()
+            else:
+                steps.add((c.module.recipe, c.in_dtype))
+        for recipe, in_dtype in steps:
+            cfg = recipe.configs()
             ops.update(("quantize", r, None, None) for r in cfg.values())
             for a, b in (("input", "weight"), ("grad_output", "weight"), ("grad_output", "input")):
-                ops.update(("gemm", cfg[a], cfg[b], out) for out in (c.in_dtype, "float32"))
+                ops.update(("gemm", cfg[a], cfg[b], out) for out in (in_dtype, "float32"))
         for op, cfg, b_cfg, out_name in ops:  # distinct only
             if self.supports(op, cfg, device)[0]:
                 out = torch_dtype(out_name, torch.bfloat16 if op == "gemm" else torch.float32)
