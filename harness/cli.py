@@ -10,6 +10,7 @@ a run stopped by SIGINT / SIGTERM (finished pairs are in the report; --resume co
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import re
 import signal
@@ -302,11 +303,12 @@ def cmd_run(args) -> int:
         raise UsageError("--resume and --force exclude each other (--force replaces the report --resume continues)")
     out = _out_dir(args)
     device = _device(args.device)
-    # The workers start first: they import torch and create their CUDA contexts while this process selects
-    # the cases and prepares the backends (harness.pool.WorkerPool); every return below stops them.
-    # The environment probe (about a second of GPU queries) runs meanwhile in a process of its own.
+    # The workers start first, on a thread (harness.pool.WorkerPool.start): they fork from the forkserver once it
+    # has imported torch and the harness, and create their CUDA contexts, while this process selects the cases and
+    # prepares the backends; every return below stops them. The environment probe (about a second of GPU
+    # queries) runs meanwhile in a process of its own; its answer joins run_meta.json when it comes.
     with WorkerPool(args.workers, args.device if args.device not in (None, "auto") else None) as workers:
-        return _run_with(args, out, device, workers.start(), EnvironmentProbe(forkserver_context()))
+        return _run_with(args, out, device, workers.start(wait=False), EnvironmentProbe(forkserver_context()))
 
 
 def _run_with(args, out: Path, device: str, workers, env) -> int:
@@ -314,7 +316,7 @@ def _run_with(args, out: Path, device: str, workers, env) -> int:
     from . import report  # noqa: PLC0415
     from .artefacts import repro_command  # noqa: PLC0415
     from .backends import backend_spec  # noqa: PLC0415
-    from .meta import run_meta  # noqa: PLC0415
+    from .meta import adapter_info, run_meta  # noqa: PLC0415
     from .pool import PoolSweep, WorkersDying  # noqa: PLC0415
     from .progress import Progress  # noqa: PLC0415
 
@@ -326,11 +328,16 @@ def _run_with(args, out: Path, device: str, workers, env) -> int:
     backends = resolve_backends(args.backend, cases, device)
     options = {k: v for k, v in vars(args).items() if k != "func"}
     options.update(device=device, backends=[b.name for b in backends], n_cases=len(cases))
-    meta = run_meta(options, backends=backends, env=env.result())
+    # The environment and the adapters' packages (importlib.metadata scans every installed distribution: 1.8 s
+    # on the GPU host of issue #19) join run_meta.json on a thread, when the probe answers.
+    meta = run_meta(options, env={})
     try:
         writer = report.ReportWriter(out, meta, resume=args.resume, force=args.force)
     except report.ReportError as e:
         raise UsageError(str(e)) from None
+    ex = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="harness-meta")
+    env_written = ex.submit(lambda: writer.write_meta(**env.result(), adapters=[adapter_info(b) for b in backends]))
+    ex.shutdown(wait=False)
     for note in writer.notes:
         print(f"harness: {note}", file=sys.stderr)
     todo = sum(1 for c in cases for b in backends if not writer.is_complete(c.id, b.name))
@@ -359,9 +366,12 @@ def _run_with(args, out: Path, device: str, workers, env) -> int:
             df = report.read_results(out, checked=True)  # written here, under the report's lock
             cs = report.case_status(df)
             counts = {s: int((cs["status"] == s).sum()) for s in ("pass", "fail", "skip", "error")}
+            env_written.result()  # one writer of run_meta.json at a time
             writer.write_meta(finished=stopped is None, counts=counts, **({"stopped": stopped[0]} if stopped else {}))
     finally:
         progress.close()
+        with contextlib.suppress(Exception):
+            env_written.result()
         writer.close()
     if stopped:
         print(f"harness: {stopped[0]}; {len(cs)} (case, backend) pairs are in {out / report.RESULTS}; continue "

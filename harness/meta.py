@@ -6,6 +6,7 @@ Every probe is best effort: a missing tool or library gives None, never an excep
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import importlib.metadata
 import os
@@ -134,24 +135,33 @@ def _send_environment(conn) -> None:
 class EnvironmentProbe:
     """`environment()` computed in a one-shot process started from `context` (harness run: forked from the
     workers' forkserver), so the GPU queries neither hold this process's GIL nor outlive it (the child ends
-    when it has sent its answer, also when this process was killed meanwhile). `result()` waits for the
-    answer; if the child died without one, the probe runs here."""
+    when it has sent its answer, also when this process was killed meanwhile). The child is started and
+    awaited on a thread, since starting it waits for a forkserver that may still be importing (issue #19);
+    `result()` waits for the answer; if the child died without one, the probe runs here."""
 
     def __init__(self, context) -> None:
-        self._recv, send = context.Pipe(duplex=False)
-        self._proc = context.Process(target=_send_environment, args=(send,), daemon=True)
-        self._proc.start()
-        send.close()
+        ex = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="harness-probe")
+        self._answer = ex.submit(_probe_in_child, context)
+        ex.shutdown(wait=False)  # the thread ends with its one task
 
     def result(self) -> dict:
-        try:
-            env = self._recv.recv()
-        except (EOFError, OSError):
-            env = environment()
-        finally:
-            self._recv.close()
-            self._proc.join()
-        return env
+        env = self._answer.result()
+        return environment() if env is None else env
+
+
+def _probe_in_child(context) -> dict | None:
+    """environment() from a child process of `context`; None if it died without an answer."""
+    recv, send = context.Pipe(duplex=False)
+    proc = context.Process(target=_send_environment, args=(send,), daemon=True)
+    proc.start()
+    send.close()
+    try:
+        return recv.recv()
+    except (EOFError, OSError):
+        return None
+    finally:
+        recv.close()
+        proc.join()
 
 
 def run_meta(options: Mapping | None = None, *, probe_gpu: bool = True, backends=(),

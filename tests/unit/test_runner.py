@@ -552,7 +552,7 @@ def test_a_pool_sweep_hands_pebble_at_most_its_window_of_tasks_and_records_every
     assert [len(items) for items in runner.grouped([(c, ["reference"]) for c in cases])] == [1] * 7
 
 
-def test_a_worker_pool_starts_its_workers_before_the_sweep_and_the_sweep_closes_it():
+def test_a_worker_pool_starts_its_workers_before_the_sweep_and_the_sweep_ends_them():
     """harness.pool.WorkerPool: `harness run` starts the workers before it selects the cases; the sweep given
     the pool runs its pairs there (the backend specs travel with each task) and ends the workers."""
     import multiprocessing as mp
@@ -566,7 +566,46 @@ def test_a_worker_pool_starts_its_workers_before_the_sweep_and_the_sweep_closes_
     cases = [qcase(shape=(16, 32), seed=i) for i in range(3)]
     result = pool.PoolSweep(cases, ["reference"], 2, device="cpu", workers=workers).run()
     assert result.counts == {"pass": 3, "fail": 0, "skip": 0, "error": 0}
-    assert workers.pool is None and not started & {p.pid for p in mp.active_children()}
+    assert workers.pool is None  # ending (on a thread: the owner's next stop() waits for it)
+    workers.stop()
+    assert not started & {p.pid for p in mp.active_children()}
+    # A sweep that started its own workers has ended them when run() returns.
+    result = pool.PoolSweep(cases, ["reference"], 2, device="cpu").run()
+    assert result.counts["pass"] == 3 and not {p.pid for p in mp.active_children()} - before
+
+
+def test_a_worker_pool_started_without_waiting_returns_at_once_and_reports_its_failure(monkeypatch):
+    """start(wait=False) (harness run, while the forkserver may still be importing) returns before the workers
+    exist; the next start() waits for them; a failure to start is raised there; stop() while starting waits
+    for the start and then ends the workers."""
+    import multiprocessing as mp
+    import threading
+
+    before = {p.pid for p in mp.active_children()}
+    go = threading.Event()
+    real = pool.WorkerPool._start_now
+    monkeypatch.setattr(pool.WorkerPool, "_start_now", lambda self: (go.wait(60), real(self)))
+    workers = pool.WorkerPool(2, "cpu")
+    assert workers.start(wait=False) is workers and workers.pool is None
+    go.set()
+    assert workers.start().pool is not None
+    assert len({p.pid for p in mp.active_children()} - before) == 2
+    workers.stop()
+    assert workers.pool is None and not {p.pid for p in mp.active_children()} - before
+
+    go.clear()
+    slow = pool.WorkerPool(1, "cpu").start(wait=False)
+    threading.Timer(0.2, go.set).start()
+    slow.stop()  # waits for the start, then ends the worker
+    assert slow.pool is None and not {p.pid for p in mp.active_children()} - before
+
+    def fail(self):
+        raise OSError("no forkserver")
+
+    monkeypatch.setattr(pool.WorkerPool, "_start_now", fail)
+    broken = pool.WorkerPool(1, "cpu").start(wait=False)
+    with pytest.raises(OSError, match="no forkserver"):
+        broken.start()
 
 
 def test_a_worker_pool_left_unused_is_stopped_on_leaving_its_block():
