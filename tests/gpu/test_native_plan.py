@@ -278,6 +278,59 @@ def test_the_delayed_state_is_read_and_written_per_call():
     assert len(plans().QUANTIZE_PLANS) == 1
 
 
+@pytest.mark.parametrize("home", ["cuda", "cpu"])
+@pytest.mark.parametrize("shape", [(1024, 2048), (200, 136), (16, 16)])
+def test_the_delayed_cast_records_h0_for_any_h0_and_grid(home, shape):
+    """The fp8_delayed cast's last CTA records H[0] <- fmax(H[0], amax(x)) (docs/numerics.md §2; a CUDA fp32 history)
+    or record() does after the launch (a host history): for a grid of 128 CTAs, a partial one and a single CTA, an
+    H[0] below, above, equal to amax(x) and NaN (ignored, §0.1), on the full path, planned calls and out=; the
+    colwise copy's amax / sinv equal the rowwise ones; the other history entries are untouched."""
+    import native
+
+    cfg = CONFIGS["fp8_delayed"]
+    x = make_x(shape, torch.bfloat16, seed=29)
+    a = float(x.abs().to(torch.float32).amax())
+    for h0 in (0.0, a * 0.5, a, a * 8.0, float("nan")):
+        native.clear_plans()
+        q = None
+        for i in range(4):
+            gold_state, state = AmaxHistory(cfg), AmaxHistory(cfg, device=home)
+            for st in (gold_state, state):
+                st.history[0], st.history[1], st.scale[0] = h0, 7.0, 2.0 ** (i - 1)
+            gold = reference.quantize(x, cfg, rowwise=True, colwise=True, state=gold_state)
+            out = {"out": q} if i == 3 else {}
+            got = native.quantize(x.cuda(), cfg, rowwise=True, colwise=True, state=state, **out)
+            q = got if i == 2 else q
+            label = f"{shape} on {home} H[0]={h0} call {i + 1}"
+            assert_same(gold, got, label)
+            assert torch.equal(state.history.cpu().view(torch.int32), gold_state.history.view(torch.int32)), label
+            assert state.history.device.type == home and state.history.dtype == torch.float32, label
+        assert len(plans().QUANTIZE_PLANS) == 1
+
+
+def test_a_given_amax_changed_after_the_call_is_read_in_stream_order():
+    """fp8_current's cast reads the caller's device amax itself (no copy, docs/numerics.md §1): a change of that
+    tensor enqueued after the call (same stream) does not reach the result, and the result's amax is its own."""
+    import native
+
+    cfg = CONFIGS["fp8_current"]
+    x = make_x((512, 512), torch.bfloat16, seed=31)
+    a = x.abs().to(torch.float32).amax().reshape(1) * 2
+    gold = reference.quantize(x, cfg, rowwise=True, colwise=True, amax=a)
+    xd = x.cuda()
+    for i in range(3):
+        given = a.cuda()
+        q = native.quantize(xd, cfg, rowwise=True, colwise=True, amax=given)
+        given.fill_(1.0)  # after the kernels, in stream order
+        assert_same(gold, q, f"call {i + 1}")
+        assert q.rowwise_amax.data_ptr() != given.data_ptr() and q.colwise_amax.data_ptr() != given.data_ptr()
+    given = a.cuda()
+    assert native.quantize(xd, cfg, rowwise=True, colwise=True, amax=given, out=q) is q
+    del given  # freed after the call: its memory is reused only by work ordered after the cast
+    torch.ones(1, device="cuda").mul_(3.0)
+    assert_same(gold, q, "out=")
+
+
 # ---- out=: the in-place call -----------------------------------------------------------------------------------
 
 

@@ -248,20 +248,24 @@ def _geometry(grid, block) -> tuple:
     return (*launch_mod._dims(grid), *launch_mod._dims(block), 0)
 
 
-def _role(t, x2d, fields) -> str:
+def _role(t, x2d, fields, named=None) -> str:
     if t is x2d:
         return "x"
+    for role, v in (named or {}).items():  # a per-call tensor of the caller (a given amax, the state's history)
+        if t is v:
+            return role
     for name, v in fields.items():  # the field itself, or another view of exactly its memory
         if v is not None and (v.data_ptr(), v.shape, v.dtype) == (t.data_ptr(), t.shape, t.dtype):
             return name
     return f"internal:{t.dtype}"
 
 
-def _today(calls, x2d, fields) -> list[tuple]:
-    """(kernel, geometry, slots) of recorded launches, every tensor slot replaced by its role."""
+def _today(calls, x2d, fields, named=None) -> list[tuple]:
+    """(kernel, geometry, slots) of recorded launches, every tensor slot replaced by its role (`named`: role ->
+    a caller's tensor passed by identity)."""
     out = []
     for name, geometry, args in calls:
-        template = [Patched(_role(a, x2d, fields), a.dtype) if isinstance(a, torch.Tensor) else a for a in args]
+        template = [Patched(_role(a, x2d, fields, named), a.dtype) if isinstance(a, torch.Tensor) else a for a in args]
         slots, patched = signature(name).prepare(template)
         for i, m in patched:
             slots[i] = m.role
@@ -356,7 +360,9 @@ def test_fp8_plans_launch_what_quantize_2d_launches(monkeypatch, config, extra, 
         fields = mod.quantize_2d(x2d, config, rowwise=rowwise, colwise=colwise, **kw)
         plan = mod.plan_quantize(config, m, k, dtype, rowwise=rowwise, colwise=colwise, aligned=aligned,
                                  given="amax" in kw, index=0)  # fmt: skip
-        assert _planned(plan, {}) == _today(calls, x2d, fields)
+        # The caller's given amax and the state's history reach the cast kernel as they are (no copy).
+        named = {"given": kw.get("amax"), "history": kw["state"].history if "state" in kw else None}
+        assert _planned(plan, {}) == _today(calls, x2d, fields, named)
         _same_fields(_block_fields(plan, monkeypatch), fields)
         _check_bound_steps(plan, monkeypatch)
 
@@ -657,48 +663,116 @@ def test_a_copy_of_a_stamped_tensor_is_no_plans_output():
 # ---- the fp8_delayed per-call work of a plan ------------------------------------------------------------------
 
 
-def _host_memcpy_2d(dst, dpitch, src, spitch, width, height, index):
-    """cudaMemcpy2D's semantics on host memory (rows of `width` bytes at the two pitches)."""
-    for r in range(height):
-        ctypes.memmove(dst + r * dpitch, src + r * spitch, width)
+def _cast_slots(plan, base: int, named: dict) -> dict:
+    """The cast step's argument of each per_tensor_cast parameter (by name) for a block at `base`."""
+    step = plan.steps[-1]
+    assert step.launch.name.startswith("per_tensor_cast_")
+    fixed = read_slots(step.launch.params(step.values(base, named)), len(step.launch.fixed))
+    return dict(zip([p.name for p in signature(step.launch.name).params], fixed, strict=True))
 
 
 @pytest.mark.parametrize("rowwise, colwise", COPIES)
-def test_a_delayed_plan_records_h0_and_copies_amax_and_sinv_to_the_colwise_copy(monkeypatch, rowwise, colwise):
-    """per_tensor.QuantizePlan._run for fp8_delayed on the CPU, the cast kernel replaced by a step that writes amax
-    and sinv where the kernel does: H[0] <- fmax(H[0], amax) (NaN in H[0] ignored, docs/numerics.md §2 / §0.1) and,
-    with both copies, the colwise amax / sinv equal the rowwise ones as separate memory (one 2-row copy); the cast
-    reads the state's scale."""
+def test_a_delayed_plan_has_the_cast_record_h0_and_the_colwise_amax_and_sinv(monkeypatch, rowwise, colwise):
+    """per_tensor.QuantizePlan for fp8_delayed: ONE launch per call and nothing after it. The cast reads the state's
+    scale, accumulates the amax into the amax field, and its last CTA (counted in a zeroed internal slot) records
+    H[0] <- fmax(H[0], amax) in the state's own fp32 history (its data_ptr, per call; docs/numerics.md §2) and
+    writes the colwise copy's own amax / sinv (separate memory, equal values)."""
     cfg = QuantConfig("fp8_delayed")
     monkeypatch.setattr(per_tensor, "module_for", lambda *a: "module")
     monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
-    monkeypatch.setattr(per_tensor, "memcpy_2d", _host_memcpy_2d)
     monkeypatch.setattr(per_tensor, "raw_stream", lambda index: 0)
+    monkeypatch.setattr(per_tensor, "record", mock.Mock(side_effect=AssertionError("record() after the launch")))
     _cpu_memset(monkeypatch)
     plan = per_tensor.plan_quantize(cfg, 32, 64, torch.bfloat16, rowwise=rowwise, colwise=colwise, aligned=True,
                                     given=False, index=0)  # fmt: skip
-    x_amax, scales = [0.0], []
-
-    def kernel(base, named, stream):  # what per_tensor_cast writes: amax(x) and sinv = 1 / scale
-        scale = ctypes.c_float.from_address(named["scale_in"]).value
-        ctypes.c_float.from_address(base + plan.block.offsets[plan.amax]).value = x_amax[0]
-        ctypes.c_float.from_address(base + plan.block.offsets[plan.sinv]).value = 1.0 / scale
-        scales.append(scale)
-
+    assert len(plan.steps) == 1
     x = torch.zeros(32, 64, dtype=torch.bfloat16)
     base, fields = plan.block.allocate(x.device, 0)
+    seen = []
+    out = mock.Mock(base=base, fields=fields, steps=(lambda b, named, stream: seen.append(dict(named)),))
+    for _ in range(2):  # a new state (history, scale) per call: both read per call
+        state = AmaxHistory(cfg)
+        state.scale = torch.tensor([4.0])
+        plan._run(x, None, None, state, out)
+        named = seen.pop()
+        assert named == {plan_mod.X: x.data_ptr(), "scale_in": state.scale.data_ptr(),
+                         "history": state.history.data_ptr()}  # fmt: skip
+        args = _cast_slots(plan, base, named)
+        off = plan.block.offsets
+        o = "rowwise" if rowwise else "colwise"
+        assert (args["amax_in"], args["scale"], args["history"]) == (0, state.scale.data_ptr(), state.history.data_ptr())
+        assert (args["amax_acc"], args["sinv"]) == (fields[f"{o}_amax"].data_ptr(), fields[f"{o}_scale"].data_ptr())
+        assert args["done"] == base + off["_done"] and off["_done"] not in {
+            v.data_ptr() - base for v in fields.values()}  # fmt: skip
+        assert off["_done"] < plan.block.zero_bytes  # cleared with the amax before every call
+        assert args["amax_store"] == 0
+        if rowwise and colwise:
+            assert (args["amax_copy"], args["sinv_copy"]) == (fields["colwise_amax"].data_ptr(),
+                                                               fields["colwise_scale"].data_ptr())  # fmt: skip
+            assert len({args["amax_acc"], args["amax_copy"], args["sinv"], args["sinv_copy"]}) == 4
+        else:
+            assert (args["amax_copy"], args["sinv_copy"]) == (0, 0)  # one copy: nothing to copy on
+
+
+def test_a_delayed_plan_records_a_history_the_kernel_cannot_after_the_launch(monkeypatch):
+    """A history that is not fp32 on the cast's device (here fp64): the cast gets a null history and record() runs
+    after the launch, H[0] <- fmax(H[0], amax) on the state's own tensor (NaN in H[0] ignored, docs/numerics.md
+    §2 / §0.1)."""
+    cfg = QuantConfig("fp8_delayed")
+    monkeypatch.setattr(per_tensor, "module_for", lambda *a: "module")
+    monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
+    monkeypatch.setattr(per_tensor, "raw_stream", lambda index: 0)
+    _cpu_memset(monkeypatch)
+    plan = per_tensor.plan_quantize(cfg, 32, 64, torch.bfloat16, rowwise=True, colwise=True, aligned=True,
+                                    given=False, index=0)  # fmt: skip
+    x = torch.zeros(32, 64, dtype=torch.bfloat16)
+    base, fields = plan.block.allocate(x.device, 0)
+    x_amax, events = [0.0], []
+
+    def kernel(b, named, stream):  # what the cast writes into the amax field
+        events.append(("launch", named["history"]))
+        ctypes.c_float.from_address(b + plan.block.offsets[plan.amax]).value = x_amax[0]
+
     out = mock.Mock(base=base, fields=fields, steps=(kernel,))
     state = AmaxHistory(cfg)
-    state.scale = torch.tensor([4.0])
+    state.history = state.history.to(torch.float64)
     for amax, h0_before, h0_after in ((3.0, 0.0, 3.0), (2.0, 3.0, 3.0), (5.0, float("nan"), 5.0)):
         state.history[0], x_amax[0] = h0_before, amax
         plan._run(x, None, None, state, out)
-        assert float(state.history[0]) == h0_after and scales[-1] == 4.0
-        for o in [c for c, on in (("rowwise", rowwise), ("colwise", colwise)) if on]:
-            assert float(fields[f"{o}_amax"]) == amax and float(fields[f"{o}_scale"]) == 0.25, o
-        if rowwise and colwise:
-            assert fields["rowwise_amax"].data_ptr() != fields["colwise_amax"].data_ptr()
-            assert fields["rowwise_scale"].data_ptr() != fields["colwise_scale"].data_ptr()
+        assert events.pop() == ("launch", 0) and float(state.history[0]) == h0_after
+        assert state.history.dtype == torch.float64
+
+
+@pytest.mark.parametrize("rowwise, colwise", COPIES)
+def test_an_fp8_current_plan_has_the_cast_read_the_given_amax_itself(monkeypatch, rowwise, colwise):
+    """fp8_current with a given amax (TE's quantize_with_amax, docs/numerics.md §1): no copy and no amax pass - the
+    cast's amax_in is the caller's tensor (per call) and the cast stores it in the result's amax (amax_store) and,
+    with both copies, in the colwise amax; never an alias of the caller's tensor."""
+    cfg = QuantConfig("fp8_current")
+    monkeypatch.setattr(per_tensor, "module_for", lambda *a: "module")
+    monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
+    monkeypatch.setattr(per_tensor, "raw_stream", lambda index: 0)
+    _cpu_memset(monkeypatch)
+    plan = per_tensor.plan_quantize(cfg, 32, 64, torch.bfloat16, rowwise=rowwise, colwise=colwise, aligned=True,
+                                    given=True, index=0)  # fmt: skip
+    assert [s.launch.name for s in plan.steps] == ["per_tensor_cast_bf16"]
+    x = torch.zeros(32, 64, dtype=torch.bfloat16)
+    base, fields = plan.block.allocate(x.device, 0)
+    seen = []
+    out = mock.Mock(base=base, fields=fields, steps=(lambda b, named, stream: seen.append(dict(named)),))
+    o = "rowwise" if rowwise else "colwise"
+    for value in (2.5, float("inf"), 0.0):
+        given = torch.tensor([value])
+        plan._run(x, None, given, None, out)
+        named = seen.pop()
+        assert named == {plan_mod.X: x.data_ptr(), "given": given.data_ptr()}
+        args = _cast_slots(plan, base, named)
+        assert args["amax_in"] == given.data_ptr() and args["amax_store"] == fields[f"{o}_amax"].data_ptr()
+        assert (args["amax_acc"], args["history"], args["done"]) == (0, 0, 0)
+        assert args["amax_copy"] == (fields["colwise_amax"].data_ptr() if rowwise and colwise else 0)
+        assert given.data_ptr() not in {v.data_ptr() for v in fields.values()}
+    with pytest.raises(ValueError, match="state is only for fp8_delayed"):
+        plan._run(x, None, torch.tensor([1.0]), AmaxHistory(QuantConfig("fp8_delayed")), out)
 
 
 # ---- the planned GEMM calls -----------------------------------------------------------------------------------
@@ -837,12 +911,11 @@ def test_a_gemm_plan_prepares_a_matmul_only_for_stored_fp32_scales(monkeypatch):
 
 
 @pytest.mark.parametrize("rowwise, colwise", COPIES)
-@pytest.mark.parametrize("config", [QuantConfig("fp8_current"), QuantConfig("nvfp4"), QuantConfig("nvfp4", variant="4over6")],
-                         ids=lambda c: c.id)  # fmt: skip
+@pytest.mark.parametrize("config", [QuantConfig("nvfp4"), QuantConfig("nvfp4", variant="4over6")], ids=lambda c: c.id)
 def test_a_given_amax_is_copied_into_the_amax_slots_before_the_launches(monkeypatch, config, rowwise, colwise):
-    """A plan's given amax (TE's quantize_with_amax): one 4-byte device copy into the amax slot (fp8_current) or
-    both A_g slots (NVFP4, docs/numerics.md §5.1), enqueued before the kernels; the returned amax fields hold it."""
-    mod = per_tensor if config.scheme == "fp8_current" else nvfp4
+    """An NVFP4 plan's given amax (TE's quantize_with_amax): a 4-byte device copy into both A_g slots
+    (docs/numerics.md §5.1), enqueued before the kernels; the returned amax fields hold it."""
+    mod = nvfp4
     events = []
     monkeypatch.setattr(mod, "module_for", lambda *a: "module")
     monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
@@ -864,14 +937,11 @@ def test_a_given_amax_is_copied_into_the_amax_slots_before_the_launches(monkeypa
     for value in (2.5, float("inf"), 0.0):
         events.clear()
         plan._run(x, None, torch.tensor([value]), None, out)
-        n_copies = 1 if mod is per_tensor else 2
-        assert events == ["copy"] * n_copies + ["launch"] * len(plan.steps)
+        assert events == ["copy"] * 2 + ["launch"] * len(plan.steps)
         for o in [c for c, on in (("rowwise", rowwise), ("colwise", colwise)) if on]:
-            if mod is nvfp4 or o == ("rowwise" if rowwise else "colwise"):  # (fp8_current: the kernel copies it on)
-                assert float(fields[f"{o}_amax"]) == value, o
-        if mod is nvfp4:
-            bits = (ctypes.c_float * 2).from_address(base + plan.block.offsets["_bits"])
-            assert list(bits) == [value, value]
+            assert float(fields[f"{o}_amax"]) == value, o
+        bits = (ctypes.c_float * 2).from_address(base + plan.block.offsets["_bits"])
+        assert list(bits) == [value, value]
 
 
 def test_given_on_moves_a_given_amax_only_when_it_is_elsewhere():
