@@ -234,6 +234,7 @@ class QuantizePlan(QuantizePlanBase):
         self.index = index
         self.config = config
         self.delayed = config.scheme == "fp8_delayed"
+        self._equal = config  # the last state config found equal to `config` (_run)
         self.given = given
         self.both = both = rowwise and colwise
         mod = module_for(CU_FILE, config, index)
@@ -286,7 +287,12 @@ class QuantizePlan(QuantizePlanBase):
         dev = x2d.device
         named = {X: x2d.data_ptr()}
         if self.delayed:
-            delayed = _state(self.config, state, dev)  # per call: the state's checks and a fresh one for None
+            if type(state) is AmaxHistory and (state.config is self.config or state.config is self._equal):
+                delayed = state  # (what _state returns for it, without comparing configs field by field again)
+            else:
+                delayed = _state(self.config, state, dev)  # per call: the state's checks and a fresh one for None
+                if delayed is state:
+                    self._equal = state.config  # a config found equal to the plan's (held: its identity stays valid)
             if given is not None:
                 raise ValueError(f"{self.config.id}: a given amax is for fp8_current (fp8_delayed scales from its state)")
             scale_in = delayed.scale

@@ -205,6 +205,13 @@ def test_bad_input_after_a_plan_raises_what_the_full_path_raises(name):
         "no copies": lambda: native.quantize(x, cfg, rowwise=False, colwise=False, rng=rng, state=state()),
         "bad seed": lambda: native.quantize(x, cfg, rng=(2**64, 0), state=state()),
         "negative host amax": lambda: native.quantize(x, cfg, rng=rng, state=state(), amax=torch.tensor([-1.0])),
+        # (a device amax: the planned call's quick check takes only fp32 [] / [1]; the rest is check_given_amax's)
+        "device amax [2]": lambda: native.quantize(x, cfg, rng=rng, state=state(), amax=torch.ones(2, device="cuda")),
+        "device amax [1, 1]": lambda: native.quantize(x, cfg, rng=rng, state=state(),
+                                                      amax=torch.ones(1, 1, device="cuda")),  # fmt: skip
+        "device amax fp64": lambda: native.quantize(x, cfg, rng=rng, state=state(),
+                                                    amax=torch.ones(1, device="cuda", dtype=torch.float64)),  # fmt: skip
+        "amax not a tensor": lambda: native.quantize(x, cfg, rng=rng, state=state(), amax=1.0),
         "wrong state": lambda: native.quantize(x, cfg, rng=rng, state=AmaxHistory(QuantConfig("fp8_delayed", margin=1))),
     }
     if cfg.stochastic:
@@ -257,7 +264,7 @@ def test_a_given_amax_is_read_per_call(name):
     golds = [reference.quantize(x, cfg, rowwise=True, colwise=True, rng=rng, amax=v) for v in amaxes]
     for _ in range(2):
         for v, gold in zip(amaxes, golds, strict=True):
-            for dev_amax in (v, v.cuda()):  # a host amax (value checked per call) and a device one
+            for dev_amax in (v, v.cuda(), v.cuda().reshape(())):  # a host amax (value checked per call), device ones
                 q = native.quantize(x.cuda(), cfg, rowwise=True, colwise=True, rng=rng, amax=dev_amax)
                 assert_same(gold, q, f"{name} amax={float(v)} on {dev_amax.device}")
 

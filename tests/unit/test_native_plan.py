@@ -712,6 +712,15 @@ def test_a_delayed_plan_has_the_cast_record_h0_and_the_colwise_amax_and_sinv(mon
             assert len({args["amax_acc"], args["amax_copy"], args["sinv"], args["sinv_copy"]}) == 4
         else:
             assert (args["amax_copy"], args["sinv_copy"]) == (0, 0)  # one copy: nothing to copy on
+    # The state's checks hold on every call (a config equal to the plan's is remembered, never a different one).
+    for _ in range(2):
+        plan._run(x, None, None, AmaxHistory(QuantConfig("fp8_delayed")), out)
+    for bad, match in ((AmaxHistory(QuantConfig("fp8_delayed", margin=1)), "was built for"),
+                       (mock.Mock(config=cfg), "must be a reference.per_tensor.AmaxHistory")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            plan._run(x, None, None, bad, out)
+    with pytest.raises(ValueError, match="a given amax is for fp8_current"):
+        plan._run(x, None, torch.tensor([1.0]), AmaxHistory(cfg), out)
 
 
 def test_a_delayed_plan_records_a_history_the_kernel_cannot_after_the_launch(monkeypatch):
