@@ -36,6 +36,7 @@ class PlanCache:
     def __init__(self, maxsize: int = MAX_PLANS):
         self.maxsize = maxsize
         self.enabled = True  # False: nothing is recorded (`use_plans` also empties the cache: every call is full)
+        self.generation = 0  # + 1 on every clear: a memo of a plan (native.gemm's _Recent) is valid while it holds
         self._plans: dict = {}
         self._lock = threading.Lock()
         self.get = self._plans.get  # key -> plan or None (the dict's own method: no Python layer per call)
@@ -53,6 +54,7 @@ class PlanCache:
     def clear(self) -> None:
         with self._lock:
             self._plans.clear()  # (in place: `get` stays bound to it)
+            self.generation += 1
 
     def __len__(self) -> int:
         return len(self._plans)

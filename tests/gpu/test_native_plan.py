@@ -18,7 +18,7 @@ import torch
 import reference
 from reference.formats import QuantConfig
 from reference.per_tensor import AmaxHistory
-from reference.types import SpecViolation, SRSeed
+from reference.types import QuantizedTensor, SpecViolation, SRSeed
 from tests.gpu.test_native_features import assert_same, make_x, seed_of
 
 pytestmark = pytest.mark.gpu
@@ -469,13 +469,30 @@ def test_planned_gemms_equal_the_full_path(name, epilogue, method):
         native.use_plans(True)
         native.clear_plans()
         outs = []
+        into = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
         for i in range(3):
             for (a, b, _, _), want in zip(sets, expected, strict=True):
-                out = native.gemm(a, b, layout=layout, bias=bias, c=c, method=method)
-                assert torch.equal(out.view(torch.int16), want.view(torch.int16)), f"{name} {layout} {epilogue} {i}"
+                label = f"{name} {layout} {epilogue} {i}"
+                kw = {"layout": layout, "bias": bias, "c": c, "method": method}
+                out = native.gemm(a, b, **kw)
+                assert torch.equal(out.view(torch.int16), want.view(torch.int16)), label
                 outs.append(out)
+                again = native.gemm(a, b, **kw)  # the same objects: the memo of the last planned call
+                assert torch.equal(again.view(torch.int16), want.view(torch.int16)), label + " (memo)"
+                into.fill_(float("nan"))
+                assert native.gemm(a, b, out=into, **kw) is into  # in place (the full path's first call too)
+                assert torch.equal(into.view(torch.int16), want.view(torch.int16)), label + " (out=)"
+                outs.append(again)
         assert len(plans().GEMM_PLANS) == 1
-        assert len({o.untyped_storage().data_ptr() for o in outs[-2:]}) == 2
+        assert len({o.untyped_storage().data_ptr() for o in outs[-4:]} | {into.untyped_storage().data_ptr()}) == 5
+        # The memo never runs a plan on replaced tensors: the same objects with the other set's tensors.
+        (a0, b0, _, _), (a1, b1, _, _) = sets
+        native.gemm(a0, b0, **kw)
+        for q, src in ((a0, a1), (b0, b1)):
+            for f in QuantizedTensor.TENSOR_FIELDS:
+                setattr(q, f, getattr(src, f))
+        out = native.gemm(a0, b0, **kw)
+        assert torch.equal(out.view(torch.int16), expected[1].view(torch.int16)), f"{name} {layout} replaced"
 
 
 def test_bad_gemm_input_after_a_plan_raises_what_the_full_path_raises():
@@ -500,3 +517,12 @@ def test_bad_gemm_input_after_a_plan_raises_what_the_full_path_raises():
         native.gemm(a_row_only, b)
     for what, call in bad_calls.items():
         assert error_of(call) == expected[what], what
+    # A wrong out= raises ValueError naming what differs, on the full path and the planned one (and the memo).
+    native.clear_plans()
+    for _ in range(3):
+        for bad, match in ((torch.empty(m, n + 1, dtype=torch.bfloat16, device="cuda"), "shape"),
+                           (torch.empty(m, n, device="cuda"), "dtype"), (torch.empty(m, n, dtype=torch.bfloat16), "device"),
+                           (torch.empty(n, m, dtype=torch.bfloat16, device="cuda").t(), "contiguous")):  # fmt: skip
+            with pytest.raises(ValueError, match=f"out= does not fit this GEMM: {match}"):
+                native.gemm(a, b, out=bad)
+        native.gemm(a, b)

@@ -960,3 +960,147 @@ def test_given_on_moves_a_given_amax_only_when_it_is_elsewhere():
     elsewhere.to.return_value = "moved"
     assert plan_mod.given_on(elsewhere, torch.device("cuda", 0)) == "moved"
     elsewhere.to.assert_called_once_with(device=torch.device("cuda", 0))
+
+
+# ---- GEMM: the identity memo of the last planned call, out= --------------------------------------------------
+
+
+class _RecordingGemmPlan:
+    """A GEMM plan that records its calls (the consumed fields of a TN call)."""
+
+    consumed = (("rowwise_data", "rowwise_scale", "rowwise_amax"),) * 2
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, a, b, out_dtype, bias, c, out=None):
+        self.calls.append((a, b, out_dtype, bias, c, out))
+        return "result"
+
+
+def test_a_gemm_call_with_the_last_planned_calls_objects_builds_no_key(monkeypatch):
+    """native.gemm's _Recent: a call with exactly the objects of the last planned call (operands, their consumed
+    tensors, config, shape, input dtype, bias, C; equal layout, out_dtype, method) runs that plan without building
+    the key; any of them replaced, a referenced object dead or the cache cleared sends the call back to the key."""
+    import gc
+    import weakref
+
+    import reference
+
+    g = sys.modules["native.gemm"]
+    plan_mod.clear_plans()
+    cfg = QuantConfig("fp8_current")
+    a, b = reference.quantize(torch.randn(64, 128), cfg), reference.quantize(torch.randn(32, 128), cfg)
+    bias = torch.ones(32)
+    plan = _RecordingGemmPlan()
+    keys = []
+    real_key = g._plan_key
+
+    def counting_key(*args):
+        keys.append(None)  # (counted, not kept: the operands must be free to die)
+        return real_key(*args)
+
+    monkeypatch.setattr(g, "_plan_key", counting_key)
+
+    def put(*args):
+        plan_mod.GEMM_PLANS.put(real_key(*args), plan)
+
+    put(a, b, "TN", torch.bfloat16, bias, None, "auto")
+    for i in range(3):  # the first call finds the plan by its key; the next ones by the memo
+        assert g.gemm(a, b, bias=bias) == "result" and len(plan.calls) == i + 1 and len(keys) == 1
+    assert plan.calls[-1] == (a, b, torch.bfloat16, bias, None, None)
+    out = torch.empty(64, 32, dtype=torch.bfloat16)
+    g.gemm(a, b, bias=bias, out=out)
+    assert plan.calls[-1][5] is out and len(keys) == 1
+
+    def misses(call, *, planned=True) -> None:
+        n_keys, n_calls = len(keys), len(plan.calls)
+        try:
+            call()
+        except Exception:  # (no plan for that key: the full path, which needs a GPU here)
+            assert not planned
+        assert len(keys) == n_keys + 1, "the memo must not match"
+        assert len(plan.calls) == n_calls + planned
+
+    misses(lambda: g.gemm(a, b, bias=torch.ones(32)))  # another bias object (an equal key: the same plan)
+    misses(lambda: g.gemm(a, b, bias=bias))  # (the key finds the plan again and re-arms the memo)
+    misses(lambda: g.gemm(a, b, bias=bias, out_dtype=torch.float32), planned=False)
+    misses(lambda: g.gemm(a, b, bias=bias, method="portable"), planned=False)
+    misses(lambda: g.gemm(a, b, bias=bias, layout="NN"), planned=False)
+    assert g._RECENT[0] is None  # a call that does not match drops the memo (it lets go of its tensors)
+    n_keys = len(keys)
+    g.gemm(a, b, bias=bias)
+    assert len(keys) == n_keys + 1 and g._RECENT[0] is not None
+    for field, value in (("rowwise_data", a.rowwise_data.clone()), ("rowwise_scale", a.rowwise_scale.clone()),
+                         ("rowwise_amax", a.rowwise_amax.clone()), ("shape", tuple(list(a.shape))),
+                         ("config", QuantConfig("fp8_current"))):  # fmt: skip
+        setattr(a, field, value)  # equal, but another object: the key (equal) finds the plan, the memo does not
+        misses(lambda: g.gemm(a, b, bias=bias))
+        g.gemm(a, b, bias=bias)
+    n_keys = len(keys)
+    b.rowwise_amax = b.rowwise_amax.clone()
+    misses(lambda: g.gemm(a, b, bias=bias))
+    assert len(keys) == n_keys + 1
+    # A dead referenced object: its weak reference reads None, as an absent bias would - never a match.
+    bias2 = torch.ones(32)
+    put(a, b, "TN", torch.bfloat16, bias2, None, "auto")
+    g.gemm(a, b, bias=bias2)
+    g.gemm(a, b, bias=bias2)  # (memo armed for bias2)
+    del bias2
+    gc.collect()
+    misses(lambda: g.gemm(a, b), planned=False)  # bias=None: no plan without a bias here, so the full path
+    # The memo keeps no operand alive: a dead operand frees the memo's hold on its tensors.
+    a2, b2 = reference.quantize(torch.randn(64, 128), cfg), reference.quantize(torch.randn(32, 128), cfg)
+    g.gemm(a2, b2, bias=bias)
+    recent, alive = g._RECENT[0], weakref.ref(a2.rowwise_data)
+    assert recent.same(a2, b2, "TN", torch.bfloat16, bias, None, "auto")
+    plan.calls.clear()  # (the recording plan's references)
+    del a2
+    gc.collect()
+    assert recent.fields == () and recent.generation == -1 and alive() is None
+    # A cleared cache invalidates the memo.
+    g.gemm(a, b, bias=bias)
+    n_keys = len(keys)
+    plan_mod.clear_plans()
+    with pytest.raises(Exception):  # noqa: B017 - the full path (no GPU here): what matters is the key
+        g.gemm(a, b, bias=bias)
+    assert len(keys) == n_keys + 1
+    plan_mod.clear_plans()
+
+
+@pytest.mark.parametrize("cfgs", [("fp8_current", {}, {}), ("nvfp4", {}, {})], ids=lambda c: c[0])
+def test_a_planned_gemm_writes_into_out_or_refuses_it(monkeypatch, cfgs):
+    """GemmPlan.run(..., out=): the portable launch's out pointer is the caller's tensor, which comes back (no
+    allocation); the prepared cuBLASLt matmul's too; a tensor of another shape / dtype / device, a non-contiguous
+    one or a non-tensor raises ValueError naming what differs."""
+    g, a, b, av, bv, bias, c = _portable_operands(cfgs, False, torch.float32)
+    monkeypatch.setattr(g, "_portable_module", lambda *a: None)
+    monkeypatch.setattr(g, "device_index", lambda dev: 0)
+    monkeypatch.setattr(g, "current_device", lambda: 0)
+    monkeypatch.setattr(g, "raw_stream", lambda index: 55)
+    fired = []
+    monkeypatch.setattr(launch_mod, "launch_kernel", lambda: lambda *args: fired.append(args))
+    bads = ((torch.zeros(64, 33, dtype=torch.bfloat16), r"shape is \(64, 33\), expected \(64, 32\)"),
+            (torch.zeros(64, 32), "dtype is torch.float32, expected torch.bfloat16"),
+            (torch.zeros(32, 64, dtype=torch.bfloat16).t(), "contiguous is False"),
+            (torch.zeros(64, 32, dtype=torch.bfloat16, device="meta"), "device is meta"),
+            ("out", "takes a torch.Tensor, got str"))  # fmt: skip
+    outs = [torch.zeros(64, 32, dtype=torch.bfloat16) for _ in range(3)]
+    monkeypatch.setattr(torch, "empty", mock.Mock(side_effect=AssertionError("allocated")))
+    plan = g.GemmPlan(av, bv, "portable", torch.bfloat16, None, None)
+    out_slot = [p.name for p in signature("block_scaled_gemm").params].index("out")
+    for out in outs[:2]:
+        assert plan.run(a, b, torch.bfloat16, None, None, out) is out
+        (*_, pointers, _), = fired
+        fired.clear()
+        assert read_slots(pointers, len(plan.portable.fixed))[out_slot] == out.data_ptr()
+    for bad, match in bads:
+        with pytest.raises(ValueError, match=match):
+            plan.run(a, b, torch.bfloat16, None, None, bad)
+    assert fired == []
+    made = []
+    plan.matmul = lambda *args: made.append(args)
+    out = outs[2]
+    assert plan.run(a, b, torch.bfloat16, None, None, out) is out
+    assert made == [(a.rowwise_data.data_ptr(), a.rowwise_scale.data_ptr(), b.rowwise_data.data_ptr(),
+                     b.rowwise_scale.data_ptr(), out.data_ptr(), 55)]  # fmt: skip
