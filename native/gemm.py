@@ -440,6 +440,10 @@ class GemmPlan:
         self.out_shape = (av.outer, bv.outer)
         self.fields = tuple(name for spec in self.views for name in spec[:2])  # a_data, a_scale, b_data, b_scale
         self.consumed = tuple(spec[:3] for spec in self.views)  # each operand's consumed data, scale, amax fields
+        if self.portable is not None:  # the parameter slot of each patched role (written straight into the block)
+            slot = {mk.role: i for i, mk in self.portable.patched}
+            self._slots = tuple(slot[r] for r in ("a_data", "a_scale", "b_data", "b_scale", "out"))
+            self._optional = tuple((slot[r], r) for r in ("amax_a", "amax_b", "bias", "c") if r in slot)
 
     def _view(self, q: QuantizedTensor, spec) -> OperandView:
         data_f, scale_f, amax_f, orientation, g, outer, k, i_st, k_st, s_idiv, s_is, s_ks = spec
@@ -487,21 +491,27 @@ class GemmPlan:
         if out is None:
             out = torch.empty(self.out_shape, dtype=out_dtype, device=device)
         a_data, a_scale, b_data, b_scale = ts
-        named = {"a_data": a_data.data_ptr(), "a_scale": a_scale.data_ptr(), "b_data": b_data.data_ptr(),
-                 "b_scale": b_scale.data_ptr(), "out": out.data_ptr()}  # fmt: skip
-        temps = []
-        for role, t in (("amax_a", getattr(a, self.views[0][2])), ("amax_b", getattr(b, self.views[1][2]))):
-            if t is not None:  # as _portable: the global amaxes as fp32 on the GEMM's device
-                named[role] = (t32 := t.to(device=device, dtype=torch.float32).contiguous()).data_ptr()
-                if t32 is not t:
-                    temps.append(t32)
-        for role, t in (("bias", bias), ("c", c)):
-            if t is not None:  # NUMERICS: §6 - as _portable: bias and C widened to fp32 (exact)
-                named[role] = (t32 := t.to(torch.float32).contiguous()).data_ptr()
-                if t32 is not t:
-                    temps.append(t32)
         prepared = self.portable
-        prepared([named[mk.role] for _, mk in prepared.patched], raw_stream(self.index))
+        buf, pointers = prepared.block()  # this thread's parameter block: the pointers go straight into their slots
+        s0, s1, s2, s3, s4 = self._slots
+        buf[s0], buf[s1], buf[s2], buf[s3], buf[s4] = (a_data.data_ptr(), a_scale.data_ptr(), b_data.data_ptr(),
+                                                       b_scale.data_ptr(), out.data_ptr())  # fmt: skip
+        temps = []
+        for i, role in self._optional:
+            if role == "amax_a" or role == "amax_b":
+                t = getattr(a, self.views[0][2]) if role == "amax_a" else getattr(b, self.views[1][2])
+                # as _portable: the global amaxes as fp32 on the GEMM's device (an fp32 one there as it is)
+                if not (t.dtype is torch.float32 and t.device == device and t.is_contiguous()):
+                    t = t.to(device=device, dtype=torch.float32).contiguous()
+                    temps.append(t)
+            else:
+                t = bias if role == "bias" else c
+                # NUMERICS: §6 - as _portable: bias and C widened to fp32 (exact)
+                if not (t.dtype is torch.float32 and t.is_contiguous()):
+                    t = t.to(torch.float32).contiguous()
+                    temps.append(t)
+            buf[i] = t.data_ptr()
+        prepared.fire(pointers, raw_stream(self.index))
         for t in temps:  # keep the temporaries alive until the kernel has run on torch's stream
             t.record_stream(torch.cuda.current_stream(device))
         return out
