@@ -224,6 +224,21 @@ def lt_alpha(a_view, b_view) -> float:
 
 # ---- the cached call plan (native.plan) ----------------------------------------------------------------------
 
+FILL_CONFIG = QuantConfig("fp8_current")  # the build of fp8_per_tensor.cu whose fill_given other plans launch
+
+
+def fill_given(block: OutputBlock, slots: tuple[str | None, str | None], index: int) -> PreparedLaunch:
+    """The `fill_given` launch of a plan whose kernels read a given amax from its own slots (NVFP4's A_g,
+    docs/numerics.md §5.1): the caller's amax (role "given", per call) into the block's parts `slots` and the
+    block's zero-filled buffers cleared, in one launch (the plan sets `clears`)."""
+    n_words = -(-block.zero_bytes // 4)  # (rounding up stays in the ALIGN padding before the next buffer)
+    assert all(s is None or block.offsets[s] >= 4 * n_words for s in slots)  # the slots lie outside the cleared bytes
+    args = (Patched("given", torch.float32), *(None if s is None else Patched(s, torch.float32) for s in slots),
+            Patched("_block", torch.int32) if n_words else None, np.int64(n_words))  # fmt: skip
+    return PreparedLaunch(module_for(CU_FILE, FILL_CONFIG, index), "fill_given",
+                          grid_stride_blocks(max(n_words, 1), ELEMENTWISE_THREADS, index), ELEMENTWISE_THREADS, args,
+                          index)  # fmt: skip
+
 
 class QuantizePlan(QuantizePlanBase):
     """quantize_2d above for one (config, M, K, dtype, copies, x alignment, given amax) signature: the same

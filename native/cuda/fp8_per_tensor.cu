@@ -159,6 +159,24 @@ NH_CAST(bf16, __nv_bfloat16)
 NH_CAST(f16, __half)
 
 // ---------------------------------------------------------------------------------------------
+// A given amax into a call plan's amax slots, its zero-filled bytes cleared (one launch)
+// ---------------------------------------------------------------------------------------------
+// native.plan: a plan whose kernels read the given amax from its own slots (NVFP4's A_g of both copies,
+// docs/numerics.md §5.1) copies it there and clears the block's zero-filled buffers (`zero`, n_words 4-byte
+// words; the slots lie outside them) in this one launch instead of a cudaMemsetAsync and one 4-byte
+// cudaMemcpyAsync per slot. The value is copied bit for bit.
+extern "C" __global__ void fill_given(const float* __restrict__ given, float* __restrict__ slot0,
+                                      float* __restrict__ slot1, unsigned int* __restrict__ zero, i64 n_words) {
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_words; i += stride) zero[i] = 0u;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    const float a = given[0];
+    if (slot0) slot0[0] = a;
+    if (slot1) slot1[0] = a;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Delayed scaling: fused amax-history update (one CTA)
 // ---------------------------------------------------------------------------------------------
 #ifdef SCHEME_FP8_DELAYED

@@ -103,7 +103,8 @@ def test_output_block_layout_and_views(monkeypatch):
         Buffer("rowwise_scale", (7, 4), torch.float32, zero=True),
     ])  # fmt: skip
     # Zero-filled buffers first, each at an ALIGN-byte offset; the memset covers exactly them.
-    assert block.offsets == {"_bits": 0, "rowwise_amax": 0, "_a_c": 4, "rowwise_scale": 256, "rowwise_data": 512}
+    assert block.offsets == {"_bits": 0, "rowwise_amax": 0, "_a_c": 4, "rowwise_scale": 256, "rowwise_data": 512,
+                             "_block": 0}  # fmt: skip
     assert block.zero_bytes == 256 + 7 * 4 * 4 and block.nbytes == 768
     raw = torch.full((4096,), 0xAB, dtype=torch.uint8)
     base_addr = (raw.data_ptr() + ALIGN - 1) // ALIGN * ALIGN
@@ -396,6 +397,8 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
     if colwise and config.variant == "row_scaled_4over6":
         pytest.skip("row-scaled 4over6 has no columnwise copy (reference.spec.copies_rule)")
     monkeypatch.setattr(nvfp4, "module_for", lambda *a: "module")
+    monkeypatch.setattr(per_tensor, "module_for", lambda *a: "module")
+    monkeypatch.setattr(per_tensor, "grid_stride_blocks", lambda n, t, i: max(1, min(-(-n // t), 132 * 32)))
     monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
     calls = []
 
@@ -416,7 +419,22 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
     named = {}
     if seed is not None:  # NUMERICS: §5.7 the colwise stream is stream + 1 (mod 2^32)
         named = {"seed": seed.seed, "row_stream": seed.stream, "col_stream": (seed.stream + 1) & 0xFFFFFFFF}
-    assert _planned(plan, named) == _today(calls, x2d, fields)
+    planned = _planned(plan, named)
+    if given:  # NUMERICS: §5.1 - first, ONE launch puts the given amax in both A_g slots and clears the scales
+        (name, geometry, slots), *planned = planned
+        a_g = plan.block.offsets
+        slot0, slot1 = ("rowwise_amax" if rowwise else "internal:torch.float32",
+                        "colwise_amax" if colwise else "internal:torch.float32")  # fmt: skip
+        n_words = -(-plan.block.zero_bytes // 4)
+        assert (name, slots) == ("fill_given", ["given", slot0, slot1, "internal:torch.int32", n_words])
+        assert geometry == _geometry(-(-n_words // 256), 256) and plan.clears
+        # The cleared words are exactly the zero-filled scales (the full path's torch.zeros), never an A_g slot.
+        zero = {f"{o}_scale" for o, on in (("rowwise", rowwise), ("colwise", colwise)) if on}
+        assert 4 * n_words <= min(a_g["_bits"], *(a_g[s] for s in plan._given_slots))
+        assert max(a_g[n] for n in zero) < plan.block.zero_bytes
+    else:
+        assert not plan.clears
+    assert planned == _today(calls, x2d, fields)
     _same_fields(_block_fields(plan, monkeypatch), fields)
     _check_bound_steps(plan, monkeypatch)
 
@@ -501,8 +519,8 @@ def test_a_one_launch_plan_allocates_then_launches_its_step_with_x_on_the_plans_
         def __init__(self, got, zero_bytes=0):
             self.got, self.zero_bytes = got, zero_bytes
 
-        def allocate(self, device, index):
-            calls.append(("allocate", device, index))
+        def allocate(self, device, index, clear=True):
+            calls.append(("allocate", device, index) + (() if clear else ("no clear",)))
             return self.got
 
     class FakeStep:
@@ -921,36 +939,52 @@ def test_a_gemm_plan_prepares_a_matmul_only_for_stored_fp32_scales(monkeypatch):
 
 @pytest.mark.parametrize("rowwise, colwise", COPIES)
 @pytest.mark.parametrize("config", [QuantConfig("nvfp4"), QuantConfig("nvfp4", variant="4over6")], ids=lambda c: c.id)
-def test_a_given_amax_is_copied_into_the_amax_slots_before_the_launches(monkeypatch, config, rowwise, colwise):
-    """An NVFP4 plan's given amax (TE's quantize_with_amax): a 4-byte device copy into both A_g slots
-    (docs/numerics.md §5.1), enqueued before the kernels; the returned amax fields hold it."""
-    mod = nvfp4
-    events = []
-    monkeypatch.setattr(mod, "module_for", lambda *a: "module")
-    monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
+def test_a_given_amax_reaches_both_a_g_slots_by_one_launch_that_clears_the_scales(monkeypatch, config, rowwise,
+                                                                                  colwise):
+    """An NVFP4 plan's given amax (TE's quantize_with_amax, docs/numerics.md §5.1): no cudaMemcpyAsync and no
+    memset; its first step, fill_given, gets the caller's pointer (per call) and the block's A_g slots and zero
+    words. Emulating that kernel on the host from the step's own slots (fresh block and out=): both A_g slots hold
+    the given value bit for bit, the scales are zero, the kernels after it read the slots."""
+    monkeypatch.setattr(nvfp4, "module_for", lambda *a: "module")
+    monkeypatch.setattr(per_tensor, "module_for", lambda *a: "module")
     monkeypatch.setattr(per_tensor, "grid_stride_blocks", lambda n, t, i: 1)
-    monkeypatch.setattr(mod, "raw_stream", lambda index: 0)
-
-    def copy(dst, src, nbytes, index):
-        events.append("copy")
-        ctypes.memmove(dst, src, nbytes)
-
-    monkeypatch.setattr(mod, "memcpy", copy)
+    monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
+    monkeypatch.setattr(nvfp4, "raw_stream", lambda index: 0)
+    monkeypatch.setattr(plan_mod, "current_device", lambda: 0)
     _cpu_memset(monkeypatch)
-    plan = mod.plan_quantize(config, 32, 64, torch.bfloat16, rowwise=rowwise, colwise=colwise, aligned=True,
-                             given=True, index=0)  # fmt: skip
+    monkeypatch.setattr(plan_mod, "memset_zero", mock.Mock(side_effect=AssertionError("a memset")))
+    plan = nvfp4.plan_quantize(config, 32, 64, torch.bfloat16, rowwise=rowwise, colwise=colwise, aligned=True,
+                               given=True, index=0)  # fmt: skip
+    fill, *rest = plan.steps
+    assert fill.launch.name == "fill_given"
+    names = [p.name for p in signature("fill_given").params]
+    events = []
+
+    def launch_kernel(fn, *geometry_stream_params):  # the launches, fill_given emulated on the host from its slots
+        *geometry, stream, pointers, _ = geometry_stream_params
+        if tuple(geometry) != fill.launch.geometry or events:
+            events.append("launch")
+            return
+        args = dict(zip(names, read_slots(pointers, 5), strict=True))
+        events.append("fill")
+        value = ctypes.c_uint32.from_address(args["given"]).value
+        for slot in ("slot0", "slot1"):
+            ctypes.c_uint32.from_address(args[slot]).value = value
+        ctypes.memset(args["zero"], 0, 4 * args["n_words"])
+
+    monkeypatch.setattr(launch_mod, "launch_kernel", lambda: launch_kernel)
     x = torch.zeros(32, 64, dtype=torch.bfloat16)
-    base, fields = plan.block.allocate(x.device, 0)
-    assert not any(name.startswith("_") for name in fields)  # no view of internal slots is built
-    out = mock.Mock(base=base, fields=fields, steps=[lambda *a: events.append("launch")] * len(plan.steps))
-    for value in (2.5, float("inf"), 0.0):
+    got = None
+    for value in (2.5, float("inf"), 0.0, 2.0**127 * 1.5):
         events.clear()
-        plan._run(x, None, torch.tensor([value]), None, out)
-        assert events == ["copy"] * 2 + ["launch"] * len(plan.steps)
-        for o in [c for c, on in (("rowwise", rowwise), ("colwise", colwise)) if on]:
-            assert float(fields[f"{o}_amax"]) == value, o
-        bits = (ctypes.c_float * 2).from_address(base + plan.block.offsets["_bits"])
+        got = plan.run(x, None, torch.tensor([value]), None, into=got)
+        assert events == ["fill"] + ["launch"] * len(rest)
+        bits = (ctypes.c_float * 2).from_address(got.base + plan.block.offsets["_bits"])
         assert list(bits) == [value, value]
+        for o in [c for c, on in (("rowwise", rowwise), ("colwise", colwise)) if on]:
+            assert float(got.fields[f"{o}_amax"]) == value, o
+            assert int(got.fields[f"{o}_scale"].count_nonzero()) == 0, o
+            got.fields[f"{o}_scale"].fill_(7)  # (cleared again by the next call's fill)
 
 
 def test_given_on_moves_a_given_amax_only_when_it_is_elsewhere():
