@@ -3,8 +3,9 @@
 Source: docs/numerics.md §1 (current scaling: amax pass, scale, one cast pass), §2 (delayed scaling: cast
 with the slot's scale, H[0] accumulation, the fused end-of-step update), §6 (cuBLASLt SCALAR_32F row).
 The launcher module of both per-tensor schemes (`native.launchers`): quantize_2d / dequantize and the
-GEMM entries take CUDA tensors; the amax-history record and update are native's own (the cast kernel's last CTA,
-or an fmax here for a history elsewhere; the `delayed_update` kernel), cross-checked against `reference.per_tensor.AmaxHistory` in tests.
+GEMM entries take CUDA tensors; the amax-history record and update are native's own (the cast kernel's last
+CTA, or an fmax here for a history elsewhere; the `delayed_update` kernel), cross-checked against
+`reference.per_tensor.AmaxHistory` in tests.
 """
 
 from __future__ import annotations
