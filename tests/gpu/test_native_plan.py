@@ -470,6 +470,10 @@ def test_planned_gemms_equal_the_full_path(name, epilogue, method):
         native.clear_plans()
         outs = []
         into = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kw = {"layout": layout, "bias": bias, "c": c, "method": method}
+        assert native.gemm(*sets[0][:2], out=into, **kw) is into  # the full path (first call) in place
+        assert torch.equal(into.view(torch.int16), expected[0].view(torch.int16)), f"{name} {layout} full path out="
+        native.clear_plans()
         for i in range(3):
             for (a, b, _, _), want in zip(sets, expected, strict=True):
                 label = f"{name} {layout} {epilogue} {i}"
@@ -480,7 +484,7 @@ def test_planned_gemms_equal_the_full_path(name, epilogue, method):
                 again = native.gemm(a, b, **kw)  # the same objects: the memo of the last planned call
                 assert torch.equal(again.view(torch.int16), want.view(torch.int16)), label + " (memo)"
                 into.fill_(float("nan"))
-                assert native.gemm(a, b, out=into, **kw) is into  # in place (the full path's first call too)
+                assert native.gemm(a, b, out=into, **kw) is into  # in place (planned: memo)
                 assert torch.equal(into.view(torch.int16), want.view(torch.int16)), label + " (out=)"
                 outs.append(again)
         assert len(plans().GEMM_PLANS) == 1
