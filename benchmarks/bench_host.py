@@ -12,7 +12,8 @@ with `native.use_plans(False)` (every call takes the full path: the spec checks,
 the plans on (docs/design.md §4.1). The GEMM goal is torch._scaled_mm's issue_us on fp8 tensorwise operands of the
 same shapes, measured in the same run. "out_us" (quantize rows) is the in-place call `native.quantize(...,
 out=q)` into the outputs of an earlier planned call (docs/design.md §4.1): no allocation, the same kernels; a
-separate column with its own result ("out"), since a caller must opt in to overwriting q. At the default sizes the GPU work of a call is a few microseconds, so
+separate column with its own result ("out"), since a caller must opt in to overwriting q. For GEMM rows it is
+`native.gemm(..., out=y)` into a caller's [size, size] bf16 tensor (TE's general_gemm takes `out`). At the default sizes the GPU work of a call is a few microseconds, so
 issue_us is the host cost. --dry-run needs no GPU: it checks every row's call on the CPU reference and prints the
 table with placeholder timings (tests/unit/test_native_plan_bench.py). Exit code: 0; 1 with --check-goals when a
 goal is missed; 2 without a GPU.
@@ -144,7 +145,7 @@ def dry_run(args) -> list[dict]:
     if gemms or wanted(args, TORCH_GEMM):
         out.append(record("gemm", TORCH_GEMM, 20.0, 20.0, None))
     for name in gemms:
-        out.append(record("gemm", f"native.gemm {name}", 150.0, 18.0, 20.0))
+        out.append(record("gemm", f"native.gemm {name}", 150.0, 18.0, 20.0, out=16.0))
     return out
 
 
@@ -209,7 +210,9 @@ def gpu_run(args) -> list[dict]:
         qa = native.quantize(torch.randn(n, n, generator=g).to(torch.bfloat16).to(dev), a_cfg)
         qb = native.quantize(torch.randn(n, n, generator=g).to(torch.bfloat16).to(dev), b_cfg)
         before, after = before_after(lambda qa=qa, qb=qb: native.gemm(qa, qb, layout="TN"), args)
-        out.append(record("gemm", f"native.gemm {name} ({_method(a_cfg, dev)})", before, after, t))
+        into = torch.empty(n, n, dtype=torch.bfloat16, device=dev)  # the in-place call's output (planned)
+        in_place = measure(lambda qa=qa, qb=qb, y=into: native.gemm(qa, qb, layout="TN", out=y), args)
+        out.append(record("gemm", f"native.gemm {name} ({_method(a_cfg, dev)})", before, after, t, out=in_place))
         print(table(out[-1:]).splitlines()[1], flush=True)
     return out
 

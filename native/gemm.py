@@ -3,7 +3,7 @@
 Source: docs/numerics.md §6 (GEMM semantics, scale modes, arch table, exact-representable mode), §3-§5
 layouts, docs/design.md §3-§4 (same signature as `reference.gemm`, `Unsupported` for hardware gaps).
 
-`gemm(a, b, *, layout="TN", out_dtype=torch.bfloat16, bias=None, c=None, method="auto")`, with a, b
+`gemm(a, b, *, layout="TN", out_dtype=torch.bfloat16, bias=None, c=None, method="auto", out=None)`, with a, b
 QuantizedTensors holding CUDA tensors, computes out [M, N] exactly as `reference.gemm` defines the
 layouts (docs/adapters.md §3): "TN" consumes both rowwise copies (a [M, K], b [N, K]); "NN" a's rowwise and
 b's colwise copy (b logical [K, N]); "NT" both colwise copies (a [K, M], b [K, N]).
@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -270,26 +271,109 @@ def gemm(
     bias: torch.Tensor | None = None,
     c: torch.Tensor | None = None,
     method: str = "auto",
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """out [M, N] = a·bᵀ with the operands' scales (docs/numerics.md §6); see the module docstring.
 
     The first call of a signature (`_plan_key`) runs every check and records a `GemmPlan`; later calls skip the
-    checks that plan already passed (docs/design.md §4.1)."""
+    checks that plan already passed (docs/design.md §4.1). A call with exactly the objects of the previous planned
+    call (`_Recent`) skips building the key too.
+
+    `out` (in place, as TE's general_gemm takes one): a contiguous CUDA tensor [M, N] of `out_dtype` on the
+    operands' device that receives the result and is returned (ValueError otherwise); it must not overlap the
+    operands, bias or c. Without it every call returns a fresh tensor."""
+    recent = _RECENT[0]
+    if recent is not None:
+        if recent.same(a, b, layout, out_dtype, bias, c, method):
+            return recent.plan.run(a, b, out_dtype, bias, c, out)
+        _RECENT[0] = None  # (another call: the memo lets go of its tensors)
     key = _plan_key(a, b, layout, out_dtype, bias, c, method)
     try:
         plan = GEMM_PLANS.get(key) if key is not None else None
     except TypeError:  # an unhashable out_dtype or method: no plan (the full path raises the spec's error)
         key = plan = None
     if plan is not None:
-        return plan.run(a, b, out_dtype, bias, c)
+        _RECENT[0] = _Recent(plan, a, b, layout, out_dtype, bias, c, method)
+        return plan.run(a, b, out_dtype, bias, c, out)
     av, bv = _check_operands(a, b, layout, out_dtype, bias, c, method)
     device = av.data.device
+    if out is not None:
+        check_out(out, (av.outer, bv.outer), out_dtype, device)
     resolved, _ = resolve_method(a.config, method, device)
     with torch.cuda.device(device):
-        out = _dispatch(av, bv, resolved, out_dtype, bias, c, checked=False)
+        result = _dispatch(av, bv, resolved, out_dtype, bias, c, checked=False)
     if key is not None:
         GEMM_PLANS.put(key, GemmPlan(av, bv, resolved, out_dtype, bias, c))
-    return out
+    return result if out is None else out.copy_(result)
+
+
+def check_out(out, shape: tuple[int, int], out_dtype, device: torch.device) -> None:
+    """gemm(..., out=): a contiguous tensor [M, N] of out_dtype on the GEMM's device, else ValueError naming what
+    differs."""
+    if not isinstance(out, torch.Tensor):
+        raise ValueError(f"out= takes a torch.Tensor, got {type(out).__name__}")
+    wrong = [f"{what} is {got}, expected {want}" for what, got, want in (
+        ("shape", tuple(out.shape), shape), ("dtype", out.dtype, out_dtype), ("device", out.device, device),
+        ("contiguous", out.is_contiguous(), True)) if got != want]  # fmt: skip
+    if wrong:
+        raise ValueError(f"out= does not fit this GEMM: {'; '.join(wrong)}")
+
+
+class _Recent:
+    """The arguments of the last planned GEMM call and its plan, compared by identity (`same`): the same
+    QuantizedTensor objects with the same consumed field tensors, config, shape and input dtype, the same bias / C
+    objects and equal layout, out_dtype and method - everything its key was built from - so the call is that
+    plan's signature again. The operands, bias and C are held by weak reference, their consumed tensors until the
+    next GEMM call or the death of an operand (the memo keeps nothing alive beyond that); valid while all of them
+    live and the plan cache is not cleared (`PlanCache.generation`). A tensor's shape changed in place (`resize_`,
+    `set_`) between two such calls is not seen (the plan's launch reads the shapes it was built for); `t_()` /
+    `as_strided_()` are (the run re-checks contiguity)."""
+
+    __slots__ = ("plan", "generation", "a", "b", "bias", "c", "fields", "meta", "__weakref__")
+
+    def __init__(self, plan, a, b, layout, out_dtype, bias, c, method):
+        self.plan, self.generation = plan, GEMM_PLANS.generation
+        dead = _dead_callback(self)
+        self.a, self.b = weakref.ref(a, dead), weakref.ref(b, dead)
+        self.bias = _NONE if bias is None else weakref.ref(bias, dead)
+        self.c = _NONE if c is None else weakref.ref(c, dead)
+        (da, sa, ma), (db, sb, mb) = plan.consumed
+        self.fields = (getattr(a, da), getattr(a, sa), getattr(a, ma), getattr(b, db), getattr(b, sb), getattr(b, mb))
+        self.meta = (layout, out_dtype, method, a.config, a.shape, a.hp_dtype, b.config, b.shape, b.hp_dtype)
+
+    def same(self, a, b, layout, out_dtype, bias, c, method) -> bool:
+        m = self.meta
+        if not (self.a() is a and self.b() is b and self.bias() is bias and self.c() is c and out_dtype is m[1]
+                and self.generation == GEMM_PLANS.generation and type(layout) is str and layout == m[0]
+                and type(method) is str and method == m[2]):  # fmt: skip
+            return False
+        (da, sa, ma), (db, sb, mb) = self.plan.consumed
+        f = self.fields
+        return (getattr(a, da) is f[0] and getattr(a, sa) is f[1] and getattr(a, ma) is f[2]
+                and getattr(b, db) is f[3] and getattr(b, sb) is f[4] and getattr(b, mb) is f[5]
+                and a.config is m[3] and a.shape is m[4] and a.hp_dtype is m[5]
+                and b.config is m[6] and b.shape is m[7] and b.hp_dtype is m[8])  # fmt: skip
+
+
+def _dead_callback(recent: _Recent):
+    """The weak-reference callback of `recent`'s objects: one died, so never match again (a dead reference reads
+    None, as an absent bias would) and let go of the consumed tensors."""
+    ref = weakref.ref(recent)  # (the callback must not keep the memo alive)
+
+    def dead(_):
+        r = ref()
+        if r is not None:
+            r.generation, r.fields = -1, ()
+
+    return dead
+
+
+def _none() -> None:
+    return None
+
+
+_NONE = _none  # the "weak reference" of an absent bias or C: dereferences to None
+_RECENT: list[_Recent | None] = [None]  # (one slot: replaced whole, so a reader sees one consistent _Recent)
 
 
 def _dispatch(av: OperandView, bv: OperandView, resolved: str, out_dtype, bias, c, *, checked: bool,
@@ -355,59 +439,79 @@ class GemmPlan:
         self.matmul = _prepare_matmul(av, bv, resolved, out_dtype, bias, c, self.index)
         self.out_shape = (av.outer, bv.outer)
         self.fields = tuple(name for spec in self.views for name in spec[:2])  # a_data, a_scale, b_data, b_scale
+        self.consumed = tuple(spec[:3] for spec in self.views)  # each operand's consumed data, scale, amax fields
+        if self.portable is not None:  # the parameter slot of each patched role (written straight into the block)
+            slot = {mk.role: i for i, mk in self.portable.patched}
+            self._slots = tuple(slot[r] for r in ("a_data", "a_scale", "b_data", "b_scale", "out"))
+            self._optional = tuple((slot[r], r) for r in ("amax_a", "amax_b", "bias", "c") if r in slot)
 
     def _view(self, q: QuantizedTensor, spec) -> OperandView:
         data_f, scale_f, amax_f, orientation, g, outer, k, i_st, k_st, s_idiv, s_is, s_ks = spec
         return OperandView(q, orientation, g, outer, k, getattr(q, data_f).contiguous(), i_st, k_st,
                            getattr(q, scale_f).contiguous(), s_idiv, s_is, s_ks, getattr(q, amax_f))  # fmt: skip
 
-    def run(self, a: QuantizedTensor, b: QuantizedTensor, out_dtype, bias, c) -> torch.Tensor:
+    def run(self, a: QuantizedTensor, b: QuantizedTensor, out_dtype, bias, c, out=None) -> torch.Tensor:
+        """This signature's GEMM into a fresh tensor or into `out` (checked per call: `check_out`)."""
+        if out is not None:
+            if not (type(out) is torch.Tensor and out.dtype is out_dtype and out.shape == self.out_shape
+                    and out.device == self.device and out.is_contiguous()):  # fmt: skip
+                check_out(out, self.out_shape, out_dtype, self.device)
         if self.matmul is not None or self.portable is not None:
             a_data, a_scale, b_data, b_scale = self.fields
-            ts = (getattr(a, a_data), getattr(a, a_scale), getattr(b, b_data), getattr(b, b_scale))
-            if all(t.is_contiguous() for t in ts):  # (else the views' .contiguous() copies: the general path)
+            ts = (t0 := getattr(a, a_data), t1 := getattr(a, a_scale), t2 := getattr(b, b_data), t3 := getattr(b, b_scale))
+            # (else the views' .contiguous() copies: the general path)
+            if t0.is_contiguous() and t1.is_contiguous() and t2.is_contiguous() and t3.is_contiguous():
                 call = self._matmul if self.matmul is not None else self._portable
                 if current_device() != self.index:
                     with torch.cuda.device(self.device):
-                        return call(ts, a, b, out_dtype, bias, c)
-                return call(ts, a, b, out_dtype, bias, c)
+                        return call(ts, a, b, out_dtype, bias, c, out)
+                return call(ts, a, b, out_dtype, bias, c, out)
         av, bv = self._view(a, self.views[0]), self._view(b, self.views[1])
         if current_device() != self.index:
             with torch.cuda.device(self.device):
-                return _dispatch(av, bv, self.resolved, out_dtype, bias, c, checked=True, portable=self.portable)
-        return _dispatch(av, bv, self.resolved, out_dtype, bias, c, checked=True, portable=self.portable)
+                result = _dispatch(av, bv, self.resolved, out_dtype, bias, c, checked=True, portable=self.portable)
+        else:
+            result = _dispatch(av, bv, self.resolved, out_dtype, bias, c, checked=True, portable=self.portable)
+        return result if out is None else out.copy_(result)
 
-
-    def _matmul(self, ts, a, b, out_dtype, bias, c) -> torch.Tensor:
-        """The prepared cublasLtMatmul (`_prepare_matmul`): one output allocation, one call."""
-        out = torch.empty(self.out_shape, dtype=out_dtype, device=self.device)
+    def _matmul(self, ts, a, b, out_dtype, bias, c, out=None) -> torch.Tensor:
+        """The prepared cublasLtMatmul (`_prepare_matmul`): one output allocation (none with `out`), one call."""
+        if out is None:
+            out = torch.empty(self.out_shape, dtype=out_dtype, device=self.device)
         a_data, a_scale, b_data, b_scale = ts
         self.matmul(a_data.data_ptr(), a_scale.data_ptr(), b_data.data_ptr(), b_scale.data_ptr(), out.data_ptr(),
                     raw_stream(self.index))  # fmt: skip
         return out
 
-    def _portable(self, ts, a, b, out_dtype, bias, c) -> torch.Tensor:
-        """`_portable`'s planned launch without building the operand views: one output allocation, one launch
-        (the amaxes, bias and C widened to fp32 exactly as `_portable` does; only its temporaries are recorded
-        on the stream)."""
+    def _portable(self, ts, a, b, out_dtype, bias, c, out=None) -> torch.Tensor:
+        """`_portable`'s planned launch without building the operand views: one output allocation (none with
+        `out`), one launch (the amaxes, bias and C widened to fp32 exactly as `_portable` does; only its
+        temporaries are recorded on the stream)."""
         device = self.device
-        out = torch.empty(self.out_shape, dtype=out_dtype, device=device)
+        if out is None:
+            out = torch.empty(self.out_shape, dtype=out_dtype, device=device)
         a_data, a_scale, b_data, b_scale = ts
-        named = {"a_data": a_data.data_ptr(), "a_scale": a_scale.data_ptr(), "b_data": b_data.data_ptr(),
-                 "b_scale": b_scale.data_ptr(), "out": out.data_ptr()}  # fmt: skip
-        temps = []
-        for role, t in (("amax_a", getattr(a, self.views[0][2])), ("amax_b", getattr(b, self.views[1][2]))):
-            if t is not None:  # as _portable: the global amaxes as fp32 on the GEMM's device
-                named[role] = (t32 := t.to(device=device, dtype=torch.float32).contiguous()).data_ptr()
-                if t32 is not t:
-                    temps.append(t32)
-        for role, t in (("bias", bias), ("c", c)):
-            if t is not None:  # NUMERICS: §6 - as _portable: bias and C widened to fp32 (exact)
-                named[role] = (t32 := t.to(torch.float32).contiguous()).data_ptr()
-                if t32 is not t:
-                    temps.append(t32)
         prepared = self.portable
-        prepared([named[mk.role] for _, mk in prepared.patched], raw_stream(self.index))
+        buf, pointers = prepared.block()  # this thread's parameter block: the pointers go straight into their slots
+        s0, s1, s2, s3, s4 = self._slots
+        buf[s0], buf[s1], buf[s2], buf[s3], buf[s4] = (a_data.data_ptr(), a_scale.data_ptr(), b_data.data_ptr(),
+                                                       b_scale.data_ptr(), out.data_ptr())  # fmt: skip
+        temps = []
+        for i, role in self._optional:
+            if role == "amax_a" or role == "amax_b":
+                t = getattr(a, self.views[0][2]) if role == "amax_a" else getattr(b, self.views[1][2])
+                # as _portable: the global amaxes as fp32 on the GEMM's device (an fp32 one there as it is)
+                if not (t.dtype is torch.float32 and t.device == device and t.is_contiguous()):
+                    t = t.to(device=device, dtype=torch.float32).contiguous()
+                    temps.append(t)
+            else:
+                t = bias if role == "bias" else c
+                # NUMERICS: §6 - as _portable: bias and C widened to fp32 (exact)
+                if not (t.dtype is torch.float32 and t.is_contiguous()):
+                    t = t.to(torch.float32).contiguous()
+                    temps.append(t)
+            buf[i] = t.data_ptr()
+        prepared.fire(pointers, raw_stream(self.index))
         for t in temps:  # keep the temporaries alive until the kernel has run on torch's stream
             t.record_stream(torch.cuda.current_stream(device))
         return out

@@ -187,9 +187,10 @@ def _declare(name: str, params: str, **types: str) -> None:
 _declare("tensor_amax_{sfx}", "const {T}* x, i64 n, int vec_ok, float* amax")
 _declare("per_tensor_cast_{sfx}",
          "const {T}* x, i64 M, i64 K, int vec_in, int vec_row, int vec_col, const float* amax_in, float* scale, "
-         "float* sinv, float* amax_acc, float* amax_copy, float* sinv_copy, unsigned char* q_row, "
-         "unsigned char* q_col")  # fmt: skip
+         "float* sinv, float* amax_acc, float* amax_copy, float* sinv_copy, float* amax_store, float* history, "
+         "unsigned int* done, unsigned char* q_row, unsigned char* q_col")  # fmt: skip
 _declare("delayed_update", "const float* hist, float* h_out, float* scale, const float* reduced, int has_reduced")
+_declare("fill_given", "const float* given, float* slot0, float* slot1, unsigned int* zero, i64 n_words")
 _declare("per_tensor_dequantize_{sfx}", "const unsigned char* q, const float* sinv, i64 M, i64 K, int colwise, {T}* out")
 # mxfp8.cu (NH_MX_QUANTIZE, NH_MX_DEQUANTIZE)
 _declare("mxfp8_quantize_{sfx}",

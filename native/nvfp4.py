@@ -42,7 +42,8 @@ from . import swizzle
 from .kernels import Patched
 from .launch import PreparedLaunch, device_index, launch, module_for, raw_stream
 from .launchers import CublasLtMode, LtScale
-from .plan import Buffer, OutputBlock, Step, X, given_on, memcpy
+from .per_tensor import fill_given
+from .plan import Buffer, OutputBlock, Step, X, given_on
 from .plan import QuantizePlan as QuantizePlanBase
 
 CU_FILE = "nvfp4.cu"
@@ -389,6 +390,8 @@ class QuantizePlan(QuantizePlanBase):
         else:
             buffers, steps = self._plain(config, m, k, dtype, rowwise, colwise, given)
         self.block = block = OutputBlock(buffers)
+        if given:  # NUMERICS: §5.1 - one launch puts the given amax in both A_g slots and clears the scales
+            steps, self.clears = [fill_given(block, self._given_slots, index), *steps], True
         self.steps = tuple(Step(s, block) for s in steps)
 
     def _launch(self, name: str, n_units: int, args, *, max_blocks: int = MAX_BLOCKS,
@@ -405,6 +408,7 @@ class QuantizePlan(QuantizePlanBase):
         a_x = "rowwise_amax" if rowwise else "_a_x"
         a_c = "colwise_amax" if colwise else "_a_c"
         bits = Buffer("_bits", (2,), torch.float32, zero=not given, parts=((a_x, 0, 1), (a_c, 1, 1)), field=False)
+        self._given_slots = (a_x, a_c)
         buffers = [bits]
         copies, pads = [], []
         for on, o, a_g, stream in ((rowwise, "rowwise", a_x, "row_stream"), (colwise, "colwise", a_c, "col_stream")):
@@ -441,7 +445,7 @@ class QuantizePlan(QuantizePlanBase):
         sfx = _SUFFIX[dtype]
         x = Patched(X, dtype)
         buffers, steps = [], []
-        slot_names = ("rowwise_amax" if rowwise else "_a0", "colwise_amax" if colwise else "_a1")
+        slot_names = self._given_slots = ("rowwise_amax" if rowwise else "_a0", "colwise_amax" if colwise else "_a1")
         if not config.row_scaled:
             buffers.append(Buffer("_bits", (2,), torch.float32, zero=not given, field=False,
                                   parts=((slot_names[0], 0, 1), (slot_names[1], 1, 1))))  # fmt: skip
@@ -476,13 +480,12 @@ class QuantizePlan(QuantizePlanBase):
             raise SpecViolation(f"{self.config.id}: stochastic rounding needs rng=(seed, stream) (docs/numerics.md §5.7)")
         if not self.aligned:  # the kernels use 16-byte vector loads along rows (quantize_2d clones such an X)
             x2d = x2d.clone()
-        if given is not None:
-            # NUMERICS: §5.1 - the given amax is A_g of both copies (TE's quantize_with_amax); no pass over X.
-            src = given_on(given, x2d.device)  # (alive until both copies are enqueued)
-            bits = out.base + self.block.offsets["_bits"]
-            memcpy(bits, src.data_ptr(), 4, self.index)
-            memcpy(bits + 4, src.data_ptr(), 4, self.index)
         named = {X: x2d.data_ptr()}
+        if given is not None:
+            # NUMERICS: §5.1 - the given amax is A_g of both copies (TE's quantize_with_amax); no pass over X: the
+            # first step (fill_given) copies it into both slots (kept alive by this frame until it is enqueued).
+            given = given_on(given, x2d.device)
+            named["given"] = given.data_ptr()
         if self.sr:
             named.update(seed=seed.seed, row_stream=seed.stream & _MASK32,
                          col_stream=(seed.stream + 1) & _MASK32)  # NUMERICS: §5.7 colwise stream + 1

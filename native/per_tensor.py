@@ -3,8 +3,9 @@
 Source: docs/numerics.md §1 (current scaling: amax pass, scale, one cast pass), §2 (delayed scaling: cast
 with the slot's scale, H[0] accumulation, the fused end-of-step update), §6 (cuBLASLt SCALAR_32F row).
 The launcher module of both per-tensor schemes (`native.launchers`): quantize_2d / dequantize and the
-GEMM entries take CUDA tensors; the amax-history record and update are native's own (an fmax here, the
-`delayed_update` kernel), cross-checked against `reference.per_tensor.AmaxHistory` in tests.
+GEMM entries take CUDA tensors; the amax-history record and update are native's own (the cast kernel's last
+CTA, or an fmax here for a history elsewhere; the `delayed_update` kernel), cross-checked against
+`reference.per_tensor.AmaxHistory` in tests.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from reference.types import QuantizedTensor
 from .kernels import Patched
 from .launch import PreparedLaunch, device_index, grid_stride_blocks, launch, module_for, raw_stream
 from .launchers import CublasLtMode, LtScale
-from .plan import Buffer, OutputBlock, Step, X, given_on, memcpy, memcpy_2d
+from .plan import Buffer, OutputBlock, Step, X, given_on
 from .plan import QuantizePlan as QuantizePlanBase
 
 CU_FILE = "fp8_per_tensor.cu"
@@ -29,6 +30,7 @@ TILE = 128  # the cast kernel's CTA tile (common.cuh kTile)
 THREADS = 256  # the cast kernel's CTA size (common.cuh kThreads)
 ELEMENTWISE_THREADS = 256
 SCALAR_SLOT = 4  # fp32 elements per scalar slot in the per-tensor buffer (16 bytes: aligned scale pointers)
+DONE = 1  # the element of the scalar buffer that counts the delayed cast's finished CTAs (in the amax's slot)
 SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 
 # NUMERICS: §6 table - per-tensor FP8 on cuBLASLt: SCALAR_32F, sm_89+, cuBLAS >= 12.0, TN only;
@@ -77,6 +79,12 @@ def n_tiles(m: int, k: int) -> int:
     return math.ceil(m / TILE) * math.ceil(k / TILE)
 
 
+def recordable(history: torch.Tensor, dev: torch.device) -> bool:
+    """Whether the cast kernel records H[0] itself: an fp32 history on the cast's device (its element 0 is at
+    data_ptr); any other history takes `record` after the launch."""
+    return history.dtype is torch.float32 and history.device == dev
+
+
 def record(state: AmaxHistory, amax: torch.Tensor) -> None:
     """H[0] <- fmax(H[0], amax) on the state's own device (NUMERICS: §2 "H_j[0] <- fmax(H_j[0], amax(x))";
     fmax ignores a NaN entry, §0.1)."""
@@ -115,8 +123,10 @@ def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=
     delayed = _state(config, state, dev)
     # One zeroed fp32 buffer (one memset) holds every scalar, each slot 16-byte aligned:
     # amax (+0: the start of every amax, docs/numerics.md §0.1), scale, sinv, and the colwise copy's amax and sinv.
+    # slots[DONE]: the delayed cast's CTA counter (the last CTA records the amax; zeroed with the rest).
     slots = torch.zeros(5 * SCALAR_SLOT, dtype=torch.float32, device=dev)
     amax, scale, sinv, amax_c, sinv_c = (slots[i * SCALAR_SLOT:i * SCALAR_SLOT + 1] for i in range(5))
+    done = history = amax_store = None
     q_row = torch.empty((m, k), dtype=torch.uint8, device=dev) if rowwise else None  # (M, K)
     q_col = torch.empty((k, m), dtype=torch.uint8, device=dev) if colwise else None  # (K, M)
     vec_in, vec_row, vec_col = vec_flags(x2d, q_row, q_col)
@@ -125,8 +135,10 @@ def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=
         raise ValueError(f"{config.id}: a given amax is for fp8_current (fp8_delayed scales from its state)")
     if given is not None:
         # NUMERICS: §1 - a given amax (TE's quantize_with_amax) replaces amax(X) in the scale rule; no amax pass.
-        amax.copy_(given.to(device=dev, dtype=torch.float32).reshape(1))
-        amax_in, amax_acc, copy_amax, copy_sinv = amax, None, (amax_c if both else None), (sinv_c if both else None)
+        # The cast kernel reads it in stream order and stores it in the result's amax (never an alias of it).
+        given = given_on(given, dev)
+        amax_in, amax_store = given, amax
+        amax_acc, copy_amax, copy_sinv = None, (amax_c if both else None), (sinv_c if both else None)
     elif delayed is None:
         n = m * k
         grid = grid_stride_blocks(math.ceil(n / 8), ELEMENTWISE_THREADS, index)
@@ -136,16 +148,17 @@ def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=
         amax_in, amax_acc, copy_amax, copy_sinv = amax, None, (amax_c if both else None), (sinv_c if both else None)
     else:
         scale = delayed.scale.to(device=dev, dtype=torch.float32).contiguous()
-        # NUMERICS: §2 sinv = RN(1/scale); amax of the unscaled input
-        amax_in, amax_acc, copy_amax, copy_sinv = None, amax, None, None
+        # NUMERICS: §2 sinv = RN(1/scale); amax of the unscaled input. The cast's last CTA records H[0] (an fp32
+        # history on this device; else record() below) and the colwise copy's own amax / sinv.
+        amax_in, amax_acc = None, amax
+        copy_amax, copy_sinv = (amax_c, sinv_c) if both else (None, None)
+        done = slots[DONE:DONE + 1]
+        history = delayed.history if recordable(delayed.history, dev) else None
     launch(mod, f"per_tensor_cast_{sfx}", n_tiles(m, k), THREADS,
            (x2d, np.int64(m), np.int64(k), vec_in, vec_row, vec_col, amax_in, scale, sinv, amax_acc, copy_amax,
-            copy_sinv, q_row, q_col), index)  # fmt: skip
-    if delayed is not None:
+            copy_sinv, amax_store, history, done, q_row, q_col), index)  # fmt: skip
+    if delayed is not None and history is None:
         record(delayed, amax)  # NUMERICS: §2 H[0] <- fmax(H[0], amax(x)) on the state's own device
-        if both:  # the cast kernel wrote amax and sinv once; the colwise copy gets its own tensors
-            amax_c.copy_(amax)
-            sinv_c.copy_(sinv)
     out: dict = {}
     # NUMERICS: §1 the transposed copy shares sinv and the amax (as separate tensors of equal value).
     if rowwise:
@@ -212,6 +225,21 @@ def lt_alpha(a_view, b_view) -> float:
 
 # ---- the cached call plan (native.plan) ----------------------------------------------------------------------
 
+FILL_CONFIG = QuantConfig("fp8_current")  # the build of fp8_per_tensor.cu whose fill_given other plans launch
+
+
+def fill_given(block: OutputBlock, slots: tuple[str | None, str | None], index: int) -> PreparedLaunch:
+    """The `fill_given` launch of a plan whose kernels read a given amax from its own slots (NVFP4's A_g,
+    docs/numerics.md §5.1): the caller's amax (role "given", per call) into the block's parts `slots` and the
+    block's zero-filled buffers cleared, in one launch (the plan sets `clears`)."""
+    n_words = -(-block.zero_bytes // 4)  # (rounding up stays in the ALIGN padding before the next buffer)
+    assert all(s is None or block.offsets[s] >= 4 * n_words for s in slots)  # the slots lie outside the cleared bytes
+    args = (Patched("given", torch.float32), *(None if s is None else Patched(s, torch.float32) for s in slots),
+            Patched("_block", torch.int32) if n_words else None, np.int64(n_words))  # fmt: skip
+    return PreparedLaunch(module_for(CU_FILE, FILL_CONFIG, index), "fill_given",
+                          grid_stride_blocks(max(n_words, 1), ELEMENTWISE_THREADS, index), ELEMENTWISE_THREADS, args,
+                          index)  # fmt: skip
+
 
 class QuantizePlan(QuantizePlanBase):
     """quantize_2d above for one (config, M, K, dtype, copies, x alignment, given amax) signature: the same
@@ -222,6 +250,7 @@ class QuantizePlan(QuantizePlanBase):
         self.index = index
         self.config = config
         self.delayed = config.scheme == "fp8_delayed"
+        self._equal = config  # the last state config found equal to `config` (_run)
         self.given = given
         self.both = both = rowwise and colwise
         mod = module_for(CU_FILE, config, index)
@@ -232,17 +261,13 @@ class QuantizePlan(QuantizePlanBase):
         names = (f"{row_or_col}_amax", "_scale", f"{row_or_col}_scale",
                  "colwise_amax" if both else "_amax_c", "colwise_scale" if both else "_sinv_c")  # fmt: skip
         self.amax, _, self.sinv, self.amax_c, self.sinv_c = names
-        buffers = [Buffer("slots", (5 * SCALAR_SLOT,), torch.float32, zero=True, field=False,
-                          parts=tuple((n, i * SCALAR_SLOT, 1) for i, n in enumerate(names)))]  # fmt: skip
+        parts = tuple((n, i * SCALAR_SLOT, 1) for i, n in enumerate(names)) + (("_done", DONE, 1),)
+        buffers = [Buffer("slots", (5 * SCALAR_SLOT,), torch.float32, zero=True, field=False, parts=parts)]
         if rowwise:
             buffers.append(Buffer("rowwise_data", (m, k), torch.uint8))
         if colwise:
             buffers.append(Buffer("colwise_data", (k, m), torch.uint8))
         self.block = block = OutputBlock(buffers)
-        off = block.offsets
-        # fp8_delayed with both copies: (amax, sinv) -> (amax_c, sinv_c) as ONE 2-row copy (dst, dpitch, src, spitch).
-        self.pair = (off[self.amax_c], off[self.sinv_c] - off[self.amax_c], off[self.amax], off[self.sinv] - off[self.amax])
-        assert min(self.pair[1], self.pair[3]) >= 4  # cudaMemcpy2D: each pitch holds a row (one fp32)
         # vec_flags on ALIGN-aligned outputs (OutputBlock) and an input of the given alignment.
         vec_in = int(aligned and (k * dtype.itemsize) % 16 == 0)
         vec_row, vec_col = int(not rowwise or k % 8 == 0), int(not colwise or m % 16 == 0)
@@ -254,14 +279,20 @@ class QuantizePlan(QuantizePlanBase):
         x = ptr(X, dtype)
         copy_amax, copy_sinv = (ptr(self.amax_c), ptr(self.sinv_c)) if both else (None, None)
         if self.delayed:
-            cast_slots = (None, ptr("scale_in"), ptr(self.sinv), ptr(self.amax), None, None)
+            # NUMERICS: §2 - the cast's last CTA records H[0] ("history": the state's, per call; 0 when record()
+            # runs after the launch) and the colwise copy's amax / sinv.
+            cast_slots = (None, ptr("scale_in"), ptr(self.sinv), ptr(self.amax), copy_amax, copy_sinv, None,
+                          ptr("history"), ptr("_done"))  # fmt: skip
+        elif given:
+            # NUMERICS: §1 - the cast reads the caller's amax ("given", per call) and stores it in the amax slot.
+            cast_slots = (ptr("given"), ptr("_scale"), ptr(self.sinv), None, copy_amax, copy_sinv, ptr(self.amax),
+                          None, None)  # fmt: skip
         else:
-            if not given:
-                n = m * k
-                grid = grid_stride_blocks(math.ceil(n / 8), ELEMENTWISE_THREADS, index)
-                steps.append(PreparedLaunch(mod, f"tensor_amax_{sfx}", grid, THREADS,
-                                            (x, np.int64(n), int(aligned), ptr(self.amax)), index))  # fmt: skip
-            cast_slots = (ptr(self.amax), ptr("_scale"), ptr(self.sinv), None, copy_amax, copy_sinv)
+            n = m * k
+            grid = grid_stride_blocks(math.ceil(n / 8), ELEMENTWISE_THREADS, index)
+            steps.append(PreparedLaunch(mod, f"tensor_amax_{sfx}", grid, THREADS,
+                                        (x, np.int64(n), int(aligned), ptr(self.amax)), index))  # fmt: skip
+            cast_slots = (ptr(self.amax), ptr("_scale"), ptr(self.sinv), None, copy_amax, copy_sinv, None, None, None)
         steps.append(PreparedLaunch(mod, f"per_tensor_cast_{sfx}", n_tiles(m, k), THREADS,
                                     (x, np.int64(m), np.int64(k), vec_in, vec_row, vec_col, *cast_slots,
                                      ptr("rowwise_data", torch.uint8) if rowwise else None,
@@ -270,35 +301,36 @@ class QuantizePlan(QuantizePlanBase):
 
     def _run(self, x2d, seed, given, state, out) -> None:
         dev = x2d.device
-        delayed = _state(self.config, state, dev)  # per call: the state's checks and a fresh one for None
-        base, fields = out.base, out.fields
-        stream = raw_stream(self.index)
         named = {X: x2d.data_ptr()}
-        if given is not None:
-            if delayed is not None:
+        if self.delayed:
+            if type(state) is AmaxHistory and (state.config is self.config or state.config is self._equal):
+                delayed = state  # (what _state returns for it, without comparing configs field by field again)
+            else:
+                delayed = _state(self.config, state, dev)  # per call: the state's checks and a fresh one for None
+                if delayed is state:
+                    self._equal = state.config  # a config found equal to the plan's (held: its identity stays valid)
+            if given is not None:
                 raise ValueError(f"{self.config.id}: a given amax is for fp8_current (fp8_delayed scales from its state)")
-            # NUMERICS: §1 - a given amax (TE's quantize_with_amax) replaces amax(X) in the scale rule; no amax pass.
-            src = given_on(given, dev)  # (alive until the copy is enqueued)
-            memcpy(base + self.block.offsets[self.amax], src.data_ptr(), 4, self.index)
-        scale_in = None
-        if delayed is not None:
             scale_in = delayed.scale
             if not (scale_in.dtype is torch.float32 and scale_in.device == dev and scale_in.is_contiguous()):
                 scale_in = scale_in.to(device=dev, dtype=torch.float32).contiguous()  # NUMERICS: §2 sinv = RN(1/scale)
             named["scale_in"] = scale_in.data_ptr()
+            history = delayed.history
+            own = recordable(history, dev)  # NUMERICS: §2 H[0] <- fmax(H[0], amax(x)) by the cast's last CTA
+            named["history"] = history.data_ptr() if own else 0
+        else:
+            if state is not None:
+                _state(self.config, state, dev)  # (raises: state is only for fp8_delayed)
+            if given is not None:
+                # NUMERICS: §1 - a given amax (TE's quantize_with_amax) replaces amax(X); no amax pass, no copy: the
+                # cast kernel reads it in stream order (kept alive by this frame until the launch is enqueued).
+                given = given_on(given, dev)
+                named["given"] = given.data_ptr()
+        base, stream = out.base, raw_stream(self.index)
         for step in out.steps:
             step(base, named, stream)
-        if delayed is not None:
-            amax = fields[self.amax]
-            history = delayed.history
-            if history.dtype is torch.float32 and history.device == dev:
-                h0 = history[:1]
-                torch.fmax(h0, amax, out=h0)  # NUMERICS: §2 H[0] <- fmax(H[0], amax(x)) (record(), in one op)
-            else:
-                record(delayed, amax)  # NUMERICS: §2 H[0] <- fmax(H[0], amax(x)) on the state's own device
-            if self.both:  # the cast kernel wrote amax and sinv once; the colwise copy gets its own (one copy)
-                dst, dpitch, src, spitch = self.pair
-                memcpy_2d(base + dst, dpitch, base + src, spitch, 4, 2, self.index)
+        if self.delayed and not own:
+            record(delayed, out.fields[self.amax])  # NUMERICS: §2 H[0] <- fmax(H[0], amax(x)) on the state's device
 
 
 def plan_quantize(config, m: int, k: int, dtype: torch.dtype, *, rowwise: bool, colwise: bool, aligned: bool,

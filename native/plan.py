@@ -36,6 +36,7 @@ class PlanCache:
     def __init__(self, maxsize: int = MAX_PLANS):
         self.maxsize = maxsize
         self.enabled = True  # False: nothing is recorded (`use_plans` also empties the cache: every call is full)
+        self.generation = 0  # + 1 on every clear: a memo of a plan (native.gemm's _Recent) is valid while it holds
         self._plans: dict = {}
         self._lock = threading.Lock()
         self.get = self._plans.get  # key -> plan or None (the dict's own method: no Python layer per call)
@@ -53,6 +54,7 @@ class PlanCache:
     def clear(self) -> None:
         with self._lock:
             self._plans.clear()  # (in place: `get` stays bound to it)
+            self.generation += 1
 
     def __len__(self) -> int:
         return len(self._plans)
@@ -123,6 +125,7 @@ class OutputBlock:
             if b.zero:
                 zero_end = off
             off = -(-off // ALIGN) * ALIGN
+        self.offsets["_block"] = 0  # the block's start (the zero-filled buffers: a kernel that clears them itself)
         self.nbytes = max(off, ALIGN)
         internal = [name for name, *_ in self.views if name.startswith("_")]
         # The QuantizedTensor fields among the views (None: all of them).
@@ -135,15 +138,16 @@ class OutputBlock:
         self._fast = tuple((name, self._dtypes.index(dtype), dtype.itemsize, shape, strides, elem)
                            for name, dtype, shape, strides, elem in self.views)  # fmt: skip
 
-    def allocate(self, device: torch.device, index: int) -> tuple[int, dict[str, torch.Tensor]] | None:
+    def allocate(self, device: torch.device, index: int, clear: bool = True) -> tuple[int, dict[str, torch.Tensor]] | None:
         """(base pointer, field -> view) of a fresh block on `device` (current device `index`), zero-filled
-        buffers cleared; None if the allocator returned a block that is not ALIGN-aligned (the caller then takes
-        the full path, whose vector-width choices read the real pointers)."""
+        buffers cleared (`clear` False: the caller's first launch clears them); None if the allocator returned a
+        block that is not ALIGN-aligned (the caller then takes the full path, whose vector-width choices read the
+        real pointers)."""
         raw = _raw_block(self.nbytes, device)
         base = raw.data_ptr()
         if base % ALIGN:
             return None
-        if self.zero_bytes:
+        if self.zero_bytes and clear:
             memset_zero(base, self.zero_bytes, index)
         typed = [raw] + [raw.view(dtype) for dtype in self._dtypes[1:]]
         start = raw.storage_offset()  # bytes (0 for a fresh block); as_strided's offset counts from the storage
@@ -159,17 +163,6 @@ def _raw_block(nbytes: int, device: torch.device) -> torch.Tensor:
 def memset_zero(ptr: int, nbytes: int, index: int) -> None:
     """cudaMemsetAsync(ptr, 0, nbytes) on torch's current stream of device `index` (the current device)."""
     _runtime().memsetAsync(ptr, 0, nbytes, raw_stream(index))
-
-
-def memcpy(dst: int, src: int, nbytes: int, index: int) -> None:
-    """cudaMemcpyAsync device to device on torch's current stream of device `index` (the current device)."""
-    _runtime().memcpyAsync(dst, src, nbytes, 3, raw_stream(index))  # 3: cudaMemcpyDeviceToDevice
-
-
-def memcpy_2d(dst: int, dpitch: int, src: int, spitch: int, width: int, height: int, index: int) -> None:
-    """cudaMemcpy2DAsync device to device (`height` rows of `width` bytes, pitches in bytes) on torch's current
-    stream of device `index` (the current device): one call for several small copies of one block."""
-    _runtime().memcpy2DAsync(dst, dpitch, src, spitch, width, height, 3, raw_stream(index))  # 3: DeviceToDevice
 
 
 def given_on(given: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -251,9 +244,11 @@ STAMP = "_native_outputs"  # the attribute of a QuantizedTensor that holds the O
 
 class QuantizePlan:
     """A plan of one quantize call signature: subclasses (one per launcher module) set `index`, `block` and
-    `steps` and implement `_run(x2d, seed, given, state, out)`, which launches into `out` (an `Outputs`)."""
+    `steps` and implement `_run(x2d, seed, given, state, out)`, which launches into `out` (an `Outputs`).
+    `clears`: its first step clears the block's zero-filled buffers itself (no cudaMemsetAsync per call)."""
 
     index: int
+    clears: bool = False
 
     def run(self, x2d: torch.Tensor, seed, given, state, into: Outputs | None = None) -> Outputs | None:
         """This call's outputs, on the plan's device: a fresh block, or `into`'s memory written again (its
@@ -265,14 +260,14 @@ class QuantizePlan:
 
     def _outputs(self, x2d, seed, given, state, into):
         if into is None:
-            got = self.block.allocate(x2d.device, self.index)
+            got = self.block.allocate(x2d.device, self.index, clear=not self.clears)
             if got is None:
                 return None
             into = Outputs(self, *got)
         else:
             if into.steps is self.steps:
                 into.steps = tuple(step.bind(into.base) for step in self.steps)
-            if self.block.zero_bytes:
+            if self.block.zero_bytes and not self.clears:
                 memset_zero(into.base, self.block.zero_bytes, self.index)
         self._run(x2d, seed, given, state, into)
         return into

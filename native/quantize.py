@@ -119,7 +119,7 @@ def quantize(
         # A later call of a planned signature: only the per-call values are checked (the SR seed's range, a host
         # amax's value, the fp8_delayed state), exactly as check_quantize / check_given_amax / quantize_2d do.
         seed = SRSeed.coerce(rng)
-        given = None if amax is None else check_given_amax(amax, config)
+        given = None if amax is None else _planned_given(amax, config)
         # NUMERICS: §0.1 - [..., K] is [M, K]; a contiguous 2-D input already is (key[1]: shape, key[9]: contiguous).
         x2d = x_hp if key[9] and len(key[1]) == 2 else x_hp.reshape(-1, x_hp.shape[-1]).contiguous()
         got = plan.run(x2d, seed, given, state)
@@ -177,11 +177,21 @@ def _quantize_into(out, key, x_hp, config, rowwise, colwise, rng, state, amax) -
             raise ValueError(f"out.{name} is not the tensor its call plan allocated (was it replaced?)")
     # As the planned path of quantize: only the per-call values are checked.
     seed = SRSeed.coerce(rng)
-    given = None if amax is None else check_given_amax(amax, config)
+    given = None if amax is None else _planned_given(amax, config)
     # NUMERICS: §0.1 - [..., K] is [M, K]; a contiguous 2-D input already is (key[1]: shape, key[9]: contiguous).
     x2d = x_hp if key[9] and len(key[1]) == 2 else x_hp.reshape(-1, x_hp.shape[-1]).contiguous()
     got.plan.run(x2d, seed, given, state, into=got)
     return out
+
+
+def _planned_given(amax, config: QuantConfig):
+    """check_given_amax for a planned call (whose config took a given amax on the signature's first call): a CUDA
+    fp32 tensor of shape [] or [1] is taken as it is (check_given_amax would return it as [1] unread, §5.1; the
+    kernels read its one element by pointer), anything else gets the full check (a host amax's value rules, the
+    errors)."""
+    if type(amax) is torch.Tensor and amax.is_cuda and amax.dtype is torch.float32 and amax.dim() < 2 and amax.numel() == 1:
+        return amax
+    return check_given_amax(amax, config)
 
 
 def _plan_key(x_hp, config, rowwise, colwise, rng, state, amax) -> tuple | None:

@@ -66,9 +66,13 @@ struct CastShared {
 // Current scaling (amax_in non-null, the finished amax pass): every CTA derives s from amax_in[0]
 // (docs/numerics.md §1: s = compute_scale(A, fp8_max, pow2, eps, v_inf = FLT_MAX)); CTA 0 stores it in
 // scale[0], sinv = RN(1/s) in sinv[0], and the second copy's own amax_copy / sinv_copy (may be null).
+// A given amax (TE's quantize_with_amax): amax_in is the caller's tensor, read in stream order, and CTA 0 also
+// stores its value in amax_store (the result's own amax slot: no copy before the launch).
 // Delayed scaling (amax_in null): s = scale[0]; sinv (if non-null) receives RN(1/s); amax_acc (if
 // non-null) receives fmax(amax_acc, amax(x)) (docs/numerics.md §2: H[0] <- fmax(H[0], amax(x)), amax of the
-// UNSCALED input).
+// UNSCALED input). With `done` (a zeroed counter), the last CTA to finish then records the finished amax:
+// history[0] <- fmaxf(history[0], amax) (if non-null) and the second copy's amax_copy / sinv_copy (no launch,
+// torch op or copy after the cast).
 // FULL: an interior tile (tile_interior): no bounds checks, vector loads and stores only.
 template <typename T, bool FULL>
 __device__ __forceinline__ void per_tensor_cast(CastShared& sh, const T* __restrict__ x, i64 M, i64 K,
@@ -76,7 +80,9 @@ __device__ __forceinline__ void per_tensor_cast(CastShared& sh, const T* __restr
                                                 int vec_col, const float* __restrict__ amax_in,
                                                 float* __restrict__ scale, float* __restrict__ sinv,
                                                 float* __restrict__ amax_acc, float* __restrict__ amax_copy,
-                                                float* __restrict__ sinv_copy, unsigned char* __restrict__ q_row,
+                                                float* __restrict__ sinv_copy, float* __restrict__ amax_store,
+                                                float* __restrict__ history, unsigned int* __restrict__ done,
+                                                unsigned char* __restrict__ q_row,
                                                 unsigned char* __restrict__ q_col) {
   unsigned char* qT = sh.qT;
   float* warp_part = sh.warp_part;
@@ -87,10 +93,13 @@ __device__ __forceinline__ void per_tensor_cast(CastShared& sh, const T* __restr
   const float s = amax_in ? compute_scale(amax_in[0], ELEM_MAX, POW2 != 0, EPS, FP32_MAX) : scale[0];
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     const float si = scale_inverse(s);  // NUMERICS: §1/§2 sinv = RN(1/s)
-    if (amax_in) scale[0] = s;
     if (sinv) sinv[0] = si;
-    if (amax_copy) amax_copy[0] = amax_in[0];
-    if (sinv_copy) sinv_copy[0] = si;
+    if (amax_in) {  // current scaling: the amax is final before the launch
+      scale[0] = s;
+      if (amax_store) amax_store[0] = amax_in[0];  // NUMERICS: §1 - the given amax is the result's amax
+      if (amax_copy) amax_copy[0] = amax_in[0];
+      if (sinv_copy) sinv_copy[0] = si;
+    }
   }
 
   if (amax_acc) {
@@ -107,6 +116,18 @@ __device__ __forceinline__ void per_tensor_cast(CastShared& sh, const T* __restr
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) A = fmaxf(A, warp_part[w]);
       atomic_amax(amax_acc, A);
+      if (done) {  // the last CTA (threadFenceReduction pattern) sees every CTA's atomic_amax
+        __threadfence();
+        const unsigned int n_ctas = gridDim.x * gridDim.y * gridDim.z;
+        if (atomicAdd(done, 1u) == n_ctas - 1) {
+          __threadfence();
+          // (an atomic read of the finished amax, at the L2 where the atomics landed)
+          const float a = __uint_as_float(atomicMax(reinterpret_cast<unsigned int*>(amax_acc), 0u));
+          if (history) history[0] = fmaxf(history[0], a);  // NUMERICS: §2 H[0] <- fmax(H[0], amax(x)); §0.1 NaN ignored
+          if (amax_copy) amax_copy[0] = a;  // NUMERICS: §1/§2 the colwise copy's own amax and sinv, equal values
+          if (sinv_copy) sinv_copy[0] = scale_inverse(s);
+        }
+      }
     }
   }
 
@@ -122,20 +143,38 @@ __device__ __forceinline__ void per_tensor_cast(CastShared& sh, const T* __restr
   extern "C" __global__ void __launch_bounds__(kThreads, TileMinBlocks<T>::value)                               \
       per_tensor_cast_##SUFFIX(const T* x, i64 M, i64 K, int vec_in, int vec_row, int vec_col,            \
                                const float* amax_in, float* scale, float* sinv, float* amax_acc,          \
-                               float* amax_copy, float* sinv_copy, unsigned char* q_row,                  \
-                               unsigned char* q_col) {                                                    \
+                               float* amax_copy, float* sinv_copy, float* amax_store, float* history,     \
+                               unsigned int* done, unsigned char* q_row, unsigned char* q_col) {          \
     __shared__ CastShared sh;                                                                             \
     const TileOrigin tile = tile_origin(K);                                                               \
     if (tile_interior(tile, M, K, vec_in && vec_row && vec_col))                                          \
       per_tensor_cast<T, true>(sh, x, M, K, tile, vec_in, vec_row, vec_col, amax_in, scale, sinv, amax_acc,   \
-                               amax_copy, sinv_copy, q_row, q_col);                                       \
+                               amax_copy, sinv_copy, amax_store, history, done, q_row, q_col);            \
     else                                                                                                  \
       per_tensor_cast<T, false>(sh, x, M, K, tile, vec_in, vec_row, vec_col, amax_in, scale, sinv, amax_acc,  \
-                                amax_copy, sinv_copy, q_row, q_col);                                      \
+                                amax_copy, sinv_copy, amax_store, history, done, q_row, q_col);           \
   }
 NH_CAST(f32, float)
 NH_CAST(bf16, __nv_bfloat16)
 NH_CAST(f16, __half)
+
+// ---------------------------------------------------------------------------------------------
+// A given amax into a call plan's amax slots, its zero-filled bytes cleared (one launch)
+// ---------------------------------------------------------------------------------------------
+// native.plan: a plan whose kernels read the given amax from its own slots (NVFP4's A_g of both copies,
+// docs/numerics.md §5.1) copies it there and clears the block's zero-filled buffers (`zero`, n_words 4-byte
+// words; the slots lie outside them) in this one launch instead of a cudaMemsetAsync and one 4-byte
+// cudaMemcpyAsync per slot. The value is copied bit for bit.
+extern "C" __global__ void fill_given(const float* __restrict__ given, float* __restrict__ slot0,
+                                      float* __restrict__ slot1, unsigned int* __restrict__ zero, i64 n_words) {
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_words; i += stride) zero[i] = 0u;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    const float a = given[0];
+    if (slot0) slot0[0] = a;
+    if (slot1) slot1[0] = a;
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Delayed scaling: fused amax-history update (one CTA)

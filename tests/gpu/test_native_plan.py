@@ -18,7 +18,7 @@ import torch
 import reference
 from reference.formats import QuantConfig
 from reference.per_tensor import AmaxHistory
-from reference.types import SpecViolation, SRSeed
+from reference.types import QuantizedTensor, SpecViolation, SRSeed
 from tests.gpu.test_native_features import assert_same, make_x, seed_of
 
 pytestmark = pytest.mark.gpu
@@ -205,6 +205,13 @@ def test_bad_input_after_a_plan_raises_what_the_full_path_raises(name):
         "no copies": lambda: native.quantize(x, cfg, rowwise=False, colwise=False, rng=rng, state=state()),
         "bad seed": lambda: native.quantize(x, cfg, rng=(2**64, 0), state=state()),
         "negative host amax": lambda: native.quantize(x, cfg, rng=rng, state=state(), amax=torch.tensor([-1.0])),
+        # (a device amax: the planned call's quick check takes only fp32 [] / [1]; the rest is check_given_amax's)
+        "device amax [2]": lambda: native.quantize(x, cfg, rng=rng, state=state(), amax=torch.ones(2, device="cuda")),
+        "device amax [1, 1]": lambda: native.quantize(x, cfg, rng=rng, state=state(),
+                                                      amax=torch.ones(1, 1, device="cuda")),  # fmt: skip
+        "device amax fp64": lambda: native.quantize(x, cfg, rng=rng, state=state(),
+                                                    amax=torch.ones(1, device="cuda", dtype=torch.float64)),  # fmt: skip
+        "amax not a tensor": lambda: native.quantize(x, cfg, rng=rng, state=state(), amax=1.0),
         "wrong state": lambda: native.quantize(x, cfg, rng=rng, state=AmaxHistory(QuantConfig("fp8_delayed", margin=1))),
     }
     if cfg.stochastic:
@@ -257,7 +264,7 @@ def test_a_given_amax_is_read_per_call(name):
     golds = [reference.quantize(x, cfg, rowwise=True, colwise=True, rng=rng, amax=v) for v in amaxes]
     for _ in range(2):
         for v, gold in zip(amaxes, golds, strict=True):
-            for dev_amax in (v, v.cuda()):  # a host amax (value checked per call) and a device one
+            for dev_amax in (v, v.cuda(), v.cuda().reshape(())):  # a host amax (value checked per call), device ones
                 q = native.quantize(x.cuda(), cfg, rowwise=True, colwise=True, rng=rng, amax=dev_amax)
                 assert_same(gold, q, f"{name} amax={float(v)} on {dev_amax.device}")
 
@@ -276,6 +283,59 @@ def test_the_delayed_state_is_read_and_written_per_call():
         gold_state.update()
         native.update_amax_history(state)
     assert len(plans().QUANTIZE_PLANS) == 1
+
+
+@pytest.mark.parametrize("home", ["cuda", "cpu"])
+@pytest.mark.parametrize("shape", [(1024, 2048), (200, 136), (16, 16)])
+def test_the_delayed_cast_records_h0_for_any_h0_and_grid(home, shape):
+    """The fp8_delayed cast's last CTA records H[0] <- fmax(H[0], amax(x)) (docs/numerics.md §2; a CUDA fp32 history)
+    or record() does after the launch (a host history): for a grid of 128 CTAs, a partial one and a single CTA, an
+    H[0] below, above, equal to amax(x) and NaN (ignored, §0.1), on the full path, planned calls and out=; the
+    colwise copy's amax / sinv equal the rowwise ones; the other history entries are untouched."""
+    import native
+
+    cfg = CONFIGS["fp8_delayed"]
+    x = make_x(shape, torch.bfloat16, seed=29)
+    a = float(x.abs().to(torch.float32).amax())
+    for h0 in (0.0, a * 0.5, a, a * 8.0, float("nan")):
+        native.clear_plans()
+        q = None
+        for i in range(4):
+            gold_state, state = AmaxHistory(cfg), AmaxHistory(cfg, device=home)
+            for st in (gold_state, state):
+                st.history[0], st.history[1], st.scale[0] = h0, 7.0, 2.0 ** (i - 1)
+            gold = reference.quantize(x, cfg, rowwise=True, colwise=True, state=gold_state)
+            out = {"out": q} if i == 3 else {}
+            got = native.quantize(x.cuda(), cfg, rowwise=True, colwise=True, state=state, **out)
+            q = got if i == 2 else q
+            label = f"{shape} on {home} H[0]={h0} call {i + 1}"
+            assert_same(gold, got, label)
+            assert torch.equal(state.history.cpu().view(torch.int32), gold_state.history.view(torch.int32)), label
+            assert state.history.device.type == home and state.history.dtype == torch.float32, label
+        assert len(plans().QUANTIZE_PLANS) == 1
+
+
+def test_a_given_amax_changed_after_the_call_is_read_in_stream_order():
+    """fp8_current's cast reads the caller's device amax itself (no copy, docs/numerics.md §1): a change of that
+    tensor enqueued after the call (same stream) does not reach the result, and the result's amax is its own."""
+    import native
+
+    cfg = CONFIGS["fp8_current"]
+    x = make_x((512, 512), torch.bfloat16, seed=31)
+    a = x.abs().to(torch.float32).amax().reshape(1) * 2
+    gold = reference.quantize(x, cfg, rowwise=True, colwise=True, amax=a)
+    xd = x.cuda()
+    for i in range(3):
+        given = a.cuda()
+        q = native.quantize(xd, cfg, rowwise=True, colwise=True, amax=given)
+        given.fill_(1.0)  # after the kernels, in stream order
+        assert_same(gold, q, f"call {i + 1}")
+        assert q.rowwise_amax.data_ptr() != given.data_ptr() and q.colwise_amax.data_ptr() != given.data_ptr()
+    given = a.cuda()
+    assert native.quantize(xd, cfg, rowwise=True, colwise=True, amax=given, out=q) is q
+    del given  # freed after the call: its memory is reused only by work ordered after the cast
+    torch.ones(1, device="cuda").mul_(3.0)
+    assert_same(gold, q, "out=")
 
 
 # ---- out=: the in-place call -----------------------------------------------------------------------------------
@@ -409,13 +469,34 @@ def test_planned_gemms_equal_the_full_path(name, epilogue, method):
         native.use_plans(True)
         native.clear_plans()
         outs = []
+        into = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        kw = {"layout": layout, "bias": bias, "c": c, "method": method}
+        assert native.gemm(*sets[0][:2], out=into, **kw) is into  # the full path (first call) in place
+        assert torch.equal(into.view(torch.int16), expected[0].view(torch.int16)), f"{name} {layout} full path out="
+        native.clear_plans()
         for i in range(3):
             for (a, b, _, _), want in zip(sets, expected, strict=True):
-                out = native.gemm(a, b, layout=layout, bias=bias, c=c, method=method)
-                assert torch.equal(out.view(torch.int16), want.view(torch.int16)), f"{name} {layout} {epilogue} {i}"
+                label = f"{name} {layout} {epilogue} {i}"
+                kw = {"layout": layout, "bias": bias, "c": c, "method": method}
+                out = native.gemm(a, b, **kw)
+                assert torch.equal(out.view(torch.int16), want.view(torch.int16)), label
                 outs.append(out)
+                again = native.gemm(a, b, **kw)  # the same objects: the memo of the last planned call
+                assert torch.equal(again.view(torch.int16), want.view(torch.int16)), label + " (memo)"
+                into.fill_(float("nan"))
+                assert native.gemm(a, b, out=into, **kw) is into  # in place (planned: memo)
+                assert torch.equal(into.view(torch.int16), want.view(torch.int16)), label + " (out=)"
+                outs.append(again)
         assert len(plans().GEMM_PLANS) == 1
-        assert len({o.untyped_storage().data_ptr() for o in outs[-2:]}) == 2
+        assert len({o.untyped_storage().data_ptr() for o in outs[-4:]} | {into.untyped_storage().data_ptr()}) == 5
+        # The memo never runs a plan on replaced tensors: the same objects with the other set's tensors.
+        (a0, b0, _, _), (a1, b1, _, _) = sets
+        native.gemm(a0, b0, **kw)
+        for q, src in ((a0, a1), (b0, b1)):
+            for f in QuantizedTensor.TENSOR_FIELDS:
+                setattr(q, f, getattr(src, f))
+        out = native.gemm(a0, b0, **kw)
+        assert torch.equal(out.view(torch.int16), expected[1].view(torch.int16)), f"{name} {layout} replaced"
 
 
 def test_bad_gemm_input_after_a_plan_raises_what_the_full_path_raises():
@@ -440,3 +521,12 @@ def test_bad_gemm_input_after_a_plan_raises_what_the_full_path_raises():
         native.gemm(a_row_only, b)
     for what, call in bad_calls.items():
         assert error_of(call) == expected[what], what
+    # A wrong out= raises ValueError naming what differs, on the full path and the planned one (and the memo).
+    native.clear_plans()
+    for _ in range(3):
+        for bad, match in ((torch.empty(m, n + 1, dtype=torch.bfloat16, device="cuda"), "shape"),
+                           (torch.empty(m, n, device="cuda"), "dtype"), (torch.empty(m, n, dtype=torch.bfloat16), "device"),
+                           (torch.empty(n, m, dtype=torch.bfloat16, device="cuda").t(), "contiguous")):  # fmt: skip
+            with pytest.raises(ValueError, match=f"out= does not fit this GEMM: {match}"):
+                native.gemm(a, b, out=bad)
+        native.gemm(a, b)

@@ -218,10 +218,10 @@ def test_fp8_current_given_amax_feeds_the_cast_kernel(monkeypatch):
     fields = per_tensor.quantize_2d(torch.randn(33, 70), cfg, rowwise=True, colwise=True, amax=torch.tensor([2.5]))
     assert [c[0] for c in calls] == ["per_tensor_cast_f32"]
     name, args = calls[0]
-    assert _arg(name, args, "amax_in").tolist() == [2.5]
+    assert _arg(name, args, "amax_in").tolist() == [2.5]  # the caller's tensor, read by the kernel (no copy)
     assert _arg(name, args, "amax_acc") is None  # current scaling: no history accumulation
-    assert fields["rowwise_amax"] is _arg(name, args, "amax_in")
-    assert fields["colwise_amax"] is _arg(name, args, "amax_copy")  # the kernel copies amax_in there
+    assert fields["rowwise_amax"] is _arg(name, args, "amax_store")  # the kernel stores amax_in there
+    assert fields["colwise_amax"] is _arg(name, args, "amax_copy")  # and there
     with pytest.raises(ValueError, match="fp8_current"):
         per_tensor.quantize_2d(torch.randn(4, 4), QuantConfig("fp8_delayed"), rowwise=True, colwise=False,
                                amax=torch.tensor([1.0]))  # fmt: skip

@@ -103,7 +103,8 @@ def test_output_block_layout_and_views(monkeypatch):
         Buffer("rowwise_scale", (7, 4), torch.float32, zero=True),
     ])  # fmt: skip
     # Zero-filled buffers first, each at an ALIGN-byte offset; the memset covers exactly them.
-    assert block.offsets == {"_bits": 0, "rowwise_amax": 0, "_a_c": 4, "rowwise_scale": 256, "rowwise_data": 512}
+    assert block.offsets == {"_bits": 0, "rowwise_amax": 0, "_a_c": 4, "rowwise_scale": 256, "rowwise_data": 512,
+                             "_block": 0}  # fmt: skip
     assert block.zero_bytes == 256 + 7 * 4 * 4 and block.nbytes == 768
     raw = torch.full((4096,), 0xAB, dtype=torch.uint8)
     base_addr = (raw.data_ptr() + ALIGN - 1) // ALIGN * ALIGN
@@ -248,20 +249,24 @@ def _geometry(grid, block) -> tuple:
     return (*launch_mod._dims(grid), *launch_mod._dims(block), 0)
 
 
-def _role(t, x2d, fields) -> str:
+def _role(t, x2d, fields, named=None) -> str:
     if t is x2d:
         return "x"
+    for role, v in (named or {}).items():  # a per-call tensor of the caller (a given amax, the state's history)
+        if t is v:
+            return role
     for name, v in fields.items():  # the field itself, or another view of exactly its memory
         if v is not None and (v.data_ptr(), v.shape, v.dtype) == (t.data_ptr(), t.shape, t.dtype):
             return name
     return f"internal:{t.dtype}"
 
 
-def _today(calls, x2d, fields) -> list[tuple]:
-    """(kernel, geometry, slots) of recorded launches, every tensor slot replaced by its role."""
+def _today(calls, x2d, fields, named=None) -> list[tuple]:
+    """(kernel, geometry, slots) of recorded launches, every tensor slot replaced by its role (`named`: role ->
+    a caller's tensor passed by identity)."""
     out = []
     for name, geometry, args in calls:
-        template = [Patched(_role(a, x2d, fields), a.dtype) if isinstance(a, torch.Tensor) else a for a in args]
+        template = [Patched(_role(a, x2d, fields, named), a.dtype) if isinstance(a, torch.Tensor) else a for a in args]
         slots, patched = signature(name).prepare(template)
         for i, m in patched:
             slots[i] = m.role
@@ -356,7 +361,9 @@ def test_fp8_plans_launch_what_quantize_2d_launches(monkeypatch, config, extra, 
         fields = mod.quantize_2d(x2d, config, rowwise=rowwise, colwise=colwise, **kw)
         plan = mod.plan_quantize(config, m, k, dtype, rowwise=rowwise, colwise=colwise, aligned=aligned,
                                  given="amax" in kw, index=0)  # fmt: skip
-        assert _planned(plan, {}) == _today(calls, x2d, fields)
+        # The caller's given amax and the state's history reach the cast kernel as they are (no copy).
+        named = {"given": kw.get("amax"), "history": kw["state"].history if "state" in kw else None}
+        assert _planned(plan, {}) == _today(calls, x2d, fields, named)
         _same_fields(_block_fields(plan, monkeypatch), fields)
         _check_bound_steps(plan, monkeypatch)
 
@@ -390,6 +397,8 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
     if colwise and config.variant == "row_scaled_4over6":
         pytest.skip("row-scaled 4over6 has no columnwise copy (reference.spec.copies_rule)")
     monkeypatch.setattr(nvfp4, "module_for", lambda *a: "module")
+    monkeypatch.setattr(per_tensor, "module_for", lambda *a: "module")
+    monkeypatch.setattr(per_tensor, "grid_stride_blocks", lambda n, t, i: max(1, min(-(-n // t), 132 * 32)))
     monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
     calls = []
 
@@ -410,7 +419,22 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
     named = {}
     if seed is not None:  # NUMERICS: §5.7 the colwise stream is stream + 1 (mod 2^32)
         named = {"seed": seed.seed, "row_stream": seed.stream, "col_stream": (seed.stream + 1) & 0xFFFFFFFF}
-    assert _planned(plan, named) == _today(calls, x2d, fields)
+    planned = _planned(plan, named)
+    if given:  # NUMERICS: §5.1 - first, ONE launch puts the given amax in both A_g slots and clears the scales
+        (name, geometry, slots), *planned = planned
+        a_g = plan.block.offsets
+        slot0, slot1 = ("rowwise_amax" if rowwise else "internal:torch.float32",
+                        "colwise_amax" if colwise else "internal:torch.float32")  # fmt: skip
+        n_words = -(-plan.block.zero_bytes // 4)
+        assert (name, slots) == ("fill_given", ["given", slot0, slot1, "internal:torch.int32", n_words])
+        assert geometry == _geometry(-(-n_words // 256), 256) and plan.clears
+        # The cleared words are exactly the zero-filled scales (the full path's torch.zeros), never an A_g slot.
+        zero = {f"{o}_scale" for o, on in (("rowwise", rowwise), ("colwise", colwise)) if on}
+        assert 4 * n_words <= min(a_g["_bits"], *(a_g[s] for s in plan._given_slots))
+        assert max(a_g[n] for n in zero) < plan.block.zero_bytes
+    else:
+        assert not plan.clears
+    assert planned == _today(calls, x2d, fields)
     _same_fields(_block_fields(plan, monkeypatch), fields)
     _check_bound_steps(plan, monkeypatch)
 
@@ -495,8 +519,8 @@ def test_a_one_launch_plan_allocates_then_launches_its_step_with_x_on_the_plans_
         def __init__(self, got, zero_bytes=0):
             self.got, self.zero_bytes = got, zero_bytes
 
-        def allocate(self, device, index):
-            calls.append(("allocate", device, index))
+        def allocate(self, device, index, clear=True):
+            calls.append(("allocate", device, index) + (() if clear else ("no clear",)))
             return self.got
 
     class FakeStep:
@@ -657,48 +681,125 @@ def test_a_copy_of_a_stamped_tensor_is_no_plans_output():
 # ---- the fp8_delayed per-call work of a plan ------------------------------------------------------------------
 
 
-def _host_memcpy_2d(dst, dpitch, src, spitch, width, height, index):
-    """cudaMemcpy2D's semantics on host memory (rows of `width` bytes at the two pitches)."""
-    for r in range(height):
-        ctypes.memmove(dst + r * dpitch, src + r * spitch, width)
+def _cast_slots(plan, base: int, named: dict) -> dict:
+    """The cast step's argument of each per_tensor_cast parameter (by name) for a block at `base`."""
+    step = plan.steps[-1]
+    assert step.launch.name.startswith("per_tensor_cast_")
+    fixed = read_slots(step.launch.params(step.values(base, named)), len(step.launch.fixed))
+    return dict(zip([p.name for p in signature(step.launch.name).params], fixed, strict=True))
 
 
 @pytest.mark.parametrize("rowwise, colwise", COPIES)
-def test_a_delayed_plan_records_h0_and_copies_amax_and_sinv_to_the_colwise_copy(monkeypatch, rowwise, colwise):
-    """per_tensor.QuantizePlan._run for fp8_delayed on the CPU, the cast kernel replaced by a step that writes amax
-    and sinv where the kernel does: H[0] <- fmax(H[0], amax) (NaN in H[0] ignored, docs/numerics.md §2 / §0.1) and,
-    with both copies, the colwise amax / sinv equal the rowwise ones as separate memory (one 2-row copy); the cast
-    reads the state's scale."""
+def test_a_delayed_plan_has_the_cast_record_h0_and_the_colwise_amax_and_sinv(monkeypatch, rowwise, colwise):
+    """per_tensor.QuantizePlan for fp8_delayed: ONE launch per call and nothing after it. The cast reads the state's
+    scale, accumulates the amax into the amax field, and its last CTA (counted in a zeroed internal slot) records
+    H[0] <- fmax(H[0], amax) in the state's own fp32 history (its data_ptr, per call; docs/numerics.md §2) and
+    writes the colwise copy's own amax / sinv (separate memory, equal values)."""
     cfg = QuantConfig("fp8_delayed")
     monkeypatch.setattr(per_tensor, "module_for", lambda *a: "module")
     monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
-    monkeypatch.setattr(per_tensor, "memcpy_2d", _host_memcpy_2d)
     monkeypatch.setattr(per_tensor, "raw_stream", lambda index: 0)
+    monkeypatch.setattr(per_tensor, "record", mock.Mock(side_effect=AssertionError("record() after the launch")))
     _cpu_memset(monkeypatch)
     plan = per_tensor.plan_quantize(cfg, 32, 64, torch.bfloat16, rowwise=rowwise, colwise=colwise, aligned=True,
                                     given=False, index=0)  # fmt: skip
-    x_amax, scales = [0.0], []
-
-    def kernel(base, named, stream):  # what per_tensor_cast writes: amax(x) and sinv = 1 / scale
-        scale = ctypes.c_float.from_address(named["scale_in"]).value
-        ctypes.c_float.from_address(base + plan.block.offsets[plan.amax]).value = x_amax[0]
-        ctypes.c_float.from_address(base + plan.block.offsets[plan.sinv]).value = 1.0 / scale
-        scales.append(scale)
-
+    assert len(plan.steps) == 1
     x = torch.zeros(32, 64, dtype=torch.bfloat16)
     base, fields = plan.block.allocate(x.device, 0)
+    seen = []
+    out = mock.Mock(base=base, fields=fields, steps=(lambda b, named, stream: seen.append(dict(named)),))
+    for _ in range(2):  # a new state (history, scale) per call: both read per call
+        state = AmaxHistory(cfg)
+        state.scale = torch.tensor([4.0])
+        plan._run(x, None, None, state, out)
+        named = seen.pop()
+        assert named == {plan_mod.X: x.data_ptr(), "scale_in": state.scale.data_ptr(),
+                         "history": state.history.data_ptr()}  # fmt: skip
+        args = _cast_slots(plan, base, named)
+        off = plan.block.offsets
+        o = "rowwise" if rowwise else "colwise"
+        assert (args["amax_in"], args["scale"], args["history"]) == (0, state.scale.data_ptr(), state.history.data_ptr())
+        assert (args["amax_acc"], args["sinv"]) == (fields[f"{o}_amax"].data_ptr(), fields[f"{o}_scale"].data_ptr())
+        assert args["done"] == base + off["_done"] and off["_done"] not in {
+            v.data_ptr() - base for v in fields.values()}  # fmt: skip
+        assert off["_done"] < plan.block.zero_bytes  # cleared with the amax before every call
+        assert args["amax_store"] == 0
+        if rowwise and colwise:
+            assert (args["amax_copy"], args["sinv_copy"]) == (fields["colwise_amax"].data_ptr(),
+                                                               fields["colwise_scale"].data_ptr())  # fmt: skip
+            assert len({args["amax_acc"], args["amax_copy"], args["sinv"], args["sinv_copy"]}) == 4
+        else:
+            assert (args["amax_copy"], args["sinv_copy"]) == (0, 0)  # one copy: nothing to copy on
+    # The state's checks hold on every call (a config equal to the plan's is remembered, never a different one).
+    for _ in range(2):
+        plan._run(x, None, None, AmaxHistory(QuantConfig("fp8_delayed")), out)
+    for bad, match in ((AmaxHistory(QuantConfig("fp8_delayed", margin=1)), "was built for"),
+                       (mock.Mock(config=cfg), "must be a reference.per_tensor.AmaxHistory")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            plan._run(x, None, None, bad, out)
+    with pytest.raises(ValueError, match="a given amax is for fp8_current"):
+        plan._run(x, None, torch.tensor([1.0]), AmaxHistory(cfg), out)
+
+
+def test_a_delayed_plan_records_a_history_the_kernel_cannot_after_the_launch(monkeypatch):
+    """A history that is not fp32 on the cast's device (here fp64): the cast gets a null history and record() runs
+    after the launch, H[0] <- fmax(H[0], amax) on the state's own tensor (NaN in H[0] ignored, docs/numerics.md
+    §2 / §0.1)."""
+    cfg = QuantConfig("fp8_delayed")
+    monkeypatch.setattr(per_tensor, "module_for", lambda *a: "module")
+    monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
+    monkeypatch.setattr(per_tensor, "raw_stream", lambda index: 0)
+    _cpu_memset(monkeypatch)
+    plan = per_tensor.plan_quantize(cfg, 32, 64, torch.bfloat16, rowwise=True, colwise=True, aligned=True,
+                                    given=False, index=0)  # fmt: skip
+    x = torch.zeros(32, 64, dtype=torch.bfloat16)
+    base, fields = plan.block.allocate(x.device, 0)
+    x_amax, events = [0.0], []
+
+    def kernel(b, named, stream):  # what the cast writes into the amax field
+        events.append(("launch", named["history"]))
+        ctypes.c_float.from_address(b + plan.block.offsets[plan.amax]).value = x_amax[0]
+
     out = mock.Mock(base=base, fields=fields, steps=(kernel,))
     state = AmaxHistory(cfg)
-    state.scale = torch.tensor([4.0])
+    state.history = state.history.to(torch.float64)
     for amax, h0_before, h0_after in ((3.0, 0.0, 3.0), (2.0, 3.0, 3.0), (5.0, float("nan"), 5.0)):
         state.history[0], x_amax[0] = h0_before, amax
         plan._run(x, None, None, state, out)
-        assert float(state.history[0]) == h0_after and scales[-1] == 4.0
-        for o in [c for c, on in (("rowwise", rowwise), ("colwise", colwise)) if on]:
-            assert float(fields[f"{o}_amax"]) == amax and float(fields[f"{o}_scale"]) == 0.25, o
-        if rowwise and colwise:
-            assert fields["rowwise_amax"].data_ptr() != fields["colwise_amax"].data_ptr()
-            assert fields["rowwise_scale"].data_ptr() != fields["colwise_scale"].data_ptr()
+        assert events.pop() == ("launch", 0) and float(state.history[0]) == h0_after
+        assert state.history.dtype == torch.float64
+
+
+@pytest.mark.parametrize("rowwise, colwise", COPIES)
+def test_an_fp8_current_plan_has_the_cast_read_the_given_amax_itself(monkeypatch, rowwise, colwise):
+    """fp8_current with a given amax (TE's quantize_with_amax, docs/numerics.md §1): no copy and no amax pass - the
+    cast's amax_in is the caller's tensor (per call) and the cast stores it in the result's amax (amax_store) and,
+    with both copies, in the colwise amax; never an alias of the caller's tensor."""
+    cfg = QuantConfig("fp8_current")
+    monkeypatch.setattr(per_tensor, "module_for", lambda *a: "module")
+    monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
+    monkeypatch.setattr(per_tensor, "raw_stream", lambda index: 0)
+    _cpu_memset(monkeypatch)
+    plan = per_tensor.plan_quantize(cfg, 32, 64, torch.bfloat16, rowwise=rowwise, colwise=colwise, aligned=True,
+                                    given=True, index=0)  # fmt: skip
+    assert [s.launch.name for s in plan.steps] == ["per_tensor_cast_bf16"]
+    x = torch.zeros(32, 64, dtype=torch.bfloat16)
+    base, fields = plan.block.allocate(x.device, 0)
+    seen = []
+    out = mock.Mock(base=base, fields=fields, steps=(lambda b, named, stream: seen.append(dict(named)),))
+    o = "rowwise" if rowwise else "colwise"
+    for value in (2.5, float("inf"), 0.0):
+        given = torch.tensor([value])
+        plan._run(x, None, given, None, out)
+        named = seen.pop()
+        assert named == {plan_mod.X: x.data_ptr(), "given": given.data_ptr()}
+        args = _cast_slots(plan, base, named)
+        assert args["amax_in"] == given.data_ptr() and args["amax_store"] == fields[f"{o}_amax"].data_ptr()
+        assert (args["amax_acc"], args["history"], args["done"]) == (0, 0, 0)
+        assert args["amax_copy"] == (fields["colwise_amax"].data_ptr() if rowwise and colwise else 0)
+        assert given.data_ptr() not in {v.data_ptr() for v in fields.values()}
+    with pytest.raises(ValueError, match="state is only for fp8_delayed"):
+        plan._run(x, None, torch.tensor([1.0]), AmaxHistory(QuantConfig("fp8_delayed")), out)
 
 
 # ---- the planned GEMM calls -----------------------------------------------------------------------------------
@@ -837,41 +938,53 @@ def test_a_gemm_plan_prepares_a_matmul_only_for_stored_fp32_scales(monkeypatch):
 
 
 @pytest.mark.parametrize("rowwise, colwise", COPIES)
-@pytest.mark.parametrize("config", [QuantConfig("fp8_current"), QuantConfig("nvfp4"), QuantConfig("nvfp4", variant="4over6")],
-                         ids=lambda c: c.id)  # fmt: skip
-def test_a_given_amax_is_copied_into_the_amax_slots_before_the_launches(monkeypatch, config, rowwise, colwise):
-    """A plan's given amax (TE's quantize_with_amax): one 4-byte device copy into the amax slot (fp8_current) or
-    both A_g slots (NVFP4, docs/numerics.md §5.1), enqueued before the kernels; the returned amax fields hold it."""
-    mod = per_tensor if config.scheme == "fp8_current" else nvfp4
-    events = []
-    monkeypatch.setattr(mod, "module_for", lambda *a: "module")
-    monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
+@pytest.mark.parametrize("config", [QuantConfig("nvfp4"), QuantConfig("nvfp4", variant="4over6")], ids=lambda c: c.id)
+def test_a_given_amax_reaches_both_a_g_slots_by_one_launch_that_clears_the_scales(monkeypatch, config, rowwise,
+                                                                                  colwise):
+    """An NVFP4 plan's given amax (TE's quantize_with_amax, docs/numerics.md §5.1): no cudaMemcpyAsync and no
+    memset; its first step, fill_given, gets the caller's pointer (per call) and the block's A_g slots and zero
+    words. Emulating that kernel on the host from the step's own slots (fresh block and out=): both A_g slots hold
+    the given value bit for bit, the scales are zero, the kernels after it read the slots."""
+    monkeypatch.setattr(nvfp4, "module_for", lambda *a: "module")
+    monkeypatch.setattr(per_tensor, "module_for", lambda *a: "module")
     monkeypatch.setattr(per_tensor, "grid_stride_blocks", lambda n, t, i: 1)
-    monkeypatch.setattr(mod, "raw_stream", lambda index: 0)
-
-    def copy(dst, src, nbytes, index):
-        events.append("copy")
-        ctypes.memmove(dst, src, nbytes)
-
-    monkeypatch.setattr(mod, "memcpy", copy)
+    monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
+    monkeypatch.setattr(nvfp4, "raw_stream", lambda index: 0)
+    monkeypatch.setattr(plan_mod, "current_device", lambda: 0)
     _cpu_memset(monkeypatch)
-    plan = mod.plan_quantize(config, 32, 64, torch.bfloat16, rowwise=rowwise, colwise=colwise, aligned=True,
-                             given=True, index=0)  # fmt: skip
+    monkeypatch.setattr(plan_mod, "memset_zero", mock.Mock(side_effect=AssertionError("a memset")))
+    plan = nvfp4.plan_quantize(config, 32, 64, torch.bfloat16, rowwise=rowwise, colwise=colwise, aligned=True,
+                               given=True, index=0)  # fmt: skip
+    fill, *rest = plan.steps
+    assert fill.launch.name == "fill_given"
+    names = [p.name for p in signature("fill_given").params]
+    events = []
+
+    def launch_kernel(fn, *geometry_stream_params):  # the launches, fill_given emulated on the host from its slots
+        *geometry, stream, pointers, _ = geometry_stream_params
+        if tuple(geometry) != fill.launch.geometry or events:
+            events.append("launch")
+            return
+        args = dict(zip(names, read_slots(pointers, 5), strict=True))
+        events.append("fill")
+        value = ctypes.c_uint32.from_address(args["given"]).value
+        for slot in ("slot0", "slot1"):
+            ctypes.c_uint32.from_address(args[slot]).value = value
+        ctypes.memset(args["zero"], 0, 4 * args["n_words"])
+
+    monkeypatch.setattr(launch_mod, "launch_kernel", lambda: launch_kernel)
     x = torch.zeros(32, 64, dtype=torch.bfloat16)
-    base, fields = plan.block.allocate(x.device, 0)
-    assert not any(name.startswith("_") for name in fields)  # no view of internal slots is built
-    out = mock.Mock(base=base, fields=fields, steps=[lambda *a: events.append("launch")] * len(plan.steps))
-    for value in (2.5, float("inf"), 0.0):
+    got = None
+    for value in (2.5, float("inf"), 0.0, 2.0**127 * 1.5):
         events.clear()
-        plan._run(x, None, torch.tensor([value]), None, out)
-        n_copies = 1 if mod is per_tensor else 2
-        assert events == ["copy"] * n_copies + ["launch"] * len(plan.steps)
+        got = plan.run(x, None, torch.tensor([value]), None, into=got)
+        assert events == ["fill"] + ["launch"] * len(rest)
+        bits = (ctypes.c_float * 2).from_address(got.base + plan.block.offsets["_bits"])
+        assert list(bits) == [value, value]
         for o in [c for c, on in (("rowwise", rowwise), ("colwise", colwise)) if on]:
-            if mod is nvfp4 or o == ("rowwise" if rowwise else "colwise"):  # (fp8_current: the kernel copies it on)
-                assert float(fields[f"{o}_amax"]) == value, o
-        if mod is nvfp4:
-            bits = (ctypes.c_float * 2).from_address(base + plan.block.offsets["_bits"])
-            assert list(bits) == [value, value]
+            assert float(got.fields[f"{o}_amax"]) == value, o
+            assert int(got.fields[f"{o}_scale"].count_nonzero()) == 0, o
+            got.fields[f"{o}_scale"].fill_(7)  # (cleared again by the next call's fill)
 
 
 def test_given_on_moves_a_given_amax_only_when_it_is_elsewhere():
@@ -881,3 +994,147 @@ def test_given_on_moves_a_given_amax_only_when_it_is_elsewhere():
     elsewhere.to.return_value = "moved"
     assert plan_mod.given_on(elsewhere, torch.device("cuda", 0)) == "moved"
     elsewhere.to.assert_called_once_with(device=torch.device("cuda", 0))
+
+
+# ---- GEMM: the identity memo of the last planned call, out= --------------------------------------------------
+
+
+class _RecordingGemmPlan:
+    """A GEMM plan that records its calls (the consumed fields of a TN call)."""
+
+    consumed = (("rowwise_data", "rowwise_scale", "rowwise_amax"),) * 2
+
+    def __init__(self):
+        self.calls = []
+
+    def run(self, a, b, out_dtype, bias, c, out=None):
+        self.calls.append((a, b, out_dtype, bias, c, out))
+        return "result"
+
+
+def test_a_gemm_call_with_the_last_planned_calls_objects_builds_no_key(monkeypatch):
+    """native.gemm's _Recent: a call with exactly the objects of the last planned call (operands, their consumed
+    tensors, config, shape, input dtype, bias, C; equal layout, out_dtype, method) runs that plan without building
+    the key; any of them replaced, a referenced object dead or the cache cleared sends the call back to the key."""
+    import gc
+    import weakref
+
+    import reference
+
+    g = sys.modules["native.gemm"]
+    plan_mod.clear_plans()
+    cfg = QuantConfig("fp8_current")
+    a, b = reference.quantize(torch.randn(64, 128), cfg), reference.quantize(torch.randn(32, 128), cfg)
+    bias = torch.ones(32)
+    plan = _RecordingGemmPlan()
+    keys = []
+    real_key = g._plan_key
+
+    def counting_key(*args):
+        keys.append(None)  # (counted, not kept: the operands must be free to die)
+        return real_key(*args)
+
+    monkeypatch.setattr(g, "_plan_key", counting_key)
+
+    def put(*args):
+        plan_mod.GEMM_PLANS.put(real_key(*args), plan)
+
+    put(a, b, "TN", torch.bfloat16, bias, None, "auto")
+    for i in range(3):  # the first call finds the plan by its key; the next ones by the memo
+        assert g.gemm(a, b, bias=bias) == "result" and len(plan.calls) == i + 1 and len(keys) == 1
+    assert plan.calls[-1] == (a, b, torch.bfloat16, bias, None, None)
+    out = torch.empty(64, 32, dtype=torch.bfloat16)
+    g.gemm(a, b, bias=bias, out=out)
+    assert plan.calls[-1][5] is out and len(keys) == 1
+
+    def misses(call, *, planned=True) -> None:
+        n_keys, n_calls = len(keys), len(plan.calls)
+        try:
+            call()
+        except Exception:  # (no plan for that key: the full path, which needs a GPU here)
+            assert not planned
+        assert len(keys) == n_keys + 1, "the memo must not match"
+        assert len(plan.calls) == n_calls + planned
+
+    misses(lambda: g.gemm(a, b, bias=torch.ones(32)))  # another bias object (an equal key: the same plan)
+    misses(lambda: g.gemm(a, b, bias=bias))  # (the key finds the plan again and re-arms the memo)
+    misses(lambda: g.gemm(a, b, bias=bias, out_dtype=torch.float32), planned=False)
+    misses(lambda: g.gemm(a, b, bias=bias, method="portable"), planned=False)
+    misses(lambda: g.gemm(a, b, bias=bias, layout="NN"), planned=False)
+    assert g._RECENT[0] is None  # a call that does not match drops the memo (it lets go of its tensors)
+    n_keys = len(keys)
+    g.gemm(a, b, bias=bias)
+    assert len(keys) == n_keys + 1 and g._RECENT[0] is not None
+    for field, value in (("rowwise_data", a.rowwise_data.clone()), ("rowwise_scale", a.rowwise_scale.clone()),
+                         ("rowwise_amax", a.rowwise_amax.clone()), ("shape", tuple(list(a.shape))),
+                         ("config", QuantConfig("fp8_current"))):  # fmt: skip
+        setattr(a, field, value)  # equal, but another object: the key (equal) finds the plan, the memo does not
+        misses(lambda: g.gemm(a, b, bias=bias))
+        g.gemm(a, b, bias=bias)
+    n_keys = len(keys)
+    b.rowwise_amax = b.rowwise_amax.clone()
+    misses(lambda: g.gemm(a, b, bias=bias))
+    assert len(keys) == n_keys + 1
+    # A dead referenced object: its weak reference reads None, as an absent bias would - never a match.
+    bias2 = torch.ones(32)
+    put(a, b, "TN", torch.bfloat16, bias2, None, "auto")
+    g.gemm(a, b, bias=bias2)
+    g.gemm(a, b, bias=bias2)  # (memo armed for bias2)
+    del bias2
+    gc.collect()
+    misses(lambda: g.gemm(a, b), planned=False)  # bias=None: no plan without a bias here, so the full path
+    # The memo keeps no operand alive: a dead operand frees the memo's hold on its tensors.
+    a2, b2 = reference.quantize(torch.randn(64, 128), cfg), reference.quantize(torch.randn(32, 128), cfg)
+    g.gemm(a2, b2, bias=bias)
+    recent, alive = g._RECENT[0], weakref.ref(a2.rowwise_data)
+    assert recent.same(a2, b2, "TN", torch.bfloat16, bias, None, "auto")
+    plan.calls.clear()  # (the recording plan's references)
+    del a2
+    gc.collect()
+    assert recent.fields == () and recent.generation == -1 and alive() is None
+    # A cleared cache invalidates the memo.
+    g.gemm(a, b, bias=bias)
+    n_keys = len(keys)
+    plan_mod.clear_plans()
+    with pytest.raises(Exception):  # noqa: B017 - the full path (no GPU here): what matters is the key
+        g.gemm(a, b, bias=bias)
+    assert len(keys) == n_keys + 1
+    plan_mod.clear_plans()
+
+
+@pytest.mark.parametrize("cfgs", [("fp8_current", {}, {}), ("nvfp4", {}, {})], ids=lambda c: c[0])
+def test_a_planned_gemm_writes_into_out_or_refuses_it(monkeypatch, cfgs):
+    """GemmPlan.run(..., out=): the portable launch's out pointer is the caller's tensor, which comes back (no
+    allocation); the prepared cuBLASLt matmul's too; a tensor of another shape / dtype / device, a non-contiguous
+    one or a non-tensor raises ValueError naming what differs."""
+    g, a, b, av, bv, bias, c = _portable_operands(cfgs, False, torch.float32)
+    monkeypatch.setattr(g, "_portable_module", lambda *a: None)
+    monkeypatch.setattr(g, "device_index", lambda dev: 0)
+    monkeypatch.setattr(g, "current_device", lambda: 0)
+    monkeypatch.setattr(g, "raw_stream", lambda index: 55)
+    fired = []
+    monkeypatch.setattr(launch_mod, "launch_kernel", lambda: lambda *args: fired.append(args))
+    bads = ((torch.zeros(64, 33, dtype=torch.bfloat16), r"shape is \(64, 33\), expected \(64, 32\)"),
+            (torch.zeros(64, 32), "dtype is torch.float32, expected torch.bfloat16"),
+            (torch.zeros(32, 64, dtype=torch.bfloat16).t(), "contiguous is False"),
+            (torch.zeros(64, 32, dtype=torch.bfloat16, device="meta"), "device is meta"),
+            ("out", "takes a torch.Tensor, got str"))  # fmt: skip
+    outs = [torch.zeros(64, 32, dtype=torch.bfloat16) for _ in range(3)]
+    monkeypatch.setattr(torch, "empty", mock.Mock(side_effect=AssertionError("allocated")))
+    plan = g.GemmPlan(av, bv, "portable", torch.bfloat16, None, None)
+    out_slot = [p.name for p in signature("block_scaled_gemm").params].index("out")
+    for out in outs[:2]:
+        assert plan.run(a, b, torch.bfloat16, None, None, out) is out
+        (*_, pointers, _), = fired
+        fired.clear()
+        assert read_slots(pointers, len(plan.portable.fixed))[out_slot] == out.data_ptr()
+    for bad, match in bads:
+        with pytest.raises(ValueError, match=match):
+            plan.run(a, b, torch.bfloat16, None, None, bad)
+    assert fired == []
+    made = []
+    plan.matmul = lambda *args: made.append(args)
+    out = outs[2]
+    assert plan.run(a, b, torch.bfloat16, None, None, out) is out
+    assert made == [(a.rowwise_data.data_ptr(), a.rowwise_scale.data_ptr(), b.rowwise_data.data_ptr(),
+                     b.rowwise_scale.data_ptr(), out.data_ptr(), 55)]  # fmt: skip

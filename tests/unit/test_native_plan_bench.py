@@ -49,7 +49,9 @@ def test_dry_run_builds_the_table(tmp_path, capsys):
     assert len(rows) == len(bh.QUANT_ROWS) + 1 + len(bh.GEMM_ROWS)
     assert {r["result"] for r in rows if r["kind"] == "quantize"} == {"PASS"}  # placeholder 10 us <= 15 us
     assert {(r["out_us"], r["out_result"]) for r in rows if r["kind"] == "quantize"} == {("8.0", "PASS")}
-    assert {r["out_result"] for r in rows if r["kind"] == "gemm"} == {"n/a"}  # no out= for a GEMM
+    # GEMM rows: the in-place native.gemm(..., out=) column against _scaled_mm's goal; none for _scaled_mm itself.
+    assert {(r["name"].startswith("native.gemm"), r["out_us"], r["out_result"]) for r in rows if r["kind"] == "gemm"} \
+        == {(True, "16.0", "PASS"), (False, "", "n/a")}  # fmt: skip
     # --only filters rows; --check-goals fails on a MISS.
     assert bh.main(["--dry-run", "--size", "128", "--only", "mxfp8"]) == 0
     text = capsys.readouterr().out
