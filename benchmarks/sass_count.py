@@ -42,7 +42,7 @@ ROLES = (
 # issue rate; FFMA/FMUL/FADD/IMAD run on the 32-lane FMA pipes): an estimate, ncu's pipe counters decide.
 ALU_OPCODES = {"LOP3", "IADD3", "SHF", "LEA", "ISETP", "FSETP", "FMNMX", "SEL", "FSEL", "PRMT", "IMNMX", "VIADDMNMX",
                "PLOP3", "IABS", "FLO", "POPC", "BMSK", "SGXT"}
-_BRANCH = re.compile(r"BRA `\((\.L_x_\d+)\)")
+_BRANCH = re.compile(r"BRA (?:!?U?P\d, )?`\((\.L_x_\d+)\)")
 
 
 def source_functions() -> dict[str, dict[int, str]]:
@@ -198,7 +198,7 @@ def count(body: str, trips: int, elems: int):
 
     path = walk(head, lambda k: k == tail)
     counts = Counter(role(k) for k in path)
-    for t, k in backs:  # loops before or after the tile loop (the per-CTA setup) run once per thread
+    for _, k in backs:  # loops before or after the tile loop (the per-CTA setup) run once per thread
         if not head <= k <= tail:
             trips_left[k] = 1
     # Once per CTA: entry up to the tile loop, and from the loop's exit to EXIT (uniform branches

@@ -40,7 +40,7 @@ from reference.types import QuantizedTensor, SpecViolation, SRSeed
 
 from . import swizzle
 from .kernels import Patched
-from .launch import PreparedLaunch, device_index, launch, module_for, raw_stream
+from .launch import PreparedLaunch, device_index, launch, module_for, raw_stream, sm_count
 from .launchers import CublasLtMode, LtScale
 from .plan import Buffer, OutputBlock, Step, X, given_on, memcpy
 from .plan import QuantizePlan as QuantizePlanBase
@@ -56,6 +56,7 @@ GROUP = 4  # 16-element blocks per thread (nvfp4.cu GROUP)
 WARP = 32
 TILE_M = 128  # rows of X per quantize tile (nvfp4.cu TILE_M)
 TILE_BYTES = 128  # bytes of X per tile row (nvfp4.cu TILE_WORDS * 4): 64 16-bit or 32 fp32 columns
+QUANT_CTAS_PER_SM = 3  # resident quantize CTAs per SM (nvfp4.cu NVFP4_QUANT_MIN_BLOCKS: 80 registers, 37 KiB smem)
 
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 # NUMERICS: §5.10 - the 4over6 map-to-4 candidate expands the block scale by 1.5 (exact).
@@ -65,7 +66,7 @@ _MASK32 = 0xFFFFFFFF
 # A launcher runs kernel `name` over `n_units` work units with positional `args`: torch tensors
 # (passed as device pointers), None (a null pointer) or numpy scalars (their C type is the param's).
 # CTAs have THREADS threads; `units_per_block` is how many units one CTA covers per grid-stride step
-# (THREADS for the thread-per-unit kernels, 1 for the quantize kernel: a CTA per tile), and
+# (THREADS for the thread-per-unit kernels, 1 for the quantize kernel: a tile per CTA and step), and
 # `max_blocks` caps the grid (the kernels are grid-stride loops).
 Launcher = Callable[..., None]
 
@@ -143,6 +144,15 @@ def _copy_source(orientation: str, m: int, k: int) -> tuple[int, int, list]:
     return rows, cols, [_i64(rows), _i64(cols), _i64(rs), _i64(cs)]
 
 
+def _quantize_blocks(index: int | None) -> int:
+    """The quantize kernel's grid cap on CUDA device `index`: one wave of resident CTAs, each walking its tiles
+    with the next one's loads in flight (docs/design.md §4.2). MAX_BLOCKS without a device (CPU-only tests of the
+    launch arguments)."""
+    if index is None or not torch.cuda.is_available():
+        return MAX_BLOCKS
+    return sm_count(index) * QUANT_CTAS_PER_SM
+
+
 def _no_pads() -> list:
     """The amax kernel's scale-padding arguments when it pads nothing (null scales, 0 rows / strides)."""
     return [None, _i64(0), _i64(0), None, _i64(0), _i64(0)]
@@ -208,7 +218,8 @@ def quantize_with(
 
     # The columnwise copy is X^T [K, M], read from the same shared-memory tiles of X (the kernel applies
     # the RHT in RHT builds); 2-D builds reduce the 16x16 tile amaxes (NUMERICS: §5.5) in the same kernel.
-    launch(f"nvfp4_quantize_{sfx}", n_tiles, [x2d, _i64(m), _i64(k), seed_u64, *copies], units_per_block=1)
+    launch(f"nvfp4_quantize_{sfx}", n_tiles, [x2d, _i64(m), _i64(k), seed_u64, *copies], units_per_block=1,
+           max_blocks=_quantize_blocks(device_index(dev) if dev.type == "cuda" else None))  # fmt: skip
     return out
 
 
@@ -432,7 +443,8 @@ class QuantizePlan(QuantizePlanBase):
                                   [x, _i64(m), _i64(k), Patched(a_x, torch.float32), Patched(a_c, torch.float32), *pads],
                                   max_blocks=REDUCE_BLOCKS)  # fmt: skip
         seed = Patched("seed") if self.sr else np.uint64(0)
-        steps += self._launch(f"nvfp4_quantize_{sfx}", n_tiles, [x, _i64(m), _i64(k), seed, *copies], units_per_block=1)
+        steps += self._launch(f"nvfp4_quantize_{sfx}", n_tiles, [x, _i64(m), _i64(k), seed, *copies], units_per_block=1,
+                              max_blocks=_quantize_blocks(self.index))  # fmt: skip
         return buffers, steps
 
     def _variant(self, config, m, k, dtype, rowwise, colwise, given):

@@ -456,9 +456,10 @@ __device__ __forceinline__ void amax_commit(float a, u32* out, u32* out2 = nullp
 
 #define NVFP4_THREADS 256
 // Resident quantize CTAs per SM that the register allocation must allow (<= 80 registers a thread):
-// 24 warps per SM, so tile loads of some CTAs overlap the encoding of others. RN builds unroll a
-// thread's blocks and fit without spilling; SR and RHT builds encode them one after another (unroll 1)
-// and still spill a few words in places (sm_90 f16 with SR: 48 bytes; sm_100a bf16 RHT + SR: 16).
+// 24 warps per SM. native/nvfp4.py launches one wave of them (QUANT_CTAS_PER_SM per SM), each walking
+// its tiles with the next tile's loads in flight (quantize_tiles). RN builds unroll a thread's blocks;
+// SR and RHT builds encode them one after another (unroll 1); no build spills (ptxas -v, sm_90 and
+// sm_100a: benchmarks/sass_count.py prints it).
 #define NVFP4_QUANT_MIN_BLOCKS 3
 static_assert(QUANT_THREADS == NVFP4_THREADS, "native/nvfp4.py launches NVFP4_THREADS-thread CTAs");
 
@@ -501,6 +502,34 @@ __device__ __forceinline__ void load_tile(const void* __restrict__ x, i64 k_cols
     load_tile_from<DT>(src, (i64)LOAD_ROW_STEP * k_cols * ELEM_BYTES, m, q, rows, cols, tile);
 }
 
+// One 16-byte cp.async (sm_80+) from global src to shared dst, cached in L2 only: the copy lands in shared
+// memory without passing through registers, so a CTA can have the next tile in flight while it encodes one.
+// Visible to the CTA after copy_async_wait_all and a __syncthreads.
+__device__ __forceinline__ void copy_async16(u32* dst, const char* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+}
+
+// Wait until this thread's cp.async copies have landed (cp.async.wait_all: commit, then wait for every group).
+__device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// As load_tile_from, the chunks copied with cp.async (the same shared words written, nothing else).
+template <int DT>
+__device__ __forceinline__ void load_tile_async(const char* __restrict__ src, i64 step, int m, int q, int rows, int cols,
+                                                u32* tile) {
+    using T = Tile<DT>;
+    const int m_base = m * TILE_PITCH, sw = q ^ (m / BLOCK);  // m < LOAD_ROW_STEP: tile_word_at's rows
+    if (rows == TILE_M && cols == T::COLS) {  // a whole tile (all but the bottom and right edges): no guards
+#pragma unroll
+        for (int j = 0; j < LOAD_ITEMS; ++j) copy_async16(tile + tile_word_at<LOAD_ROW_STEP>(m_base, sw, j), src + j * step);
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < LOAD_ITEMS; ++j)
+        if (m + j * LOAD_ROW_STEP < rows && q * T::CHUNK_ELEMS < cols)                                // edge tile
+            copy_async16(tile + tile_word_at<LOAD_ROW_STEP>(m_base, sw, j), src + j * step);  // edge tile
+}
+
 // NUMERICS: §5.2-§5.3 as block_scale, the encode factor read from a table of encode_factor over every
 // scale code (the same function of the code and S_dec, computed once per CTA).
 __device__ __forceinline__ BlockScale table_scale(float amax_b, GlobalScale g, const float* factor) {
@@ -515,6 +544,11 @@ __device__ __forceinline__ BlockScale table_scale(float amax_b, GlobalScale g, c
 // Addressing: what depends on the thread only (its load chunk, rowwise block, colwise item) is a byte
 // offset computed once; what depends on the tile is a base computed once per tile; both in 64 bits (a
 // row index times an extent can pass 2^32). The tiles are walked without a division per step.
+// Pipelining: the shared tile is double-buffered. A CTA starts its first tile's copies (cp.async) before its
+// setup (the global scales, which wait on A_g, and the encode-factor table); each loop step waits for its
+// tile, passes ONE barrier (the tile is complete, and every thread is done with the other buffer, which the
+// previous step encoded), starts the next tile's copies into the other buffer, then encodes. So the next
+// tile's DRAM reads overlap this tile's encode; the bytes in shared memory are those of the one-buffer walk.
 template <int DT>
 __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m_rows, i64 k_cols, const QuantArgs& row,
                                                const QuantArgs& col) {
@@ -525,33 +559,47 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     // register cap on sm_90 / sm_100a), one after another with SR or RHT (their Philox / fp64 paths spill).
     constexpr int COL_UNROLL = kSr || Modes<DT>::rht_colwise ? 1 : T::PER_WORD;
     constexpr int ROW_UNROLL = kSr ? 1 : T::ROW_ITEMS;
-    __shared__ __align__(16) u32 tile[TILE_M * TILE_PITCH];
-    __shared__ u32 tile_amax[TILE_MBLOCKS][T::ROW_BLOCKS];  // 2-D: fp32 bits of each 16x16 tile's amax
-    __shared__ float factor[2][SCALE_CODES];                // encode_factor of every scale code: row, col
+    __shared__ __align__(16) u32 tiles[2][TILE_M * TILE_PITCH];  // double buffer: encode one, load the other
+    __shared__ u32 tile_amaxes[2][TILE_MBLOCKS][T::ROW_BLOCKS];  // 2-D: fp32 bits of each 16x16 tile's amax
+    __shared__ float factor[2][SCALE_CODES];                     // encode_factor of every scale code: row, col
     const int lane = threadIdx.x % WARP;
     const ColItem item = col_item(threadIdx.x);
     const int cw = item.cw, mb = item.mb;
     const int t2 = cw / T::TILE_WORD_COLS;  // its 16-column tile (2-D)
     const bool do_row = row.data != nullptr, do_col = col.data != nullptr;
+
+    const int load_m = threadIdx.x / TILE_CHUNKS, load_q = threadIdx.x % TILE_CHUNKS;
+    const i64 load_off = ((i64)load_m * k_cols + load_q * T::CHUNK_ELEMS) * ELEM_BYTES;
+    const i64 load_step = (i64)LOAD_ROW_STEP * k_cols * ELEM_BYTES;
+    const i64 tiles_k = ceil_div(k_cols, T::COLS), n_tiles = ceil_div(m_rows, TILE_M) * tiles_k;
+    const i64 step_m = gridDim.x / tiles_k, step_k = gridDim.x % tiles_k;
+    i64 tile_m = blockIdx.x / tiles_k, tile_k = blockIdx.x % tiles_k;
+    // Start the copies of tile (tile_m, tile_k) into tiles[buf].
+    auto load = [&](int buf) {
+        const i64 m0 = tile_m * TILE_M, k0 = tile_k * T::COLS;
+        const int rows = (int)(m_rows - m0 < TILE_M ? m_rows - m0 : TILE_M);
+        const int cols = (int)(k_cols - k0 < T::COLS ? k_cols - k0 : T::COLS);
+        load_tile_async<DT>(static_cast<const char*>(x) + (m0 * k_cols + k0) * ELEM_BYTES + load_off, load_step, load_m,
+                            load_q, rows, cols, tiles[buf]);
+        if (k2d && threadIdx.x < TILE_MBLOCKS * T::ROW_BLOCKS)
+            tile_amaxes[buf][threadIdx.x / T::ROW_BLOCKS][threadIdx.x % T::ROW_BLOCKS] = 0u;
+    };
+    if (blockIdx.x < n_tiles) load(0);  // in flight during the setup
+
     GlobalScale g_row{}, g_col{};
     if (do_row) g_row = global_scale(*row.amax_g);
     if (do_col) g_col = global_scale(*col.amax_g);
     for (unsigned c = threadIdx.x; c < 2 * SCALE_CODES; c += QUANT_THREADS)  // read after the first __syncthreads
         factor[c / SCALE_CODES][c % SCALE_CODES] = encode_factor(c % SCALE_CODES, c < SCALE_CODES ? g_row : g_col);
 
-    const int load_m = threadIdx.x / TILE_CHUNKS, load_q = threadIdx.x % TILE_CHUNKS;
-    const i64 load_off = ((i64)load_m * k_cols + load_q * T::CHUNK_ELEMS) * ELEM_BYTES;
-    const i64 load_step = (i64)LOAD_ROW_STEP * k_cols * ELEM_BYTES;
     const int row_r = threadIdx.x / T::ROW_BLOCKS, row_cb = threadIdx.x % T::ROW_BLOCKS;  // rows row_r + j * ROW_STEP
     const i64 row_off = (i64)row_r * (k_cols / 2) + row_cb * (BLOCK / 2), row_off_step = (i64)ROW_STEP * (k_cols / 2);
     const i64 row_soff = (i64)row_r * row.scale_stride + row_cb, row_soff_step = (i64)ROW_STEP * row.scale_stride;
     const i64 col_off = (i64)cw * T::PER_WORD * (m_rows / 2) + mb * (BLOCK / 2);  // column cw * PER_WORD, m-block mb
     const i64 col_soff = (i64)cw * T::PER_WORD * col.scale_stride + mb;
 
-    const i64 tiles_k = ceil_div(k_cols, T::COLS), n_tiles = ceil_div(m_rows, TILE_M) * tiles_k;
-    const i64 step_m = gridDim.x / tiles_k, step_k = gridDim.x % tiles_k;
-    i64 tile_m = blockIdx.x / tiles_k, tile_k = blockIdx.x % tiles_k;
-    for (i64 t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+    int buf = 0;
+    for (i64 t = blockIdx.x; t < n_tiles; t += gridDim.x, buf ^= 1) {
         TilePos p;
         p.m0 = tile_m * TILE_M;
         p.k0 = tile_k * T::COLS;
@@ -559,11 +607,17 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
         p.cols = (int)(k_cols - p.k0 < T::COLS ? k_cols - p.k0 : T::COLS);
         const i64 m0 = p.m0, k0 = p.k0;
         const int rows = p.rows, cols = p.cols;
-        if (k2d && threadIdx.x < TILE_MBLOCKS * T::ROW_BLOCKS)
-            tile_amax[threadIdx.x / T::ROW_BLOCKS][threadIdx.x % T::ROW_BLOCKS] = 0u;
-        load_tile_from<DT>(static_cast<const char*>(x) + (m0 * k_cols + k0) * ELEM_BYTES + load_off, load_step, load_m,
-                           load_q, rows, cols, tile);
-        __syncthreads();
+        tile_k += step_k;  // tile t + gridDim.x: (tile_m, tile_k) advanced by (step_m, step_k) with the carry
+        tile_m += step_m;
+        if (tile_k >= tiles_k) {
+            tile_k -= tiles_k;
+            ++tile_m;
+        }
+        copy_async_wait_all();
+        __syncthreads();  // tile t is in tiles[buf]; every thread is done with tiles[buf ^ 1] (tile t - gridDim.x)
+        if (t + gridDim.x < n_tiles) load(buf ^ 1);
+        const u32* tile = tiles[buf];
+        u32(&tile_amax)[TILE_MBLOCKS][T::ROW_BLOCKS] = tile_amaxes[buf];
 
         // The colwise item's 16 words: word column cw of tile rows 16 mb .. 16 mb + 15.
         const bool col_in = col_item_in<DT>(item, p);
@@ -651,13 +705,6 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
                 data += row_off_step;
                 scale += row_soff_step;
             }
-        }
-        __syncthreads();  // the next tile overwrites the shared tile
-        tile_k += step_k;  // tile t + gridDim.x: (tile_m, tile_k) advanced by (step_m, step_k) with the carry
-        tile_m += step_m;
-        if (tile_k >= tiles_k) {
-            tile_k -= tiles_k;
-            ++tile_m;
         }
     }
 }
