@@ -267,8 +267,8 @@ NVFP4_HD void encode_block(const QuantArgs& a, GlobalScale g, i64 r, i64 cb, flo
 // granularity (rows, cols: the tile's valid extent).
 //
 // Thread maps (t = threadIdx.x, warp w, lane l):
-// - load: 16-byte chunks id = t + QUANT_THREADS * j (row id / 8, chunk id % 8), LOAD_ITEMS of them
-//   in flight per thread; a warp reads four whole 128-byte row pieces of X.
+// - load: 16-byte chunk t % 8 of rows 16 w + (t / 8) % 4 + 4 j, j < LOAD_ITEMS, all in flight; a warp
+//   reads four whole consecutive 128-byte row pieces of X per j (load_item).
 // - rowwise: block b = t + QUANT_THREADS * j of the tile's TILE_M x ROW_BLOCKS blocks (row
 //   b / ROW_BLOCKS, column block b % ROW_BLOCKS); a warp stores the codes of 8 (16-bit) or 16 (fp32)
 //   rows, the blocks of each row contiguous.
@@ -464,42 +464,60 @@ __device__ __forceinline__ void amax_commit(float a, u32* out, u32* out2 = nullp
 static_assert(QUANT_THREADS == NVFP4_THREADS, "native/nvfp4.py launches NVFP4_THREADS-thread CTAs");
 
 // Load a tile of X into shared memory (layout: see tile_word); only the valid rows x cols part
-// (multiples of 16) is read and written. This thread loads chunk q of tile rows m + j * LOAD_ROW_STEP;
-// src points at its first chunk, step is the bytes between its chunks.
-constexpr int LOAD_ROW_STEP = QUANT_THREADS / TILE_CHUNKS;  // 32 tile rows between a thread's loads
+// (multiples of 16) is read and written. Thread t copies chunk q = t % 8 of tile rows m + j * LOAD_ROW_STEP
+// (j < LOAD_ITEMS), m = 16 (t / 32) + (t / 8) % 4: a warp reads four whole consecutive 128-byte row pieces
+// of X per step, all in the m-block of its warp, so the swizzled chunk q ^ (m / 16) is the same in all of
+// the thread's rows and its shared words are one base (load_word) plus constant row offsets.
+constexpr int LOAD_ROW_STEP = WARP / TILE_CHUNKS;  // 4 tile rows between a thread's loads
+static_assert(LOAD_ROW_STEP * LOAD_ITEMS == BLOCK && QUANT_THREADS / WARP == TILE_MBLOCKS,
+              "a thread's loads lie in the m-block of its warp");
 
+struct LoadItem {
+    int m, q;  // first tile row, chunk
+};
+
+NVFP4_HD LoadItem load_item(unsigned t) {
+    return {(int)(BLOCK * (t / WARP) + (t / TILE_CHUNKS) % LOAD_ROW_STEP), (int)(t % TILE_CHUNKS)};
+}
+
+// tile_word of the item's first chunk; its chunk j is j * LOAD_ROW_STEP * TILE_PITCH words further (same m-block).
+NVFP4_HD int load_word(LoadItem l) { return tile_word(l.m, l.q * CHUNK_WORDS); }
+
+// Whether chunk j of the item lies in the tile's valid extent.
 template <int DT>
-__device__ __forceinline__ void load_tile_from(const char* __restrict__ src, i64 step, int m, int q, int rows, int cols,
-                                               u32* tile) {
+NVFP4_HD bool load_in(LoadItem l, int j, int rows, int cols) {
+    return l.m + j * LOAD_ROW_STEP < rows && l.q * Tile<DT>::CHUNK_ELEMS < cols;
+}
+
+// src points at the item's first chunk in X, step is the bytes between its chunks, dst = tile + load_word(l).
+template <int DT>
+__device__ __forceinline__ void load_tile_from(const char* __restrict__ src, i64 step, LoadItem l, int rows, int cols,
+                                               u32* dst) {
     using T = Tile<DT>;
     uint4 v[LOAD_ITEMS];
-    const int m_base = m * TILE_PITCH, sw = q ^ (m / BLOCK);  // m < LOAD_ROW_STEP: tile_word_at's rows
     if (rows == TILE_M && cols == T::COLS) {  // a whole tile (all but the bottom and right edges): no guards
 #pragma unroll
         for (int j = 0; j < LOAD_ITEMS; ++j) v[j] = *reinterpret_cast<const uint4*>(src + j * step);  // all in flight
 #pragma unroll
-        for (int j = 0; j < LOAD_ITEMS; ++j) *reinterpret_cast<uint4*>(tile + tile_word_at<LOAD_ROW_STEP>(m_base, sw, j)) = v[j];
+        for (int j = 0; j < LOAD_ITEMS; ++j) *reinterpret_cast<uint4*>(dst + j * LOAD_ROW_STEP * TILE_PITCH) = v[j];
         return;
     }
 #pragma unroll
     for (int j = 0; j < LOAD_ITEMS; ++j)  // all loads first: LOAD_ITEMS vectors in flight
-        if (m + j * LOAD_ROW_STEP < rows && q * T::CHUNK_ELEMS < cols)  // edge tile
-            v[j] = *reinterpret_cast<const uint4*>(src + j * step);     // edge tile
+        if (load_in<DT>(l, j, rows, cols)) v[j] = *reinterpret_cast<const uint4*>(src + j * step);  // edge tile
 #pragma unroll
     for (int j = 0; j < LOAD_ITEMS; ++j)
-        if (m + j * LOAD_ROW_STEP < rows && q * T::CHUNK_ELEMS < cols)                // edge tile
-            *reinterpret_cast<uint4*>(tile + tile_word_at<LOAD_ROW_STEP>(m_base, sw, j)) = v[j];  // edge tile
+        if (load_in<DT>(l, j, rows, cols)) *reinterpret_cast<uint4*>(dst + j * LOAD_ROW_STEP * TILE_PITCH) = v[j];  // edge tile
 }
 
-// Load tile (m0, k0) of X (the chunk map of the thread maps above: id = t + QUANT_THREADS * j, row id / 8,
-// chunk id % 8).
+// Load tile (m0, k0) of X (the load map above).
 template <int DT>
 __device__ __forceinline__ void load_tile(const void* __restrict__ x, i64 k_cols, i64 m0, i64 k0, int rows, int cols,
                                           u32* tile) {
     constexpr int ELEM_BYTES = DT == IN_F32 ? 4 : 2;
-    const int m = threadIdx.x / TILE_CHUNKS, q = threadIdx.x % TILE_CHUNKS;
-    const char* src = static_cast<const char*>(x) + ((m0 + m) * k_cols + k0 + q * Tile<DT>::CHUNK_ELEMS) * ELEM_BYTES;
-    load_tile_from<DT>(src, (i64)LOAD_ROW_STEP * k_cols * ELEM_BYTES, m, q, rows, cols, tile);
+    const LoadItem l = load_item(threadIdx.x);
+    const char* src = static_cast<const char*>(x) + ((m0 + l.m) * k_cols + k0 + l.q * Tile<DT>::CHUNK_ELEMS) * ELEM_BYTES;
+    load_tile_from<DT>(src, (i64)LOAD_ROW_STEP * k_cols * ELEM_BYTES, l, rows, cols, tile + load_word(l));
 }
 
 // One 16-byte cp.async (sm_80+) from global src to shared dst, cached in L2 only: the copy lands in shared
@@ -515,19 +533,17 @@ __device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.w
 
 // As load_tile_from, the chunks copied with cp.async (the same shared words written, nothing else).
 template <int DT>
-__device__ __forceinline__ void load_tile_async(const char* __restrict__ src, i64 step, int m, int q, int rows, int cols,
-                                                u32* tile) {
+__device__ __forceinline__ void load_tile_async(const char* __restrict__ src, i64 step, LoadItem l, int rows, int cols,
+                                                u32* dst) {
     using T = Tile<DT>;
-    const int m_base = m * TILE_PITCH, sw = q ^ (m / BLOCK);  // m < LOAD_ROW_STEP: tile_word_at's rows
     if (rows == TILE_M && cols == T::COLS) {  // a whole tile (all but the bottom and right edges): no guards
 #pragma unroll
-        for (int j = 0; j < LOAD_ITEMS; ++j) copy_async16(tile + tile_word_at<LOAD_ROW_STEP>(m_base, sw, j), src + j * step);
+        for (int j = 0; j < LOAD_ITEMS; ++j) copy_async16(dst + j * LOAD_ROW_STEP * TILE_PITCH, src + j * step);
         return;
     }
 #pragma unroll
     for (int j = 0; j < LOAD_ITEMS; ++j)
-        if (m + j * LOAD_ROW_STEP < rows && q * T::CHUNK_ELEMS < cols)                                // edge tile
-            copy_async16(tile + tile_word_at<LOAD_ROW_STEP>(m_base, sw, j), src + j * step);  // edge tile
+        if (load_in<DT>(l, j, rows, cols)) copy_async16(dst + j * LOAD_ROW_STEP * TILE_PITCH, src + j * step);  // edge tile
 }
 
 // NUMERICS: §5.2-§5.3 as block_scale, the encode factor read from a table of encode_factor over every
@@ -568,9 +584,10 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     const int t2 = cw / T::TILE_WORD_COLS;  // its 16-column tile (2-D)
     const bool do_row = row.data != nullptr, do_col = col.data != nullptr;
 
-    const int load_m = threadIdx.x / TILE_CHUNKS, load_q = threadIdx.x % TILE_CHUNKS;
-    const i64 load_off = ((i64)load_m * k_cols + load_q * T::CHUNK_ELEMS) * ELEM_BYTES;
+    const LoadItem ld = load_item(threadIdx.x);
+    const i64 load_off = ((i64)ld.m * k_cols + ld.q * T::CHUNK_ELEMS) * ELEM_BYTES;
     const i64 load_step = (i64)LOAD_ROW_STEP * k_cols * ELEM_BYTES;
+    const int load_w = load_word(ld);
     const i64 tiles_k = ceil_div(k_cols, T::COLS), n_tiles = ceil_div(m_rows, TILE_M) * tiles_k;
     const i64 step_m = gridDim.x / tiles_k, step_k = gridDim.x % tiles_k;
     i64 tile_m = blockIdx.x / tiles_k, tile_k = blockIdx.x % tiles_k;
@@ -579,8 +596,8 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
         const i64 m0 = tile_m * TILE_M, k0 = tile_k * T::COLS;
         const int rows = (int)(m_rows - m0 < TILE_M ? m_rows - m0 : TILE_M);
         const int cols = (int)(k_cols - k0 < T::COLS ? k_cols - k0 : T::COLS);
-        load_tile_async<DT>(static_cast<const char*>(x) + (m0 * k_cols + k0) * ELEM_BYTES + load_off, load_step, load_m,
-                            load_q, rows, cols, tiles[buf]);
+        load_tile_async<DT>(static_cast<const char*>(x) + (m0 * k_cols + k0) * ELEM_BYTES + load_off, load_step, ld, rows,
+                            cols, tiles[buf] + load_w);
         if (k2d && threadIdx.x < TILE_MBLOCKS * T::ROW_BLOCKS)
             tile_amaxes[buf][threadIdx.x / T::ROW_BLOCKS][threadIdx.x % T::ROW_BLOCKS] = 0u;
     };
