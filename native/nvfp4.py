@@ -56,7 +56,6 @@ GROUP = 4  # 16-element blocks per thread (nvfp4.cu GROUP)
 WARP = 32
 TILE_M = 128  # rows of X per quantize tile (nvfp4.cu TILE_M)
 TILE_BYTES = 128  # bytes of X per tile row (nvfp4.cu TILE_WORDS * 4): 64 16-bit or 32 fp32 columns
-QUANT_CTAS_PER_SM = 3  # resident quantize CTAs per SM (nvfp4.cu NVFP4_QUANT_MIN_BLOCKS: 80 registers, 37 KiB smem)
 
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 # NUMERICS: §5.10 - the 4over6 map-to-4 candidate expands the block scale by 1.5 (exact).
@@ -91,7 +90,15 @@ def scheme_defines(config: QuantConfig) -> dict[str, int | float | str]:
         "NVFP4_RHT_SIZE": RHT_SIZE,
         "NVFP4_RHT_SIGN_MASK": RHT_SIGN_MASK,
         "NVFP4_RHT_SCALE": RHT_SCALE,
+        "NVFP4_QUANT_MIN_BLOCKS": quantize_ctas_per_sm(config),
     }
+
+
+def quantize_ctas_per_sm(config: QuantConfig) -> int:
+    """Resident quantize CTAs per SM, the quantize kernel's __launch_bounds__ minimum (NVFP4_QUANT_MIN_BLOCKS) and
+    its grid per SM: 4 (64 registers a thread), or 3 (80) with SR, whose Philox path spills at 64 (ptxas -v on
+    sm_90 / sm_100a; docs/design.md §4.2). 37 KiB of shared memory each."""
+    return 3 if config.stochastic else 4
 
 
 def nvcc_check_config(scheme: str) -> QuantConfig:
@@ -144,13 +151,13 @@ def _copy_source(orientation: str, m: int, k: int) -> tuple[int, int, list]:
     return rows, cols, [_i64(rows), _i64(cols), _i64(rs), _i64(cs)]
 
 
-def _quantize_blocks(index: int | None) -> int:
+def _quantize_blocks(config: QuantConfig, index: int | None) -> int:
     """The quantize kernel's grid cap on CUDA device `index`: one wave of resident CTAs, each walking its tiles
     with the next one's loads in flight (docs/design.md §4.2). MAX_BLOCKS without a device (CPU-only tests of the
     launch arguments)."""
     if index is None or not torch.cuda.is_available():
         return MAX_BLOCKS
-    return sm_count(index) * QUANT_CTAS_PER_SM
+    return sm_count(index) * quantize_ctas_per_sm(config)
 
 
 def _no_pads() -> list:
@@ -219,7 +226,7 @@ def quantize_with(
     # The columnwise copy is X^T [K, M], read from the same shared-memory tiles of X (the kernel applies
     # the RHT in RHT builds); 2-D builds reduce the 16x16 tile amaxes (NUMERICS: §5.5) in the same kernel.
     launch(f"nvfp4_quantize_{sfx}", n_tiles, [x2d, _i64(m), _i64(k), seed_u64, *copies], units_per_block=1,
-           max_blocks=_quantize_blocks(device_index(dev) if dev.type == "cuda" else None))  # fmt: skip
+           max_blocks=_quantize_blocks(config, device_index(dev) if dev.type == "cuda" else None))  # fmt: skip
     return out
 
 
@@ -444,7 +451,7 @@ class QuantizePlan(QuantizePlanBase):
                                   max_blocks=REDUCE_BLOCKS)  # fmt: skip
         seed = Patched("seed") if self.sr else np.uint64(0)
         steps += self._launch(f"nvfp4_quantize_{sfx}", n_tiles, [x, _i64(m), _i64(k), seed, *copies], units_per_block=1,
-                              max_blocks=_quantize_blocks(self.index))  # fmt: skip
+                              max_blocks=_quantize_blocks(config, self.index))  # fmt: skip
         return buffers, steps
 
     def _variant(self, config, m, k, dtype, rowwise, colwise, given):

@@ -455,12 +455,15 @@ __device__ __forceinline__ void amax_commit(float a, u32* out, u32* out2 = nullp
 }
 
 #define NVFP4_THREADS 256
-// Resident quantize CTAs per SM that the register allocation must allow (<= 80 registers a thread):
-// 24 warps per SM. native/nvfp4.py launches one wave of them (QUANT_CTAS_PER_SM per SM), each walking
-// its tiles with the next tile's loads in flight (quantize_tiles). RN builds unroll a thread's blocks;
-// SR and RHT builds encode them one after another (unroll 1); no build spills (ptxas -v, sm_90 and
-// sm_100a: benchmarks/sass_count.py prints it).
-#define NVFP4_QUANT_MIN_BLOCKS 3
+// NVFP4_QUANT_MIN_BLOCKS (native/nvfp4.py quantize_ctas_per_sm): resident quantize CTAs per SM that the
+// register allocation must allow, 4 (<= 64 registers a thread, 32 warps per SM) or 3 with SR (<= 80: its
+// Philox path spills at 64). native/nvfp4.py launches one wave of them, each walking its tiles with the
+// next tile's loads in flight (quantize_tiles). RN builds unroll a thread's blocks; SR and RHT builds encode
+// them one after another (unroll 1); no build spills (ptxas -v, sm_90 and sm_100a: benchmarks/sass_count.py
+// prints it).
+#if !defined(NVFP4_QUANT_MIN_BLOCKS)
+#error "nvfp4.cu needs NVFP4_QUANT_MIN_BLOCKS (native/nvfp4.py scheme_defines)"
+#endif
 static_assert(QUANT_THREADS == NVFP4_THREADS, "native/nvfp4.py launches NVFP4_THREADS-thread CTAs");
 
 // Load a tile of X into shared memory (layout: see tile_word); only the valid rows x cols part

@@ -1,7 +1,7 @@
 """The NVFP4 quantize kernel's walk over its tiles when a CTA quantizes several: byte for byte against the golden.
 
 Source: docs/numerics.md §5 (NVFP4); docs/design.md §4.2. native.nvfp4 launches one wave of resident CTAs (SMs x
-QUANT_CTAS_PER_SM), each walking tiles t, t + gridDim.x, ... (reached by adding gridDim.x / tiles_k rows and
+quantize_ctas_per_sm), each walking tiles t, t + gridDim.x, ... (reached by adding gridDim.x / tiles_k rows and
 gridDim.x % tiles_k columns of tiles, with a carry) with the next tile's copies in flight in the other shared
 buffer. Here the quantize launch gets 1 .. 23 CTAs over 4 x 11 (bf16) or 4 x 21 (fp32) tiles with partial last rows
 and columns, for 1-D, 2-D and RHT + SR builds and each copy alone; and the default grid over more tiles than it has
@@ -83,5 +83,5 @@ def test_default_grid_walks_tiles_matches_reference(cfg_name, dtype_name):
     fields = nvfp4.quantize_with(recorded, x_gpu, cfg, rowwise=True, colwise=True, seed=rng)
     torch.cuda.synchronize()
     (n_tiles, cap), = grids
-    assert cap == nvfp4.sm_count(nvfp4.device_index(x_gpu.device)) * nvfp4.QUANT_CTAS_PER_SM < n_tiles  # CTAs walk tiles
+    assert cap == nvfp4.sm_count(nvfp4.device_index(x_gpu.device)) * nvfp4.quantize_ctas_per_sm(cfg) < n_tiles  # CTAs walk tiles
     assert_fields_equal(golden, fields, *WIDE, f"{cfg.id} {dtype_name} default grid")
