@@ -199,23 +199,18 @@ NVFP4_HD void encode_words(const QuantArgs& a, float f, i64 r, i64 cb, bool has_
                            u32 (&word)[2]) {
     constexpr int PER_WORD = 32 / ELEM_BITS;  // 8 codes per 32-bit word
     word[0] = word[1] = 0u;
+    float y[BLOCK];
+#pragma unroll
+    for (int e = 0; e < BLOCK; ++e) y[e] = mul_rn(v[e], f);  // NUMERICS: §5.4 y = RN(x * f)
     if (SR) {
         // NUMERICS: §5.7 - L = r * C + c in the copy's own layout; group L / 4, byte L % 4 of x0.
         const u64 l0 = (u64)(r * a.cols + cb * BLOCK);  // a multiple of 16
+        u32 rnd[BLOCK / 4];
 #pragma unroll
-        for (int q = 0; q < BLOCK / 4; ++q) {
-            const u32 rnd = sr_word(l0 / 4 + q, a.stream, a.seed);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int e = 4 * q + i;
-                const u32 code = e2m1_sr_not_nan(mul_rn(v[e], f), (rnd >> (SR_BITS * i)) & ((1u << SR_BITS) - 1u));
-                word[e / PER_WORD] |= code << (ELEM_BITS * (e % PER_WORD));
-            }
-        }
+        for (int q = 0; q < BLOCK / 4; ++q) rnd[q] = sr_word(l0 / 4 + q, a.stream, a.seed);
+        word[0] = e2m1_sr_word(y, rnd);  // NUMERICS: §5.7 e2m1_sr_not_nan, §5.4 packing
+        word[1] = e2m1_sr_word(y + PER_WORD, rnd + PER_WORD / 4);
     } else {
-        float y[BLOCK];
-#pragma unroll
-        for (int e = 0; e < BLOCK; ++e) y[e] = mul_rn(v[e], f);  // NUMERICS: §5.4 y = RN(x * f)
         word[0] = e2m1_rn_word(y);  // NUMERICS: §0.5 e2m1_rn_not_nan, §5.4 packing
         word[1] = e2m1_rn_word(y + PER_WORD);
     }
