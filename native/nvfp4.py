@@ -13,10 +13,11 @@ Passes per call (the copy modes RHT / SR / 2-D are compile-time, from defines_fo
    the quantize tiles giving both amax(X) and the post-RHT amax (the RHT is recomputed in pass 2,
    not stored). Both write one zeroed [2] buffer (slot 0 the rowwise A_g, slot 1 the columnwise)
    and the scales' zero padding;
-2. one tiled kernel quantizes the requested copies: each CTA reads a 128-row tile of X once into
-   shared memory and encodes its rowwise blocks and its column segments (the blocks of X^T) from
-   there; 2-D builds reduce the 16x16 tile amaxes from the same tile (no separate pass). It writes
-   the codes and the scale of every block; with pass 1, every output byte is written, so the
+2. one tiled kernel quantizes the requested copies: one wave of resident CTAs (`quantize_ctas_per_sm` per
+   SM), each walking 128-row tiles of X, reads each tile once into shared memory (double-buffered: the
+   next tile's copies are in flight while it encodes one) and encodes its rowwise blocks and its column
+   segments (the blocks of X^T) from there; 2-D builds reduce the 16x16 tile amaxes from the same tile
+   (no separate pass). It writes the codes and the scale of every block; with pass 1, every output byte is written, so the
    outputs come from torch.empty.
 A given amax (TE's quantize_with_amax, §5.1; never with RHT) replaces pass 1: X is read once, by pass 2,
 and the scales come from torch.zeros (their padding is what pass 1 would have zeroed).
@@ -151,6 +152,7 @@ def _copy_source(orientation: str, m: int, k: int) -> tuple[int, int, list]:
     return rows, cols, [_i64(rows), _i64(cols), _i64(rs), _i64(cs)]
 
 
+@functools.cache
 def _quantize_blocks(config: QuantConfig, index: int | None) -> int:
     """The quantize kernel's grid cap on CUDA device `index`: one wave of resident CTAs, each walking its tiles
     with the next one's loads in flight (docs/design.md §4.2). MAX_BLOCKS without a device (CPU-only tests of the
