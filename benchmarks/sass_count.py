@@ -42,7 +42,7 @@ ROLES = (
 # issue rate; FFMA/FMUL/FADD/IMAD run on the 32-lane FMA pipes): an estimate, ncu's pipe counters decide.
 ALU_OPCODES = {"LOP3", "IADD3", "SHF", "LEA", "ISETP", "FSETP", "FMNMX", "SEL", "FSEL", "PRMT", "IMNMX", "VIADDMNMX",
                "PLOP3", "IABS", "FLO", "POPC", "BMSK", "SGXT"}
-_BRANCH = re.compile(r"BRA `\((\.L_x_\d+)\)")
+_BRANCH = re.compile(r"BRA (?:!?U?P\d, )?`\((\.L_x_\d+)\)")
 
 
 def source_functions() -> dict[str, dict[int, str]]:
@@ -67,16 +67,33 @@ def _opcode(op: str) -> str:
     return parts[1] if parts[0].startswith("@") else parts[0]
 
 
-def disassemble(config: QuantConfig, arch: str, fn: str, tmp: Path) -> str:
+# Per-SM limits of sm_90 and sm_100 (CUDA occupancy calculator): 64K registers allocated per warp in units of
+# 256, 228 KiB of shared memory with 1 KiB reserved per CTA, 64 warps, 32 CTAs.
+SM_REGS, REG_UNIT, SM_SMEM, CTA_SMEM_RESERVED, SM_WARPS, SM_CTAS = 65536, 256, 228 * 1024, 1024, 64, 32
+
+
+def ctas_per_sm(regs: int, smem: int, threads: int = THREADS) -> int:
+    """Resident CTAs per SM for a kernel of `regs` registers a thread and `smem` bytes of shared memory."""
+    warps = threads // 32
+    warp_regs = -(-regs * 32 // REG_UNIT) * REG_UNIT
+    return min(SM_REGS // (warp_regs * warps), SM_SMEM // (smem + CTA_SMEM_RESERVED), SM_WARPS // warps, SM_CTAS)
+
+
+def disassemble(config: QuantConfig, arch: str, fn: str, tmp: Path) -> tuple[str, dict[str, int]]:
+    """The kernel's SASS with line info, and ptxas's resource usage of it (registers, spill stores, smem)."""
     cubin = tmp / "nvfp4.cubin"
     cmd = nvcc_command(cu_path("nvfp4.cu"), cubin, arch, defines_for(config))
-    cmd.insert(1, "-lineinfo")
-    subprocess.run(cmd, check=True)
+    cmd[1:1] = ["-lineinfo", "-Xptxas=-v"]
+    log = subprocess.run(cmd, check=True, capture_output=True, text=True).stderr
+    usage = log[log.index(f"Compiling entry function '{fn}'"):]
+    res = {key: int(m.group(1)) if (m := re.search(pat, usage[:usage.find("Compiling", 10)])) else 0
+           for key, pat in (("regs", r"Used (\d+) registers"), ("spill", r"(\d+) bytes spill stores"),
+                            ("smem", r"(\d+) bytes smem"))}
     txt = subprocess.run([shutil.which("nvdisasm") or "nvdisasm", "-c", "-gi", str(cubin)], check=True,
                          capture_output=True, text=True).stdout
     start = txt.index(f"//--------------------- .text.{fn} ")
     end = txt.find("//---------------------", start + 10)
-    return txt[start:end if end > 0 else None]
+    return txt[start:end if end > 0 else None], res
 
 
 def parse(body: str):
@@ -139,40 +156,55 @@ def count(body: str, trips: int, elems: int):
              if (m := _BRANCH.search(op)) and labels[m.group(1)] <= k]
     head, tail = max(backs, key=lambda b: b[1] - b[0])  # the tile loop: the longest loop
     trips_left = {k: trips for t, k in backs if k != tail}
-    counts, path, k = Counter(), [], head
-    while True:
-        counts[role(k)] += 1
-        path.append(k)
-        op = ins[k][1]
-        if k == tail:
-            break
-        if "EXIT" in op or "CALL" in op:
-            raise SystemExit(f"the walk reached {op} at {ins[k][0]:#x}")
-        m = _BRANCH.search(op)
-        if not m:
-            k += 1
-            continue
-        target = labels[m.group(1)]
-        if not op.startswith("@"):
-            k = target
-        elif target <= k:  # an inner loop's back edge
-            if trips_left[k] > 1:
-                trips_left[k] -= 1
-                k = target
-            else:
-                trips_left[k] = trips
+
+    def walk(k, stop):
+        """Instruction indices from k on the common path up to stop(k) (included), inner loops run `trips`
+        times (the prologue's loops once: trips_left of a loop outside the tile loop is reset to 1)."""
+        path = []
+        while True:
+            path.append(k)
+            op = ins[k][1]
+            if stop(k):
+                return path
+            if op.startswith("@") and _opcode(op) == "EXIT":  # the exit of a CTA without a tile: not taken
                 k += 1
-        else:
-            j, slow = k + 1, False
-            while j < target and j not in label_at:
-                if "CALL" in ins[j][1] or rare(j):
-                    slow = True
-                    break
-                if "BRA" in ins[j][1]:
-                    break
-                j += 1
-            k = target if slow else k + 1
-    return counts, [ins[i] for i in path]
+                continue
+            if "EXIT" in op or "CALL" in op:
+                raise SystemExit(f"the walk reached {op} at {ins[k][0]:#x}")
+            m = _BRANCH.search(op)
+            if not m:
+                k += 1
+                continue
+            target = labels[m.group(1)]
+            if not op.startswith("@"):
+                k = target
+            elif target <= k:  # an inner loop's back edge
+                if trips_left[k] > 1:
+                    trips_left[k] -= 1
+                    k = target
+                else:
+                    trips_left[k] = trips if head <= k <= tail else 1
+                    k += 1
+            else:
+                j, slow = k + 1, False
+                while j < target and j not in label_at:
+                    if "CALL" in ins[j][1] or rare(j):
+                        slow = True
+                        break
+                    if "BRA" in ins[j][1]:
+                        break
+                    j += 1
+                k = target if slow else k + 1
+
+    path = walk(head, lambda k: k == tail)
+    counts = Counter(role(k) for k in path)
+    for _, k in backs:  # loops before or after the tile loop (the per-CTA setup) run once per thread
+        if not head <= k <= tail:
+            trips_left[k] = 1
+    # Once per CTA: entry up to the tile loop, and from the loop's exit to EXIT (uniform branches
+    # that skip the loop are not taken).
+    once = walk(0, lambda k: k == head)[:-1] + walk(tail + 1, lambda k: ins[k][1] == "EXIT")
+    return counts, [ins[i] for i in path], len(once)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     elems = TILE_ROWS * per_row // THREADS  # input elements per thread per tile
     trips = {"f32": 1, "bf16": 2, "f16": 2}[a.dtype]  # colwise words and rowwise blocks per thread
     with tempfile.TemporaryDirectory() as tmp:
-        body = disassemble(config, a.arch, f"nvfp4_quantize_{a.dtype}", Path(tmp))
-    counts, path = count(body, trips, elems)
+        body, res = disassemble(config, a.arch, f"nvfp4_quantize_{a.dtype}", Path(tmp))
+    counts, path, once = count(body, trips, elems)
     if a.listing:
         for addr, op, _ in path:
             print(f"{addr:05x} {op}")
@@ -202,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r:40s} | {counts[r]:8d} | {counts[r] / elems:11.2f} |")
     print(f"| {'total':40s} | {total:8d} | {total / elems:11.2f} |")
     print(f"| {'of which ALU pipe (assumed)':40s} | {alu:8d} | {alu / elems:11.2f} |")
+    print(f"once per CTA (entry to the tile loop, loop exit to EXIT): {once} instructions per thread; per element "
+          f"with n tiles per CTA: {total / elems:.2f} + {once / elems:.2f} / n")
+    print(f"ptxas: {res['regs']} registers, {res['spill']} bytes spill stores, {res['smem']} bytes smem: "
+          f"{ctas_per_sm(res['regs'], res['smem'])} CTAs ({ctas_per_sm(res['regs'], res['smem']) * THREADS // 32} warps) "
+          f"per SM")
     return 0
 
 

@@ -13,10 +13,11 @@ Passes per call (the copy modes RHT / SR / 2-D are compile-time, from defines_fo
    the quantize tiles giving both amax(X) and the post-RHT amax (the RHT is recomputed in pass 2,
    not stored). Both write one zeroed [2] buffer (slot 0 the rowwise A_g, slot 1 the columnwise)
    and the scales' zero padding;
-2. one tiled kernel quantizes the requested copies: each CTA reads a 128-row tile of X once into
-   shared memory and encodes its rowwise blocks and its column segments (the blocks of X^T) from
-   there; 2-D builds reduce the 16x16 tile amaxes from the same tile (no separate pass). It writes
-   the codes and the scale of every block; with pass 1, every output byte is written, so the
+2. one tiled kernel quantizes the requested copies: one wave of resident CTAs (`quantize_ctas_per_sm` per
+   SM), each walking 128-row tiles of X, reads each tile once into shared memory (double-buffered: the
+   next tile's copies are in flight while it encodes one) and encodes its rowwise blocks and its column
+   segments (the blocks of X^T) from there; 2-D builds reduce the 16x16 tile amaxes from the same tile
+   (no separate pass). It writes the codes and the scale of every block; with pass 1, every output byte is written, so the
    outputs come from torch.empty.
 A given amax (TE's quantize_with_amax, §5.1; never with RHT) replaces pass 1: X is read once, by pass 2,
 and the scales come from torch.zeros (their padding is what pass 1 would have zeroed).
@@ -40,7 +41,7 @@ from reference.types import QuantizedTensor, SpecViolation, SRSeed
 
 from . import swizzle
 from .kernels import Patched
-from .launch import PreparedLaunch, device_index, launch, module_for, raw_stream
+from .launch import PreparedLaunch, device_index, launch, module_for, raw_stream, sm_count
 from .launchers import CublasLtMode, LtScale
 from .per_tensor import fill_given
 from .plan import Buffer, OutputBlock, Step, X, given_on
@@ -66,7 +67,7 @@ _MASK32 = 0xFFFFFFFF
 # A launcher runs kernel `name` over `n_units` work units with positional `args`: torch tensors
 # (passed as device pointers), None (a null pointer) or numpy scalars (their C type is the param's).
 # CTAs have THREADS threads; `units_per_block` is how many units one CTA covers per grid-stride step
-# (THREADS for the thread-per-unit kernels, 1 for the quantize kernel: a CTA per tile), and
+# (THREADS for the thread-per-unit kernels, 1 for the quantize kernel: a tile per CTA and step), and
 # `max_blocks` caps the grid (the kernels are grid-stride loops).
 Launcher = Callable[..., None]
 
@@ -91,7 +92,15 @@ def scheme_defines(config: QuantConfig) -> dict[str, int | float | str]:
         "NVFP4_RHT_SIZE": RHT_SIZE,
         "NVFP4_RHT_SIGN_MASK": RHT_SIGN_MASK,
         "NVFP4_RHT_SCALE": RHT_SCALE,
+        "NVFP4_QUANT_MIN_BLOCKS": quantize_ctas_per_sm(config),
     }
+
+
+def quantize_ctas_per_sm(config: QuantConfig) -> int:
+    """Resident quantize CTAs per SM, the quantize kernel's __launch_bounds__ minimum (NVFP4_QUANT_MIN_BLOCKS) and
+    its grid per SM: 4 (64 registers a thread), or 3 (80) with SR, whose Philox path spills at 64 (ptxas -v on
+    sm_90 / sm_100a; docs/design.md §4.2). 37 KiB of shared memory each."""
+    return 3 if config.stochastic else 4
 
 
 def nvcc_check_config(scheme: str) -> QuantConfig:
@@ -142,6 +151,16 @@ def _copy_source(orientation: str, m: int, k: int) -> tuple[int, int, list]:
     column stride, in X's elements (the colwise copy is X^T)."""
     rows, cols, rs, cs = (m, k, k, 1) if orientation == "rowwise" else (k, m, 1, k)
     return rows, cols, [_i64(rows), _i64(cols), _i64(rs), _i64(cs)]
+
+
+@functools.cache
+def _quantize_blocks(config: QuantConfig, index: int | None) -> int:
+    """The quantize kernel's grid cap on CUDA device `index`: one wave of resident CTAs, each walking its tiles
+    with the next one's loads in flight (docs/design.md §4.2). MAX_BLOCKS without a device (CPU-only tests of the
+    launch arguments)."""
+    if index is None or not torch.cuda.is_available():
+        return MAX_BLOCKS
+    return sm_count(index) * quantize_ctas_per_sm(config)
 
 
 def _no_pads() -> list:
@@ -209,7 +228,8 @@ def quantize_with(
 
     # The columnwise copy is X^T [K, M], read from the same shared-memory tiles of X (the kernel applies
     # the RHT in RHT builds); 2-D builds reduce the 16x16 tile amaxes (NUMERICS: §5.5) in the same kernel.
-    launch(f"nvfp4_quantize_{sfx}", n_tiles, [x2d, _i64(m), _i64(k), seed_u64, *copies], units_per_block=1)
+    launch(f"nvfp4_quantize_{sfx}", n_tiles, [x2d, _i64(m), _i64(k), seed_u64, *copies], units_per_block=1,
+           max_blocks=_quantize_blocks(config, device_index(dev) if dev.type == "cuda" else None))  # fmt: skip
     return out
 
 
@@ -436,7 +456,8 @@ class QuantizePlan(QuantizePlanBase):
                                   [x, _i64(m), _i64(k), Patched(a_x, torch.float32), Patched(a_c, torch.float32), *pads],
                                   max_blocks=REDUCE_BLOCKS)  # fmt: skip
         seed = Patched("seed") if self.sr else np.uint64(0)
-        steps += self._launch(f"nvfp4_quantize_{sfx}", n_tiles, [x, _i64(m), _i64(k), seed, *copies], units_per_block=1)
+        steps += self._launch(f"nvfp4_quantize_{sfx}", n_tiles, [x, _i64(m), _i64(k), seed, *copies], units_per_block=1,
+                              max_blocks=_quantize_blocks(config, self.index))  # fmt: skip
         return buffers, steps
 
     def _variant(self, config, m, k, dtype, rowwise, colwise, given):

@@ -199,23 +199,18 @@ NVFP4_HD void encode_words(const QuantArgs& a, float f, i64 r, i64 cb, bool has_
                            u32 (&word)[2]) {
     constexpr int PER_WORD = 32 / ELEM_BITS;  // 8 codes per 32-bit word
     word[0] = word[1] = 0u;
+    float y[BLOCK];
+#pragma unroll
+    for (int e = 0; e < BLOCK; ++e) y[e] = mul_rn(v[e], f);  // NUMERICS: §5.4 y = RN(x * f)
     if (SR) {
         // NUMERICS: §5.7 - L = r * C + c in the copy's own layout; group L / 4, byte L % 4 of x0.
         const u64 l0 = (u64)(r * a.cols + cb * BLOCK);  // a multiple of 16
+        u32 rnd[BLOCK / 4];
 #pragma unroll
-        for (int q = 0; q < BLOCK / 4; ++q) {
-            const u32 rnd = sr_word(l0 / 4 + q, a.stream, a.seed);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int e = 4 * q + i;
-                const u32 code = e2m1_sr_not_nan(mul_rn(v[e], f), (rnd >> (SR_BITS * i)) & ((1u << SR_BITS) - 1u));
-                word[e / PER_WORD] |= code << (ELEM_BITS * (e % PER_WORD));
-            }
-        }
+        for (int q = 0; q < BLOCK / 4; ++q) rnd[q] = sr_word(l0 / 4 + q, a.stream, a.seed);
+        word[0] = e2m1_sr_word(y, rnd);  // NUMERICS: §5.7 e2m1_sr_not_nan, §5.4 packing
+        word[1] = e2m1_sr_word(y + PER_WORD, rnd + PER_WORD / 4);
     } else {
-        float y[BLOCK];
-#pragma unroll
-        for (int e = 0; e < BLOCK; ++e) y[e] = mul_rn(v[e], f);  // NUMERICS: §5.4 y = RN(x * f)
         word[0] = e2m1_rn_word(y);  // NUMERICS: §0.5 e2m1_rn_not_nan, §5.4 packing
         word[1] = e2m1_rn_word(y + PER_WORD);
     }
@@ -267,8 +262,8 @@ NVFP4_HD void encode_block(const QuantArgs& a, GlobalScale g, i64 r, i64 cb, flo
 // granularity (rows, cols: the tile's valid extent).
 //
 // Thread maps (t = threadIdx.x, warp w, lane l):
-// - load: 16-byte chunks id = t + QUANT_THREADS * j (row id / 8, chunk id % 8), LOAD_ITEMS of them
-//   in flight per thread; a warp reads four whole 128-byte row pieces of X.
+// - load: 16-byte chunk t % 8 of rows 16 w + (t / 8) % 4 + 4 j, j < LOAD_ITEMS, all in flight; a warp
+//   reads four whole consecutive 128-byte row pieces of X per j (load_item).
 // - rowwise: block b = t + QUANT_THREADS * j of the tile's TILE_M x ROW_BLOCKS blocks (row
 //   b / ROW_BLOCKS, column block b % ROW_BLOCKS); a warp stores the codes of 8 (16-bit) or 16 (fp32)
 //   rows, the blocks of each row contiguous.
@@ -455,50 +450,98 @@ __device__ __forceinline__ void amax_commit(float a, u32* out, u32* out2 = nullp
 }
 
 #define NVFP4_THREADS 256
-// Resident quantize CTAs per SM that the register allocation must allow (<= 80 registers a thread):
-// 24 warps per SM, so tile loads of some CTAs overlap the encoding of others. RN builds unroll a
-// thread's blocks and fit without spilling; SR and RHT builds encode them one after another (unroll 1)
-// and still spill a few words in places (sm_90 f16 with SR: 48 bytes; sm_100a bf16 RHT + SR: 16).
-#define NVFP4_QUANT_MIN_BLOCKS 3
+// NVFP4_QUANT_MIN_BLOCKS (native/nvfp4.py quantize_ctas_per_sm): resident quantize CTAs per SM that the
+// register allocation must allow, 4 (<= 64 registers a thread, 32 warps per SM) or 3 with SR (<= 80: its
+// Philox path spills at 64). native/nvfp4.py launches one wave of them, each walking its tiles with the
+// next tile's loads in flight (quantize_tiles). RN builds unroll a thread's blocks; SR and RHT builds encode
+// them one after another (unroll 1); no build spills (ptxas -v, sm_90 and sm_100a: benchmarks/sass_count.py
+// prints it).
+#if !defined(NVFP4_QUANT_MIN_BLOCKS)
+#error "nvfp4.cu needs NVFP4_QUANT_MIN_BLOCKS (native/nvfp4.py scheme_defines)"
+#endif
 static_assert(QUANT_THREADS == NVFP4_THREADS, "native/nvfp4.py launches NVFP4_THREADS-thread CTAs");
 
 // Load a tile of X into shared memory (layout: see tile_word); only the valid rows x cols part
-// (multiples of 16) is read and written. This thread loads chunk q of tile rows m + j * LOAD_ROW_STEP;
-// src points at its first chunk, step is the bytes between its chunks.
-constexpr int LOAD_ROW_STEP = QUANT_THREADS / TILE_CHUNKS;  // 32 tile rows between a thread's loads
+// (multiples of 16) is read and written. Thread t copies chunk q = t % 8 of tile rows m + j * LOAD_ROW_STEP
+// (j < LOAD_ITEMS), m = 16 (t / 32) + (t / 8) % 4: a warp reads four whole consecutive 128-byte row pieces
+// of X per step, all in the m-block of its warp, so the swizzled chunk q ^ (m / 16) is the same in all of
+// the thread's rows and its shared words are one base (load_word) plus constant row offsets.
+constexpr int LOAD_ROW_STEP = WARP / TILE_CHUNKS;  // 4 tile rows between a thread's loads
+static_assert(LOAD_ROW_STEP * LOAD_ITEMS == BLOCK && QUANT_THREADS / WARP == TILE_MBLOCKS,
+              "a thread's loads lie in the m-block of its warp");
 
+struct LoadItem {
+    int m, q;  // first tile row, chunk
+};
+
+NVFP4_HD LoadItem load_item(unsigned t) {
+    return {(int)(BLOCK * (t / WARP) + (t / TILE_CHUNKS) % LOAD_ROW_STEP), (int)(t % TILE_CHUNKS)};
+}
+
+// tile_word of the item's first chunk; its chunk j is j * LOAD_ROW_STEP * TILE_PITCH words further (same m-block).
+NVFP4_HD int load_word(LoadItem l) { return tile_word(l.m, l.q * CHUNK_WORDS); }
+
+// Whether chunk j of the item lies in the tile's valid extent.
 template <int DT>
-__device__ __forceinline__ void load_tile_from(const char* __restrict__ src, i64 step, int m, int q, int rows, int cols,
-                                               u32* tile) {
+NVFP4_HD bool load_in(LoadItem l, int j, int rows, int cols) {
+    return l.m + j * LOAD_ROW_STEP < rows && l.q * Tile<DT>::CHUNK_ELEMS < cols;
+}
+
+// src points at the item's first chunk in X, step is the bytes between its chunks, dst = tile + load_word(l).
+template <int DT>
+__device__ __forceinline__ void load_tile_from(const char* __restrict__ src, i64 step, LoadItem l, int rows, int cols,
+                                               u32* dst) {
     using T = Tile<DT>;
     uint4 v[LOAD_ITEMS];
-    const int m_base = m * TILE_PITCH, sw = q ^ (m / BLOCK);  // m < LOAD_ROW_STEP: tile_word_at's rows
     if (rows == TILE_M && cols == T::COLS) {  // a whole tile (all but the bottom and right edges): no guards
 #pragma unroll
         for (int j = 0; j < LOAD_ITEMS; ++j) v[j] = *reinterpret_cast<const uint4*>(src + j * step);  // all in flight
 #pragma unroll
-        for (int j = 0; j < LOAD_ITEMS; ++j) *reinterpret_cast<uint4*>(tile + tile_word_at<LOAD_ROW_STEP>(m_base, sw, j)) = v[j];
+        for (int j = 0; j < LOAD_ITEMS; ++j) *reinterpret_cast<uint4*>(dst + j * LOAD_ROW_STEP * TILE_PITCH) = v[j];
         return;
     }
 #pragma unroll
     for (int j = 0; j < LOAD_ITEMS; ++j)  // all loads first: LOAD_ITEMS vectors in flight
-        if (m + j * LOAD_ROW_STEP < rows && q * T::CHUNK_ELEMS < cols)  // edge tile
-            v[j] = *reinterpret_cast<const uint4*>(src + j * step);     // edge tile
+        if (load_in<DT>(l, j, rows, cols)) v[j] = *reinterpret_cast<const uint4*>(src + j * step);  // edge tile
 #pragma unroll
     for (int j = 0; j < LOAD_ITEMS; ++j)
-        if (m + j * LOAD_ROW_STEP < rows && q * T::CHUNK_ELEMS < cols)                // edge tile
-            *reinterpret_cast<uint4*>(tile + tile_word_at<LOAD_ROW_STEP>(m_base, sw, j)) = v[j];  // edge tile
+        if (load_in<DT>(l, j, rows, cols)) *reinterpret_cast<uint4*>(dst + j * LOAD_ROW_STEP * TILE_PITCH) = v[j];  // edge tile
 }
 
-// Load tile (m0, k0) of X (the chunk map of the thread maps above: id = t + QUANT_THREADS * j, row id / 8,
-// chunk id % 8).
+// Load tile (m0, k0) of X (the load map above).
 template <int DT>
 __device__ __forceinline__ void load_tile(const void* __restrict__ x, i64 k_cols, i64 m0, i64 k0, int rows, int cols,
                                           u32* tile) {
     constexpr int ELEM_BYTES = DT == IN_F32 ? 4 : 2;
-    const int m = threadIdx.x / TILE_CHUNKS, q = threadIdx.x % TILE_CHUNKS;
-    const char* src = static_cast<const char*>(x) + ((m0 + m) * k_cols + k0 + q * Tile<DT>::CHUNK_ELEMS) * ELEM_BYTES;
-    load_tile_from<DT>(src, (i64)LOAD_ROW_STEP * k_cols * ELEM_BYTES, m, q, rows, cols, tile);
+    const LoadItem l = load_item(threadIdx.x);
+    const char* src = static_cast<const char*>(x) + ((m0 + l.m) * k_cols + k0 + l.q * Tile<DT>::CHUNK_ELEMS) * ELEM_BYTES;
+    load_tile_from<DT>(src, (i64)LOAD_ROW_STEP * k_cols * ELEM_BYTES, l, rows, cols, tile + load_word(l));
+}
+
+// One 16-byte cp.async (sm_80+) from global src to shared dst, cached in L2 only: the copy lands in shared
+// memory without passing through registers, so a CTA can have the next tile in flight while it encodes one.
+// Visible to the CTA after copy_async_wait_all and a __syncthreads.
+__device__ __forceinline__ void copy_async16(u32* dst, const char* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+}
+
+// Wait until this thread's cp.async copies have landed (cp.async.wait_all: commit, then wait for every group).
+__device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// As load_tile_from, the chunks copied with cp.async (the same shared words written, nothing else).
+template <int DT>
+__device__ __forceinline__ void load_tile_async(const char* __restrict__ src, i64 step, LoadItem l, int rows, int cols,
+                                                u32* dst) {
+    using T = Tile<DT>;
+    if (rows == TILE_M && cols == T::COLS) {  // a whole tile (all but the bottom and right edges): no guards
+#pragma unroll
+        for (int j = 0; j < LOAD_ITEMS; ++j) copy_async16(dst + j * LOAD_ROW_STEP * TILE_PITCH, src + j * step);
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < LOAD_ITEMS; ++j)
+        if (load_in<DT>(l, j, rows, cols)) copy_async16(dst + j * LOAD_ROW_STEP * TILE_PITCH, src + j * step);  // edge tile
 }
 
 // NUMERICS: §5.2-§5.3 as block_scale, the encode factor read from a table of encode_factor over every
@@ -515,6 +558,11 @@ __device__ __forceinline__ BlockScale table_scale(float amax_b, GlobalScale g, c
 // Addressing: what depends on the thread only (its load chunk, rowwise block, colwise item) is a byte
 // offset computed once; what depends on the tile is a base computed once per tile; both in 64 bits (a
 // row index times an extent can pass 2^32). The tiles are walked without a division per step.
+// Pipelining: the shared tile is double-buffered. A CTA starts its first tile's copies (cp.async) before its
+// setup (the global scales, which wait on A_g, and the encode-factor table); each loop step waits for its
+// tile, passes ONE barrier (the tile is complete, and every thread is done with the other buffer, which the
+// previous step encoded), starts the next tile's copies into the other buffer, then encodes. So the next
+// tile's DRAM reads overlap this tile's encode; the bytes in shared memory are those of the one-buffer walk.
 template <int DT>
 __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m_rows, i64 k_cols, const QuantArgs& row,
                                                const QuantArgs& col) {
@@ -525,33 +573,48 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     // register cap on sm_90 / sm_100a), one after another with SR or RHT (their Philox / fp64 paths spill).
     constexpr int COL_UNROLL = kSr || Modes<DT>::rht_colwise ? 1 : T::PER_WORD;
     constexpr int ROW_UNROLL = kSr ? 1 : T::ROW_ITEMS;
-    __shared__ __align__(16) u32 tile[TILE_M * TILE_PITCH];
-    __shared__ u32 tile_amax[TILE_MBLOCKS][T::ROW_BLOCKS];  // 2-D: fp32 bits of each 16x16 tile's amax
-    __shared__ float factor[2][SCALE_CODES];                // encode_factor of every scale code: row, col
+    __shared__ __align__(16) u32 tiles[2][TILE_M * TILE_PITCH];  // double buffer: encode one, load the other
+    __shared__ u32 tile_amaxes[2][TILE_MBLOCKS][T::ROW_BLOCKS];  // 2-D: fp32 bits of each 16x16 tile's amax
+    __shared__ float factor[2][SCALE_CODES];                     // encode_factor of every scale code: row, col
     const int lane = threadIdx.x % WARP;
     const ColItem item = col_item(threadIdx.x);
     const int cw = item.cw, mb = item.mb;
     const int t2 = cw / T::TILE_WORD_COLS;  // its 16-column tile (2-D)
     const bool do_row = row.data != nullptr, do_col = col.data != nullptr;
+
+    const LoadItem ld = load_item(threadIdx.x);
+    const i64 load_off = ((i64)ld.m * k_cols + ld.q * T::CHUNK_ELEMS) * ELEM_BYTES;
+    const i64 load_step = (i64)LOAD_ROW_STEP * k_cols * ELEM_BYTES;
+    const int load_w = load_word(ld);
+    const i64 tiles_k = ceil_div(k_cols, T::COLS), n_tiles = ceil_div(m_rows, TILE_M) * tiles_k;
+    const i64 step_m = gridDim.x / tiles_k, step_k = gridDim.x % tiles_k;
+    i64 tile_m = blockIdx.x / tiles_k, tile_k = blockIdx.x % tiles_k;
+    // Start the copies of tile (tile_m, tile_k) into tiles[buf].
+    auto load = [&](int buf) {
+        const i64 m0 = tile_m * TILE_M, k0 = tile_k * T::COLS;
+        const int rows = (int)(m_rows - m0 < TILE_M ? m_rows - m0 : TILE_M);
+        const int cols = (int)(k_cols - k0 < T::COLS ? k_cols - k0 : T::COLS);
+        load_tile_async<DT>(static_cast<const char*>(x) + (m0 * k_cols + k0) * ELEM_BYTES + load_off, load_step, ld, rows,
+                            cols, tiles[buf] + load_w);
+        if (k2d && threadIdx.x < TILE_MBLOCKS * T::ROW_BLOCKS)
+            tile_amaxes[buf][threadIdx.x / T::ROW_BLOCKS][threadIdx.x % T::ROW_BLOCKS] = 0u;
+    };
+    if (blockIdx.x < n_tiles) load(0);  // in flight during the setup
+
     GlobalScale g_row{}, g_col{};
     if (do_row) g_row = global_scale(*row.amax_g);
     if (do_col) g_col = global_scale(*col.amax_g);
     for (unsigned c = threadIdx.x; c < 2 * SCALE_CODES; c += QUANT_THREADS)  // read after the first __syncthreads
         factor[c / SCALE_CODES][c % SCALE_CODES] = encode_factor(c % SCALE_CODES, c < SCALE_CODES ? g_row : g_col);
 
-    const int load_m = threadIdx.x / TILE_CHUNKS, load_q = threadIdx.x % TILE_CHUNKS;
-    const i64 load_off = ((i64)load_m * k_cols + load_q * T::CHUNK_ELEMS) * ELEM_BYTES;
-    const i64 load_step = (i64)LOAD_ROW_STEP * k_cols * ELEM_BYTES;
     const int row_r = threadIdx.x / T::ROW_BLOCKS, row_cb = threadIdx.x % T::ROW_BLOCKS;  // rows row_r + j * ROW_STEP
     const i64 row_off = (i64)row_r * (k_cols / 2) + row_cb * (BLOCK / 2), row_off_step = (i64)ROW_STEP * (k_cols / 2);
     const i64 row_soff = (i64)row_r * row.scale_stride + row_cb, row_soff_step = (i64)ROW_STEP * row.scale_stride;
     const i64 col_off = (i64)cw * T::PER_WORD * (m_rows / 2) + mb * (BLOCK / 2);  // column cw * PER_WORD, m-block mb
     const i64 col_soff = (i64)cw * T::PER_WORD * col.scale_stride + mb;
 
-    const i64 tiles_k = ceil_div(k_cols, T::COLS), n_tiles = ceil_div(m_rows, TILE_M) * tiles_k;
-    const i64 step_m = gridDim.x / tiles_k, step_k = gridDim.x % tiles_k;
-    i64 tile_m = blockIdx.x / tiles_k, tile_k = blockIdx.x % tiles_k;
-    for (i64 t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+    int buf = 0;
+    for (i64 t = blockIdx.x; t < n_tiles; t += gridDim.x, buf ^= 1) {
         TilePos p;
         p.m0 = tile_m * TILE_M;
         p.k0 = tile_k * T::COLS;
@@ -559,11 +622,17 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
         p.cols = (int)(k_cols - p.k0 < T::COLS ? k_cols - p.k0 : T::COLS);
         const i64 m0 = p.m0, k0 = p.k0;
         const int rows = p.rows, cols = p.cols;
-        if (k2d && threadIdx.x < TILE_MBLOCKS * T::ROW_BLOCKS)
-            tile_amax[threadIdx.x / T::ROW_BLOCKS][threadIdx.x % T::ROW_BLOCKS] = 0u;
-        load_tile_from<DT>(static_cast<const char*>(x) + (m0 * k_cols + k0) * ELEM_BYTES + load_off, load_step, load_m,
-                           load_q, rows, cols, tile);
-        __syncthreads();
+        tile_k += step_k;  // tile t + gridDim.x: (tile_m, tile_k) advanced by (step_m, step_k) with the carry
+        tile_m += step_m;
+        if (tile_k >= tiles_k) {
+            tile_k -= tiles_k;
+            ++tile_m;
+        }
+        copy_async_wait_all();
+        __syncthreads();  // tile t is in tiles[buf]; every thread is done with tiles[buf ^ 1] (tile t - gridDim.x)
+        if (t + gridDim.x < n_tiles) load(buf ^ 1);
+        const u32* tile = tiles[buf];
+        u32(&tile_amax)[TILE_MBLOCKS][T::ROW_BLOCKS] = tile_amaxes[buf];
 
         // The colwise item's 16 words: word column cw of tile rows 16 mb .. 16 mb + 15.
         const bool col_in = col_item_in<DT>(item, p);
@@ -651,13 +720,6 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
                 data += row_off_step;
                 scale += row_soff_step;
             }
-        }
-        __syncthreads();  // the next tile overwrites the shared tile
-        tile_k += step_k;  // tile t + gridDim.x: (tile_m, tile_k) advanced by (step_m, step_k) with the carry
-        tile_m += step_m;
-        if (tile_k >= tiles_k) {
-            tile_k -= tiles_k;
-            ++tile_m;
         }
     }
 }

@@ -1,10 +1,11 @@
 """The NVFP4 quantize kernel's walk over its tiles when a CTA quantizes several: byte for byte against the golden.
 
-Source: docs/numerics.md §5 (NVFP4); docs/design.md §4.2. native.nvfp4 launches one CTA per tile, so the kernel's
-grid-stride walk (tile t + gridDim.x reached by adding gridDim.x / tiles_k rows and gridDim.x % tiles_k columns of
-tiles, with a carry) only runs past its first tile when the grid is capped: here the quantize launch gets 1 .. 23
-CTAs over 4 x 11 (bf16) or 4 x 21 (fp32) tiles with partial last rows and columns, for 1-D, 2-D and RHT + SR builds
-and each copy alone.
+Source: docs/numerics.md §5 (NVFP4); docs/design.md §4.2. native.nvfp4 launches one wave of resident CTAs (SMs x
+quantize_ctas_per_sm), each walking tiles t, t + gridDim.x, ... (reached by adding gridDim.x / tiles_k rows and
+gridDim.x % tiles_k columns of tiles, with a carry) with the next tile's copies in flight in the other shared
+buffer. Here the quantize launch gets 1 .. 23 CTAs over 4 x 11 (bf16) or 4 x 21 (fp32) tiles with partial last rows
+and columns, for 1-D, 2-D and RHT + SR builds and each copy alone; and the default grid over more tiles than it has
+CTAs, partial edges included.
 """
 
 from __future__ import annotations
@@ -56,3 +57,31 @@ def test_capped_grid_matches_reference(cfg_name, dtype_name, grid, rowwise, colw
     fields = nvfp4.quantize_with(capped, x_gpu, cfg, rowwise=rowwise, colwise=colwise, seed=rng)
     torch.cuda.synchronize()
     assert_fields_equal(golden, fields, *SHAPE, f"{cfg.id} {dtype_name} grid {grid}")
+
+
+WIDE = (2064, 2064)  # 17 x 33 bf16 / 17 x 65 fp32 tiles (last row and column partial): more than one wave's CTAs
+
+
+@pytest.mark.parametrize("cfg_name,dtype_name", [("1x16", "bfloat16"), ("1x16", "float32"), ("1x16", "float16"),
+                                                 ("16x16", "bfloat16"), ("1x16-rht-sr", "bfloat16")])
+def test_default_grid_walks_tiles_matches_reference(cfg_name, dtype_name):
+    from native import nvfp4
+
+    cfg = CONFIGS[cfg_name]
+    x = make_input("normal", WIDE, DTYPES[dtype_name], seed=2064 + len(cfg_name))
+    rng = SEED if cfg.stochastic else None
+    golden = reference.quantize(x, cfg, rowwise=True, colwise=True, rng=rng)
+    x_gpu = x.cuda()
+    base = nvfp4._launcher(cfg, x_gpu.device)
+    grids = []
+
+    def recorded(name, n_units, args, max_blocks=nvfp4.MAX_BLOCKS, units_per_block=nvfp4.THREADS):
+        if name.startswith("nvfp4_quantize_"):
+            grids.append((n_units, max_blocks))
+        base(name, n_units, args, max_blocks=max_blocks, units_per_block=units_per_block)
+
+    fields = nvfp4.quantize_with(recorded, x_gpu, cfg, rowwise=True, colwise=True, seed=rng)
+    torch.cuda.synchronize()
+    (n_tiles, cap), = grids
+    assert cap == nvfp4.sm_count(nvfp4.device_index(x_gpu.device)) * nvfp4.quantize_ctas_per_sm(cfg) < n_tiles  # CTAs walk tiles
+    assert_fields_equal(golden, fields, *WIDE, f"{cfg.id} {dtype_name} default grid")

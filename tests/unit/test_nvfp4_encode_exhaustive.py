@@ -59,3 +59,17 @@ def test_word_encode_matches_software_path_and_reference_on_every_fp32_pattern(t
     # The code changes exactly at the E2M1 midpoints (ties to the even code) and at the NaN range.
     assert [hex(b) for b in starts[1:8]] == [hex(b) for b in (0x3E800001, 0x3F400000, 0x3FA00001, 0x3FE00000,
                                                                0x40200001, 0x40600000, 0x40A00001)]
+
+
+def test_sr_word_encode_matches_software_path_on_every_fp32_pattern(tmp_path):
+    """e2m1_sr_word (docs/numerics.md §5.7): its floor code by three lines rounded toward zero equals floor_mag for
+    every t in [+0, 8), and its packed word equals the per-element e2m1_sr_not_nan codes for every fp32 pattern y in
+    [+0, 6] and every 16th word of the others (random bytes from a counter hash; the reference comparison is
+    test_nvfp4_host_replay.s). ~30-40 s on one core."""
+    exe = build_host_program("nvfp4_sr_exhaustive.cpp", tmp_path / "sr_exhaustive",
+                             _compile.defines_for(QuantConfig("nvfp4")), extra=("-Xcompiler", "-O3,-march=native"))
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    floor_bad, word_bad = map(int, proc.stdout.split())
+    assert floor_bad == 0, f"{floor_bad} t patterns in [0, 8) where min_lines_floor_biased differs from floor_mag"
+    assert word_bad == 0, f"{word_bad} words differ between e2m1_sr_word and e2m1_sr_not_nan"

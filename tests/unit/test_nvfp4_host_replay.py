@@ -4,7 +4,8 @@ Source: docs/numerics.md §0.5 e2m1_rn, §5.7 (SR rule). nvfp4.cuh's rounding co
 the kernels run the device build and this test replays the same source on the host (nvcc, no GPU)
 over every bf16 bit pattern, every E2M1 midpoint and its fp32 neighbours, specials and random fp32
 patterns, with random SR bytes, and compares each code with reference.nvfp4.e2m1_rn and
-reference.stochastic.e2m1_sr. Skipped where nvcc is missing (CI has it).
+reference.stochastic.e2m1_sr: the per-element functions and the word encodes the kernels run (e2m1_rn_word,
+e2m1_sr_word, 8 inputs a word). Skipped where nvcc is missing (CI has it).
 """
 
 from __future__ import annotations
@@ -67,9 +68,10 @@ def test_e2m1_rn_and_sr_host_replay_match_reference(replay, tmp_path):
     src.write_bytes(rec.tobytes())
     proc = subprocess.run([str(replay), str(src), str(dst)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    out = torch.from_numpy(np.frombuffer(dst.read_bytes(), dtype=np.uint8).reshape(-1, 2).copy())
+    out = torch.from_numpy(np.frombuffer(dst.read_bytes(), dtype=np.uint8).reshape(-1, 4).copy())
     assert out.shape[0] == x.numel()
-    for col, want, name in ((0, e2m1_rn(x), "e2m1_rn"), (1, stochastic.e2m1_sr(x, r), "e2m1_sr")):
+    rn, sr = e2m1_rn(x), stochastic.e2m1_sr(x, r)
+    for col, want, name in ((0, rn, "e2m1_rn"), (1, sr, "e2m1_sr"), (2, rn, "e2m1_rn_word"), (3, sr, "e2m1_sr_word")):
         bad = (out[:, col] != want.to(torch.uint8)).nonzero().flatten()
         assert bad.numel() == 0, (
             f"{name}: {bad.numel()} of {x.numel()} differ; first input bits "
