@@ -52,11 +52,12 @@ SQRT_HALF = 0.7071067811865476
 HALF_PI = math.pi / 2
 # Series coefficients (host constants, correctly rounded): atanh s = s sum_k s^2k / (2k + 1), |s| <= 0.1716
 # (neglected term < 1e-19 relative); sin x = x sum_k (-1)^k x^2k / (2k + 1)!, cos x = sum_k (-1)^k x^2k / (2k)!
-# on [0, pi/4] (neglected terms < 1e-19); e^r = sum_k r^k / k!, |r| <= ln2 / 2 (neglected < 1e-19).
+# on [0, pi/4] (neglected terms < 1e-17 relative); e^r = sum_k r^k / k!, k <= 13, |r| <= ln2 / 2 (neglected
+# < 1e-17 relative).
 _ATANH = [1.0 / (2 * k + 1) for k in range(11)]
 _SIN = [(-1.0) ** k / math.factorial(2 * k + 1) for k in range(9)]
 _COS = [(-1.0) ** k / math.factorial(2 * k) for k in range(9)]
-_EXP = [1.0 / math.factorial(k) for k in range(16)]
+_EXP = [1.0 / math.factorial(k) for k in range(14)]
 
 
 def _horner(z: torch.Tensor, coeffs: list[float]) -> torch.Tensor:
@@ -164,15 +165,20 @@ class Draws:
 
         return self._draw(shape, 2, fill, torch.float64)
 
-    def normal(self, shape) -> torch.Tensor:
-        """float64 N(0, 1) by Box-Muller (u1 from words 0-1, u2 from words 2-3)."""
+    def normal(self, shape, then=None) -> torch.Tensor:
+        """float64 N(0, 1) by Box-Muller (u1 from words 0-1, u2 from words 2-3); `then`, an elementwise
+        function, is applied chunk by chunk (while the values are in cache), e.g. exp for lognormals."""
 
         def fill(w, o):
             u1 = torch.mul(_bits53(w[0], w[1]), -_TWO_M53).add_(1.0)  # 1 - u in (0, 1], exact
             r = torch.sqrt(log(u1).mul_(-2.0))
             cos, sin = cos_sin_turns(torch.mul(_bits53(w[2], w[3]), _TWO_M53))
-            torch.mul(r, cos, out=o[:, 0])
-            torch.mul(r, sin, out=o[:, 1])
+            if then is None:
+                torch.mul(r, cos, out=o[:, 0])
+                torch.mul(r, sin, out=o[:, 1])
+            else:
+                o[:, 0] = then(r * cos)
+                o[:, 1] = then(r * sin)
 
         return self._draw(shape, 2, fill, torch.float64)
 

@@ -120,8 +120,12 @@ def _tensor_copies(inputs: Mapping, fn: Callable[[torch.Tensor], torch.Tensor]) 
 
 class InputCache:
     """The last generated inputs of this process: consecutive cases with one harness.inputs.input_key
-    share a generation and one host-to-device copy (sweeps run such cases back to back).
+    share a generation (sweeps run such cases back to back).
 
+    The inputs are generated on the golden's `device` (harness.inputs.generate: the same bytes on every
+    device, so the GPU draws them and the host only launches) and copied to the CPU once per group,
+    eagerly: the harness reads the CPU inputs for nearly every case (comparison, CPU golden GEMMs,
+    accuracy truths, artefacts), so a lazy copy would save nothing and would sync mid-case.
     No backend ever sees (or changes) a kept tensor: `inputs` hands out fresh copies on `device`, and
     on a CPU device the CPU inputs are those copies. Off the CPU, the CPU inputs are the kept tensors
     themselves; the harness only reads them (comparison, CPU golden fallbacks).
@@ -130,7 +134,7 @@ class InputCache:
     def __init__(self) -> None:
         self.key: Any = None
         self.cpu: dict | None = None  # the kept CPU inputs
-        self.moved: dict = {}  # device -> the kept inputs moved there
+        self.moved: dict = {}  # device -> the kept inputs there (the generation's device, or copies)
 
     def clear(self) -> None:
         self.key, self.cpu, self.moved = None, None, {}
@@ -142,7 +146,13 @@ class InputCache:
         key = input_key(case)
         if self.cpu is None or self.key != key:
             self.clear()  # drop the old tensors before generating the new ones
-            self.cpu, self.key = generate(case, device="cpu"), key
+            made = generate(case, device=device)
+            self.key = key
+            if device.type == "cpu":
+                self.cpu = made
+            else:
+                self.cpu = _tensor_copies(made, lambda t: t.cpu())
+                self.moved[device] = made
         if device.type == "cpu":
             fresh = _tensor_copies(self.cpu, torch.clone)
             return fresh, fresh
@@ -157,7 +167,7 @@ INPUTS = InputCache()
 
 def prepare(case, inputs: Mapping | None = None, device: str | torch.device = "cpu",
             cache: InputCache | None = None) -> Golden:
-    """Generate the inputs on the CPU (unless given), move them to `device` and run the golden
+    """Generate the inputs on `device` (unless given; InputCache keeps their CPU copy) and run the golden
     reference there (harness.ops); errors are kept, not raised."""
     from .ops import op_for  # noqa: PLC0415 - ops builds on this module
 

@@ -2,13 +2,15 @@
 
 Source: docs/design.md §5 (named, seeded distributions; plain `normal` alone proves little),
 docs/numerics.md §1-§5 (scale chains the structured distributions are built around) and §6
-(exact-representable GEMM mode). Everything is drawn on the CPU from a `torch.Generator` seeded by a
-stable hash of (seed, distribution, shape, tensor name), then cast to the input dtype and moved to
-`device`, so the bits never depend on the device.
+(exact-representable GEMM mode). Everything is generated on `device` (CPU or CUDA): every random value
+comes from a harness.draws.Draws seeded by a stable hash of (seed, distribution, shape, layout, tensor
+name), every helper tensor (grids, masks, code tables) is made there, and only device-independent
+arithmetic is used, so the bytes are the same on every device.
 
 Distributions (x = generated values; "scaled domain" = x times the scheme's encode factor):
-- normal, uniform (-1, 1), heavy_tail (random sign times lognormal, sigma 2), outliers (normal
-  plus ~0.1% values of magnitude 2^6..2^12), per_tile_scales (normal, each tile of the consumed
+- normal, uniform [-1, 1), heavy_tail (random sign times lognormal, sigma 2), outliers (normal
+  plus ~0.1% values of magnitude 2^6..2^12 at Draws.positions: an arithmetic progression mod the
+  element count), per_tile_scales (normal, each tile of the consumed
   blocks times a random power of two over 2^±40, 2^±8 for float16).
 - ties: in every block (inside T x T tiles, T = the block length, 32 for per-tensor schemes) one
   anchor per row and per column segment holds +-A* (the format max; fp8_delayed: max * 2^-margin;
@@ -51,6 +53,7 @@ from reference.layouts import GEMM_LAYOUTS
 from reference.spec import TORCH_DTYPES
 
 from .cases import DISTRIBUTIONS, Case
+from .draws import Draws, exp, pow2
 
 T = TypeVar("T")
 PER_TENSOR_TILE = 32  # pattern tile of per-tensor schemes (they have no blocks)
@@ -66,13 +69,15 @@ _NAN_BITS = {"bfloat16": (torch.int16, 0x7FC0, 15), "float16": (torch.int16, 0x7
 # ----------------------------------------------------------------------------------------------
 
 
-def _generator(case: Case, name: str) -> torch.Generator:
-    """A CPU generator seeded by a stable hash of (seed, distribution, shape, tensor name)."""
+def draw_seed(case: Case, name: str) -> int:
+    """The 63-bit seed of a tensor's draws: a stable hash of (seed, distribution, shape, layout, tensor name)."""
     key = f"{case.seed}|{case.distribution}|{'x'.join(map(str, case.shape))}|{case.layout}|{name}"
-    seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") & ((1 << 63) - 1)
-    g = torch.Generator(device="cpu")
-    g.manual_seed(seed)
-    return g
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") & ((1 << 63) - 1)
+
+
+def _draws(case: Case, name: str, device: torch.device) -> Draws:
+    """The tensor's random source on `device` (harness.draws: the same values on every device)."""
+    return Draws(draw_seed(case, name), device)
 
 
 def _dtype_limits(in_dtype: str) -> tuple[float, float, float]:
@@ -82,18 +87,8 @@ def _dtype_limits(in_dtype: str) -> tuple[float, float, float]:
 
 
 def _pow2(e: torch.Tensor) -> torch.Tensor:
-    return torch.ldexp(torch.ones_like(e, dtype=torch.float64), e.to(torch.int32))
-
-
-def _sign_bits(shape, g: torch.Generator) -> torch.Tensor:
-    """The draws of torch.randint(0, 2, shape, generator=g) behind every random sign (0 -> -1, 1 -> +1),
-    stored as int8: the same values and generator state as the default int64, a tenth of the traffic."""
-    return torch.randint(0, 2, shape, generator=g, dtype=torch.int8)
-
-
-def _sign(shape, g: torch.Generator) -> torch.Tensor:
-    """Random +-1.0 (float64) from `_sign_bits`: 2b - 1 in place (exact)."""
-    return _sign_bits(shape, g).to(torch.float64).mul_(2).sub_(1)
+    """2^e (float64, exact) on e's device, from the bit pattern (harness.draws.pow2)."""
+    return pow2(e)
 
 
 def _delayed(cfg: QuantConfig) -> bool:
@@ -115,11 +110,11 @@ def _rows_cols(shape: tuple[int, ...]) -> tuple[int, int]:
 
 
 @functools.lru_cache(maxsize=256)
-def _tile_diag(rt: int, ct: int) -> torch.Tensor:
+def _tile_diag(rt: int, ct: int, device: torch.device) -> torch.Tensor:
     """The `_Grid.diag` pattern of one rt x ct tile: (i, i mod ct) and (j mod rt, j). Cached: never
     mutate the returned tensor."""
-    i = torch.arange(rt, dtype=torch.int32).unsqueeze(1)
-    j = torch.arange(ct, dtype=torch.int32).unsqueeze(0)
+    i = torch.arange(rt, dtype=torch.int32, device=device).unsqueeze(1)
+    j = torch.arange(ct, dtype=torch.int32, device=device).unsqueeze(0)
     return (j == i % ct) | (i == j % rt)
 
 
@@ -130,19 +125,19 @@ class _Grid:
     (i, i mod c_t) and (j mod r_t, j), with r_t x c_t the tile's actual size.
     """
 
-    def __init__(self, rows: int, cols: int, tr: int, tc: int) -> None:
-        self.rows, self.cols, self.tr, self.tc = rows, cols, tr, tc
+    def __init__(self, rows: int, cols: int, tr: int, tc: int, device: torch.device) -> None:
+        self.rows, self.cols, self.tr, self.tc, self.device = rows, cols, tr, tc, device
         self.nti, self.ntj = -(-rows // tr), -(-cols // tc)
 
     @property
     def i(self) -> torch.Tensor:
         """(rows, 1) row offset inside the tile."""
-        return (torch.arange(self.rows) % self.tr).unsqueeze(1)
+        return (torch.arange(self.rows, device=self.device) % self.tr).unsqueeze(1)
 
     @property
     def j(self) -> torch.Tensor:
         """(1, cols) column offset inside the tile."""
-        return (torch.arange(self.cols) % self.tc).unsqueeze(0)
+        return (torch.arange(self.cols, device=self.device) % self.tc).unsqueeze(0)
 
     @functools.cached_property
     def diag(self) -> torch.Tensor:
@@ -150,13 +145,13 @@ class _Grid:
         the (at most four) tile sizes, each tiled over its part of the tensor."""
         tr, tc = self.tr, self.tc
         if self.rows == 0 or self.cols == 0:
-            return torch.zeros(self.rows, self.cols, dtype=torch.bool)
+            return torch.zeros(self.rows, self.cols, dtype=torch.bool, device=self.device)
         fr, fc = self.rows // tr, self.cols // tc  # full tiles per column / row of tiles
         er, ec = self.rows - fr * tr, self.cols - fc * tc  # edge tile height / width (0: none)
         bands = []
         for n_r, rt in ((fr, tr), (1, er)):
             if n_r and rt:
-                parts = [_tile_diag(rt, ct).repeat(n_r, n_c) for n_c, ct in ((fc, tc), (1, ec)) if n_c and ct]
+                parts = [_tile_diag(rt, ct, self.device).repeat(n_r, n_c) for n_c, ct in ((fc, tc), (1, ec)) if n_c and ct]
                 bands.append(torch.cat(parts, 1) if len(parts) > 1 else parts[0])
         return torch.cat(bands, 0) if len(bands) > 1 else bands[0]
 
@@ -170,36 +165,35 @@ class _Grid:
 
     def tile_index(self) -> torch.Tensor:
         """[nti, ntj] row-major tile numbers (spread with `per_tile`)."""
-        return torch.arange(self.nti * self.ntj).reshape(self.nti, self.ntj)
+        return torch.arange(self.nti * self.ntj, device=self.device).reshape(self.nti, self.ntj)
 
 
-def _grid_values(fmt) -> torch.Tensor:
+def _grid_values(fmt, device: torch.device) -> torch.Tensor:
     """Non-negative finite values of an element format, ascending (float64), from casts.decode."""
-    codes = torch.arange(0, fmt.max_code + 1, dtype=torch.int64)
+    codes = torch.arange(0, fmt.max_code + 1, dtype=torch.int64, device=device)
     v = casts.decode(codes.to(torch.uint8), fmt).to(torch.float64)
     return v[torch.isfinite(v)]
 
 
-def _midpoints(fmt, below: float) -> torch.Tensor:
+def _midpoints(fmt, below: float, device: torch.device) -> torch.Tensor:
     """Rounding midpoints of `fmt` (including the overflow midpoint past max) strictly below `below`."""
-    v = _grid_values(fmt)
-    top = v[-1]
-    nxt = top + 2.0 ** (fmt.emax - fmt.man_bits)  # the would-be next grid value past max
-    v = torch.cat([v, torch.tensor([nxt], dtype=torch.float64)])
+    v = _grid_values(fmt, device)
+    nxt = fmt.max_finite + 2.0 ** (fmt.emax - fmt.man_bits)  # the would-be next grid value past max
+    v = torch.cat([v, torch.tensor([nxt], dtype=torch.float64, device=device)])
     mids = (v[:-1] + v[1:]) / 2
     return mids[mids < below]
 
 
 @functools.lru_cache(maxsize=None)
-def _code_values(fmt) -> torch.Tensor:
+def _code_values(fmt, device: torch.device) -> torch.Tensor:
     """The value of every code of `fmt` (float64, indexed by the code), from casts.decode. Cached: never
     mutate the returned tensor."""
-    return casts.decode(torch.arange(1 << fmt.bits).to(torch.uint8), fmt).to(torch.float64)
+    return casts.decode(torch.arange(1 << fmt.bits, device=device).to(torch.uint8), fmt).to(torch.float64)
 
 
-def _finite_codes(fmt) -> torch.Tensor:
+def _finite_codes(fmt, device: torch.device) -> torch.Tensor:
     """Every finite code of `fmt` (both signs, NaN and Inf codes excluded), uint8."""
-    codes = torch.arange(0, 1 << fmt.bits, dtype=torch.int64).to(torch.uint8)
+    codes = torch.arange(0, 1 << fmt.bits, dtype=torch.int64, device=device).to(torch.uint8)
     v = casts.decode(codes, fmt)
     return codes[torch.isfinite(v)]
 
@@ -223,14 +217,14 @@ def _k_range(cfg: QuantConfig, in_dtype: str, top: float, quantum: float) -> tup
     return lo, max(lo, hi)
 
 
-def _tile_scales(cfg: QuantConfig, grid: _Grid, lo: int, hi: int, g: torch.Generator) -> torch.Tensor:
+def _tile_scales(cfg: QuantConfig, grid: _Grid, lo: int, hi: int, d: Draws) -> torch.Tensor:
     """2^k per element (float64): k drawn once per tile (block schemes), once for the tensor
     (fp8_current), or 0 (fp8_delayed); the powers are formed per tile, then spread."""
     if _delayed(cfg):
-        return _pow2(torch.zeros(1, 1, dtype=torch.int64))
+        return _pow2(torch.zeros(1, 1, dtype=torch.int64, device=d.device))
     if cfg.tile is None:
-        return _pow2(torch.randint(lo, hi + 1, (1, 1), generator=g))
-    return grid.per_tile(_pow2(torch.randint(lo, hi + 1, (grid.nti, grid.ntj), generator=g)))
+        return _pow2(d.integers(lo, hi, (1, 1)))
+    return grid.per_tile(_pow2(d.integers(lo, hi, (grid.nti, grid.ntj))))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -238,27 +232,28 @@ def _tile_scales(cfg: QuantConfig, grid: _Grid, lo: int, hi: int, g: torch.Gener
 # ----------------------------------------------------------------------------------------------
 
 
-def _normal(rows, cols, g):
-    return torch.randn(rows, cols, generator=g, dtype=torch.float64)
+def _normal(rows, cols, d: Draws):
+    return d.normal((rows, cols))
 
 
-def _uniform(rows, cols, g):
-    return torch.rand(rows, cols, generator=g, dtype=torch.float64).mul_(2).sub_(1)
+def _uniform(rows, cols, d: Draws):
+    return d.uniform((rows, cols)).mul_(2).sub_(1)  # exact: [-1, 1) on multiples of 2^-52
 
 
-def _heavy_tail(rows, cols, g, in_dtype):
+def _heavy_tail(rows, cols, d: Draws, in_dtype):
     dmax, _, _ = _dtype_limits(in_dtype)
-    mag = torch.randn(rows, cols, generator=g, dtype=torch.float64).mul_(2.0).exp_().clamp_(max=min(dmax / 4, 1e30))
-    return _sign((rows, cols), g).mul_(mag)
+    # e^(2 z) by harness.draws.exp (device-independent), chunk by chunk inside the normal draw.
+    mag = d.normal((rows, cols), then=lambda z: exp(z * 2.0)).clamp_(max=min(dmax / 4, 1e30))
+    return d.signs((rows, cols)).mul_(mag)
 
 
-def _outliers(rows, cols, g):
-    x = torch.randn(rows, cols, generator=g, dtype=torch.float64)
+def _outliers(rows, cols, d: Draws):
+    x = d.normal((rows, cols))
     n = rows * cols
     n_out = max(1, n // 1000)
-    pos = torch.randperm(n, generator=g)[:n_out]
-    mag = _pow2(torch.randint(6, 13, (n_out,), generator=g)) * (1 + torch.rand(n_out, generator=g, dtype=torch.float64))
-    x.view(-1)[pos] = mag * _sign((n_out,), g)
+    pos = d.positions(n_out, n)
+    mag = _pow2(d.integers(6, 12, n_out)) * (1 + d.uniform(n_out))
+    x.view(-1)[pos] = mag * d.signs(n_out)
     return x
 
 
@@ -272,11 +267,11 @@ def _scale_tiles(cfg: QuantConfig, orientation: str) -> tuple[int, int]:
     return 1, b
 
 
-def _per_tile_scales(cfg, rows, cols, g, in_dtype, orientation):
-    grid = _Grid(rows, cols, *_scale_tiles(cfg, orientation))
+def _per_tile_scales(cfg, rows, cols, d: Draws, in_dtype, orientation):
+    grid = _Grid(rows, cols, *_scale_tiles(cfg, orientation), d.device)
     span = 8 if in_dtype == "float16" else 40
-    scale = grid.per_tile(_pow2(torch.randint(-span, span + 1, (grid.nti, grid.ntj), generator=g)))
-    return torch.randn(rows, cols, generator=g, dtype=torch.float64) * scale
+    scale = grid.per_tile(_pow2(d.integers(-span, span, (grid.nti, grid.ntj))))
+    return d.normal((rows, cols)) * scale
 
 
 # ----------------------------------------------------------------------------------------------
@@ -284,62 +279,62 @@ def _per_tile_scales(cfg, rows, cols, g, in_dtype, orientation):
 # ----------------------------------------------------------------------------------------------
 
 
-def _nvfp4_global(g: torch.Generator, in_dtype: str) -> int:
-    """g with S_enc = 2^g: the global amax is 2688 * 2^-g (docs/numerics.md §5.1)."""
-    return int(torch.randint(-2, 3, (1,), generator=g))
+def _nvfp4_global(d: Draws, in_dtype: str) -> int:
+    """g with S_enc = 2^g: the global amax is 2688 * 2^-g (docs/numerics.md §5.1); drawn on the host."""
+    return d.integer(-2, 2)
 
 
-def _ties(cfg, rows, cols, g, in_dtype):
+def _ties(cfg, rows, cols, d: Draws, in_dtype):
     fmt = cfg.element_format
     a_star = _anchor(cfg)
-    mids = _midpoints(fmt, a_star)  # NUMERICS: §0.5 ties round to the even code
+    mids = _midpoints(fmt, a_star, d.device)  # NUMERICS: §0.5 ties round to the even code
     t = _block(cfg)
-    grid = _Grid(rows, cols, t, t)
-    y = mids[torch.randint(0, mids.numel(), (rows, cols), generator=g)]
+    grid = _Grid(rows, cols, t, t, d.device)
+    y = mids[d.integers(0, mids.numel() - 1, (rows, cols))]
     y.masked_fill_(grid.diag, a_star)
-    y *= _sign((rows, cols), g)
+    y *= d.signs((rows, cols))
     if _two_level(cfg):
         # NUMERICS: §5.1-§5.3 - S_enc = 2^gexp; a block with amax 6 * 2^(j - gexp) gets
         # d = RN(6 * 2^j * fl(1/6)) = 2^j exactly, s_blk = 2^j, f = 2^(gexp - j): y lands on x * f.
-        gexp = _nvfp4_global(g, in_dtype)
-        j = torch.randint(-6, 1, (grid.nti, grid.ntj), generator=g)
+        gexp = _nvfp4_global(d, in_dtype)
+        j = d.integers(-6, 0, (grid.nti, grid.ntj))
         x = y * grid.per_tile(_pow2(j - gexp))
         x[0, 0] = math.ldexp(fmt.max_finite * E4M3.max_finite, -gexp)  # the global amax
         return x
     lo, hi = _k_range(cfg, in_dtype, max(a_star, fmt.max_finite), fmt.min_subnormal / 2)
-    return y * _tile_scales(cfg, grid, lo, hi, g)
+    return y * _tile_scales(cfg, grid, lo, hi, d)
 
 
-def _exhaustive(cfg, rows, cols, g, in_dtype):
+def _exhaustive(cfg, rows, cols, d: Draws, in_dtype):
     fmt = cfg.element_format
     if _two_level(cfg):
         t = cfg.block
-        grid = _Grid(rows, cols, t, t)
+        grid = _Grid(rows, cols, t, t, d.device)
         n_codes = 1 << fmt.bits
-        off = grid.per_tile(torch.randint(0, n_codes, (grid.nti, grid.ntj), generator=g, dtype=torch.int32))
+        off = grid.per_tile(d.integers(0, n_codes - 1, (grid.nti, grid.ntj), dtype=torch.int32))
         off += grid.i.to(torch.int32)
         off += grid.j.to(torch.int32)
         off %= n_codes  # every row and column segment holds all 16 codes
-        v = _code_values(fmt)[off]
+        v = _code_values(fmt, d.device)[off]
         # Block scales: every positive E4M3 code, the first tile at max (so A_g = 2688 * 2^-gexp).
         n_scales = E4M3.max_code
         s_code = (E4M3.max_code - grid.tile_index() % n_scales).to(torch.uint8)
         s = grid.per_tile(casts.decode(s_code, E4M3).to(torch.float64))
-        gexp = _nvfp4_global(g, in_dtype)
+        gexp = _nvfp4_global(d, in_dtype)
         return v * s * math.ldexp(1.0, -gexp)
     a_star = _anchor(cfg)
-    codes = _finite_codes(fmt)
+    codes = _finite_codes(fmt, d.device)
     vals = casts.decode(codes, fmt).to(torch.float64)
     vals = vals[vals.abs() <= a_star]
     t = _block(cfg)
-    grid = _Grid(rows, cols, t, t)
-    off = int(torch.randint(0, vals.numel(), (1,), generator=g))
+    grid = _Grid(rows, cols, t, t, d.device)
+    off = d.integer(0, vals.numel() - 1)
     # Element m (row-major) holds vals[(m + off) % n]: the rolled table repeated.
     n = vals.numel()
     y = vals.roll(-off).repeat(-(-rows * cols // n))[: rows * cols].reshape(rows, cols)
-    y = torch.where(grid.diag, a_star * _sign((rows, cols), g), y)
+    y = torch.where(grid.diag, a_star * d.signs((rows, cols)), y)
     lo, hi = _k_range(cfg, in_dtype, max(a_star, fmt.max_finite), fmt.min_subnormal)
-    return y * _tile_scales(cfg, grid, lo, hi, g)
+    return y * _tile_scales(cfg, grid, lo, hi, d)
 
 
 SPECIAL_PATTERNS = (
@@ -360,20 +355,21 @@ SPECIAL_PATTERNS = (
 SPECIAL_MIN_TILE = 16
 
 
-def _special(cfg, rows, cols, g, in_dtype, seed):
+def _special(cfg, rows, cols, d: Draws, in_dtype, seed):
     """(values float64, negative-NaN mask): one SPECIAL_PATTERNS entry per T x T tile."""
     dmax, dmin_normal, dsub = _dtype_limits(in_dtype)
     t = _block(cfg)
     # Small tensors: shrink the tile (powers of two >= 16) until every pattern gets ~2 tiles.
     while t > SPECIAL_MIN_TILE and -(-rows // t) * -(-cols // t) < 2 * len(SPECIAL_PATTERNS):
         t //= 2
-    grid = _Grid(rows, cols, t, t)
+    grid = _Grid(rows, cols, t, t, d.device)
     pat = grid.per_tile(((grid.tile_index() + seed) % len(SPECIAL_PATTERNS)).to(torch.int8))
-    base = torch.randn(rows, cols, generator=g, dtype=torch.float64).reshape(-1)
-    sign_bit = _sign_bits((rows * cols,), g)  # widened to +-1.0 only where a pattern uses it
-    sprinkle = (torch.rand(rows, cols, generator=g) < 0.125).reshape(-1)
-    sub_mant = torch.randint(1, 1 << 6, (rows * cols,), generator=g, dtype=torch.int8)
-    const = _pow2(torch.randint(-8, 9, (grid.nti, grid.ntj), generator=g))  # per tile
+    n = rows * cols
+    base = d.normal(n)
+    sign_bit = d.sign_bits(n)  # widened to +-1.0 only where a pattern uses it
+    sprinkle = d.bernoulli(0.125, n)
+    sub_mant = d.integers(1, (1 << 6) - 1, n, dtype=torch.int8)
+    const = _pow2(d.integers(-8, 8, (grid.nti, grid.ntj)))  # per tile
 
     def sign(i):
         return sign_bit[i].to(torch.float64) * 2 - 1
@@ -382,7 +378,7 @@ def _special(cfg, rows, cols, g, in_dtype, seed):
     # Each element takes the value of its tile's pattern (the patterns are disjoint), computed on
     # that pattern's elements only: f(i) gets their flat indices and returns their values.
     rule = {
-        "zeros": lambda i: torch.zeros(i.numel(), dtype=torch.float64),
+        "zeros": lambda i: torch.zeros(i.numel(), dtype=torch.float64, device=d.device),
         "signed_zeros": lambda i: torch.where(sign_bit[i] == 0, -0.0, 0.0).to(torch.float64),
         "nan_sprinkled": lambda i: torch.where(sprinkle[i], nan, base[i]),
         "inf_sprinkled": lambda i: torch.where(sprinkle[i], sign(i) * inf, base[i]),
@@ -391,7 +387,7 @@ def _special(cfg, rows, cols, g, in_dtype, seed):
         "all_max": lambda i: sign(i) * dmax,
         "tiny_amax": lambda i: base[i] * dmin_normal,
         "single_nonzero": lambda i: torch.where(grid.diag.reshape(-1)[i], base[i], 0.0),
-        "all_nan": lambda i: torch.full((i.numel(),), nan, dtype=torch.float64),
+        "all_nan": lambda i: torch.full((i.numel(),), nan, dtype=torch.float64, device=d.device),
         "constant": lambda i: sign(i) * const[i // cols // t, i % cols // t],
     }
     pat = pat.reshape(-1)
@@ -443,34 +439,34 @@ def _exact_plan(cfg_a: QuantConfig, cfg_b: QuantConfig, k: int) -> dict:
 
 
 def _exact_klast(cfg: QuantConfig, lines: int, k: int, role: str, plan: dict, t0: int, s_dec: float,
-                 g: torch.Generator) -> torch.Tensor:
+                 d: Draws) -> torch.Tensor:
     """One operand in K-last form [lines, K] (blocks along K): anchors, zeros, +-2^-i values."""
     blk = cfg.block if cfg.block is not None else k
     own, other = (0, 1) if role == "a" else (1, 0)
-    grid = _Grid(lines, k, cfg.tile[0] if cfg.is_2d else 1, blk)
+    grid = _Grid(lines, k, cfg.tile[0] if cfg.is_2d else 1, blk, d.device)
     off = grid.j  # (1, K) offset inside the K block
     # Block-scale exponent t per tile (D = 2^-(t0 + t) * s_dec); per-tensor schemes: t = 0.
     if cfg.tile is None:
-        d = _pow2(-torch.full((1, 1), t0, dtype=torch.int64)) * s_dec
+        scale = _pow2(-torch.full((1, 1), t0, dtype=torch.int64, device=d.device)) * s_dec
     else:
-        t = torch.randint(0, plan["S"] + 1, (grid.nti, grid.ntj), generator=g)
-        d = grid.per_tile(_pow2(-(t + t0)) * s_dec)
-    i = torch.randint(0, plan["L"] + 1, (lines, k), generator=g)
+        t = d.integers(0, plan["S"], (grid.nti, grid.ntj))
+        scale = grid.per_tile(_pow2(-(t + t0)) * s_dec)
+    i = d.integers(0, plan["L"], (lines, k))
     # base * 2^-i from the table of the L + 1 levels (exact powers of two), then the random sign.
-    v = (plan["base"] * _pow2(-torch.arange(plan["L"] + 1)))[i]
-    v *= _sign((lines, k), g)
-    v.masked_fill_(torch.rand(lines, k, generator=g) < 0.25, 0.0)
-    col = torch.arange(k).unsqueeze(0)
+    v = (plan["base"] * _pow2(-torch.arange(plan["L"] + 1, device=d.device)))[i]
+    v *= d.signs((lines, k))
+    v.masked_fill_(d.bernoulli(0.25, (lines, k)), 0.0)
+    col = torch.arange(k, device=d.device).unsqueeze(0)
     if plan["stride"] > 1 and role == "a":
         v.masked_fill_(col % plan["stride"] != 0, 0.0)
     anchor = cfg.element_format.max_finite if _two_level(cfg) else _anchor(cfg)
     # The anchor columns (K-offset `own` in every block) take anchor * a random sign (drawn everywhere).
     at = (off[0] == own).nonzero().squeeze(1)
-    v[:, at] = _sign((lines, k), g)[:, at].mul_(anchor)
+    v[:, at] = d.signs((lines, k))[:, at].mul_(anchor)
     v.masked_fill_(off == other, 0.0)
     if role == "b" and cfg.block is not None and k % blk == 1:
         v[:, k - 1] = 0.0  # a one-element last block cannot hold B's anchor: keep it all zero (scale 1)
-    x = v * d
+    x = v * scale
     if _two_level(cfg):
         # NUMERICS: §5.1, §5.8 - global amax 2688 * s_dec at B's/A's anchor offset of block 0;
         # the rest of that tile is zero (its scale is 448, its anchors never meet the other operand).
@@ -480,7 +476,7 @@ def _exact_klast(cfg: QuantConfig, lines: int, k: int, role: str, plan: dict, t0
     return x
 
 
-def _exact_gemm(case: Case, g: torch.Generator) -> dict[str, torch.Tensor]:
+def _exact_gemm(case: Case, d: Draws) -> dict[str, torch.Tensor]:
     m, n, k = case.shape
     cfg_a, cfg_b = case.config, case.b_config
     plans = _exact_plan(cfg_a, cfg_b, k)
@@ -488,7 +484,7 @@ def _exact_gemm(case: Case, g: torch.Generator) -> dict[str, torch.Tensor]:
     t0 = {}
     for role, cfg in (("a", cfg_a), ("b", cfg_b)):
         # NUMERICS: §6 - NVFP4 global amax 2688 (S_dec 1) or 21504 (S_dec 8): alpha is a power of two.
-        s_dec[role] = (1.0, 8.0)[int(torch.randint(0, 2, (1,), generator=g))] if _two_level(cfg) else 1.0
+        s_dec[role] = (1.0, 8.0)[d.integer(0, 1)] if _two_level(cfg) else 1.0
     # Shift the block scales down so that |Y| <= 2^EXACT_OUT_BITS (float16 outputs).
     lg = max(0, math.ceil(math.log2(k)))
     top = lg + sum(math.log2(plans[r]["base"] * s_dec[r]) for r in ("a", "b"))
@@ -500,8 +496,8 @@ def _exact_gemm(case: Case, g: torch.Generator) -> dict[str, torch.Tensor]:
             # NUMERICS: §5.2 - s_blk = 2^-(t0 + t) must stay an E4M3 power of two (>= 2^-9).
             t0[role] = min(t0[role], -E4M3.emin + E4M3.man_bits)
             plans[role]["S"] = max(0, min(plans[role]["S"], -E4M3.emin + E4M3.man_bits - t0[role]))
-    a_kl = _exact_klast(cfg_a, m, k, "a", plans["a"], t0["a"], s_dec["a"], g)  # (M, K)
-    b_kl = _exact_klast(cfg_b, n, k, "b", plans["b"], t0["b"], s_dec["b"], g)  # (N, K)
+    a_kl = _exact_klast(cfg_a, m, k, "a", plans["a"], t0["a"], s_dec["a"], d)  # (M, K)
+    b_kl = _exact_klast(cfg_b, n, k, "b", plans["b"], t0["b"], s_dec["b"], d)  # (N, K)
     lay = GEMM_LAYOUTS[case.layout]
     out = {
         "a": a_kl if lay.a == "rowwise" else a_kl.t().contiguous(),  # TN/NN: [M, K]; NT: [K, M]
@@ -513,10 +509,10 @@ def _exact_gemm(case: Case, g: torch.Generator) -> dict[str, torch.Tensor]:
         p = plans[role]
         q *= p["base"] * 2.0 ** -(p["L"] + p["S"] + t0[role]) * s_dec[role]
     if case.accumulate:
-        c = torch.randint(-64, 65, (m, n), generator=g).to(torch.float64) * _pow2(torch.randint(0, 4, (m, n), generator=g))
+        c = d.integers(-64, 64, (m, n)).to(torch.float64) * _pow2(d.integers(0, 3, (m, n)))
         out["c"] = c * q
     if case.bias:
-        bv = torch.randint(-64, 65, (n,), generator=g).to(torch.float64) * _pow2(torch.randint(0, 4, (n,), generator=g))
+        bv = d.integers(-64, 64, n).to(torch.float64) * _pow2(d.integers(0, 3, n))
         out["bias"] = bv * q
     return out
 
@@ -535,7 +531,7 @@ def _cast(x: torch.Tensor, in_dtype: str, neg_nan: torch.Tensor | None = None) -
     if bool(nan.any()):
         ity, qnan, sbit = _NAN_BITS[in_dtype]
         neg = neg_nan if neg_nan is not None else torch.zeros_like(nan)
-        bits = torch.where(neg, torch.tensor(qnan - (1 << sbit), dtype=torch.int64), torch.tensor(qnan, dtype=torch.int64))
+        bits = torch.where(neg, qnan - (1 << sbit), qnan).to(torch.int64)
         yb = y.view(ity).clone()
         yb[nan] = bits[nan].to(ity)
         y = yb.view(dt)
@@ -543,10 +539,10 @@ def _cast(x: torch.Tensor, in_dtype: str, neg_nan: torch.Tensor | None = None) -
 
 
 def _operand(case: Case, cfg: QuantConfig, shape: tuple[int, ...], orientation: str, name: str,
-             in_dtype: str | None = None) -> torch.Tensor:
+             device: torch.device, in_dtype: str | None = None) -> torch.Tensor:
     """One high-precision operand of `shape` for `cfg` (its consumed orientation), in `in_dtype` (default
-    case.in_dtype; a GEMM's B operand: case.b_in_dtype)."""
-    g = _generator(case, name)
+    case.in_dtype; a GEMM's B operand: case.b_in_dtype), generated on `device`."""
+    d = _draws(case, name, device)
     dt = in_dtype or case.in_dtype
     rows, cols = _rows_cols(shape)
     dist = case.distribution
@@ -555,24 +551,24 @@ def _operand(case: Case, cfg: QuantConfig, shape: tuple[int, ...], orientation: 
     if transpose:
         rows, cols = cols, rows
     if dist == "normal":
-        x = _normal(rows, cols, g)
+        x = _normal(rows, cols, d)
     elif dist == "uniform":
-        x = _uniform(rows, cols, g)
+        x = _uniform(rows, cols, d)
     elif dist == "heavy_tail":
-        x = _heavy_tail(rows, cols, g, dt)
+        x = _heavy_tail(rows, cols, d, dt)
     elif dist == "outliers":
-        x = _outliers(rows, cols, g)
+        x = _outliers(rows, cols, d)
     elif dist == "per_tile_scales":
-        x = _per_tile_scales(cfg, rows, cols, g, dt, orientation)
+        x = _per_tile_scales(cfg, rows, cols, d, dt, orientation)
     elif dist == "ties":
-        x = _ties(cfg, rows, cols, g, dt)
+        x = _ties(cfg, rows, cols, d, dt)
     elif dist == "exhaustive":
-        x = _exhaustive(cfg, rows, cols, g, dt)
+        x = _exhaustive(cfg, rows, cols, d, dt)
     elif dist == "special":
-        x, neg_nan = _special(cfg, rows, cols, g, dt, case.seed)
+        x, neg_nan = _special(cfg, rows, cols, d, dt, case.seed)
     elif dist == "exact_representable":
         plan = _exact_plan(cfg, cfg, cols)["a"]
-        x = _exact_klast(cfg, rows, cols, "a", plan, 0, 1.0, g)
+        x = _exact_klast(cfg, rows, cols, "a", plan, 0, 1.0, d)
     else:  # pragma: no cover - Case validates the name
         raise ValueError(f"unknown distribution {dist!r}; expected one of {DISTRIBUTIONS}")
     if transpose:
@@ -581,7 +577,7 @@ def _operand(case: Case, cfg: QuantConfig, shape: tuple[int, ...], orientation: 
     return _cast(x, dt, neg_nan).reshape(shape)
 
 
-# Distributions whose values depend only on the generator key, the shape and the input dtype, not on
+# Distributions whose values depend only on the draw seed key, the shape and the input dtype, not on
 # the case's configs or orientation (the structured ones are built around a scheme's blocks).
 CONFIG_FREE = ("normal", "uniform", "heavy_tail", "outliers")
 
@@ -608,7 +604,7 @@ def input_key(case: Case) -> tuple:
     """A key that determines `generate(case)`: cases with equal keys get identical inputs.
 
     Everything generate reads: the op family (x vs a/b), shape, layout, seed, distribution and input
-    dtype (the `_generator` key and `_cast`); for GEMMs, accumulate / bias and the output dtype of C
+    dtype (the `draw_seed` key and `_cast`); for GEMMs, accumulate / bias and the output dtype of C
     and bias; whether an SR seed is attached; and what the distribution reads from each operand's
     config and consumed orientation (`_config_key`). Used to reuse one generation for consecutive cases.
     """
@@ -638,23 +634,30 @@ def input_groups(items: Iterable[T], case: Callable[[T], Case] = lambda c: c) ->
     return list(groups.values())
 
 
+def _normal32(case: Case, name: str, shape, device: torch.device) -> torch.Tensor:
+    """N(0, 1) rounded to fp32 (a GEMM's C, bias or aux before the cast to the output dtype)."""
+    return _draws(case, name, device).normal(shape).to(torch.float32)
+
+
 def generate(case: Case, device: str | torch.device = "cpu") -> dict:
-    """The case's inputs (docs/design.md §5): quantize/dequantize -> {"x"}; gemm -> {"a", "b"} in the
-    layout's logical shapes, plus "c" [M, N] (accumulate) and "bias" [N] (bias) in the output
-    dtype; "rng" = (seed, stream 0) when a config rounds stochastically (B uses stream + 2)."""
+    """The case's inputs (docs/design.md §5), generated on `device` (the same bytes on every device):
+    quantize/dequantize -> {"x"}; gemm -> {"a", "b"} in the layout's logical shapes, plus "c" [M, N]
+    (accumulate) and "bias" [N] (bias) in the output dtype; "rng" = (seed, stream 0) when a config
+    rounds stochastically (B uses stream + 2)."""
+    dev = torch.device(device)
     if case.op == "linear":
         from .module_inputs import generate_module  # noqa: PLC0415
 
-        return {k: v.to(device) for k, v in generate_module(case).items()}
+        return generate_module(case, dev)
     out: dict = {}
     if case.op != "gemm":  # quantize, dequantize, grouped_quantize
-        out["x"] = _operand(case, case.config, case.shape, case.orientation, "x")
+        out["x"] = _operand(case, case.config, case.shape, case.orientation, "x", dev)
         stochastic = case.config.stochastic
     else:
         shapes = case.operand_shapes
         out_dt = TORCH_DTYPES[case.out_dtype]
         if case.distribution == "exact_representable":
-            exact = _exact_gemm(case, _generator(case, "gemm"))
+            exact = _exact_gemm(case, _draws(case, "gemm", dev))
             out["a"] = _cast(exact["a"], case.in_dtype)
             out["b"] = _cast(exact["b"], case.b_in_dtype or case.in_dtype)
             for name in ("c", "bias"):
@@ -662,15 +665,15 @@ def generate(case: Case, device: str | torch.device = "cpu") -> dict:
                     out[name] = exact[name].to(torch.float32).to(out_dt)
         else:
             ca, cb = GEMM_LAYOUTS[case.layout].consumes
-            out["a"] = _operand(case, case.config, shapes["a"], ca, "a")
-            out["b"] = _operand(case, case.b_config, shapes["b"], cb, "b", case.b_in_dtype)
+            out["a"] = _operand(case, case.config, shapes["a"], ca, "a", dev)
+            out["b"] = _operand(case, case.b_config, shapes["b"], cb, "b", dev, case.b_in_dtype)
             if case.accumulate:
-                out["c"] = torch.randn(shapes["c"], generator=_generator(case, "c")).to(out_dt)
+                out["c"] = _normal32(case, "c", shapes["c"], dev).to(out_dt)
             if case.bias:
-                out["bias"] = torch.randn(shapes["bias"], generator=_generator(case, "bias")).to(out_dt)
+                out["bias"] = _normal32(case, "bias", shapes["bias"], dev).to(out_dt)
         if case.epilogue in AUX_INPUT_EPILOGUES:  # the forward's pre-activation, in the output dtype
-            out["aux"] = torch.randn(shapes["c"], generator=_generator(case, "aux")).to(out_dt)
+            out["aux"] = _normal32(case, "aux", shapes["c"], dev).to(out_dt)
         stochastic = case.config.stochastic or case.b_config.stochastic
     if stochastic:
         out["rng"] = (case.seed, 0)
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in out.items()}
+    return out

@@ -2,7 +2,9 @@
 
 Source: docs/numerics.md §9; TE tests/pytorch/nvfp4/test_nvfp4_module_exact.py (a new x and dY drawn from
 N(0, 1) every step; `is_first_microbatch=(step == 0)`), TE's default parameter init (weight N(0, 0.023²)).
-Drawn on the CPU from the case seed, in fp32, then rounded once to the activation dtype:
+Drawn on the requested device through harness.draws (the same bytes on every device), seeded by
+harness.inputs.draw_seed(case, "module"): N(0, 1) in float64, scaled and shifted in float64, rounded to
+fp32, then to the activation dtype:
 - "x" [steps, *tokens, K] and "dy" [steps, *tokens, N]: N(0, 1), a fresh draw per step;
 - "weight" [N, K]: N(0, 0.023²) (TE's init_method_normal(0.023));
 - "weight_updates" [steps, N, K] (microbatch `cache_update` only): a new high-precision W before every
@@ -23,15 +25,19 @@ WEIGHT_STD = 0.023  # TE get_default_init_method(): init_method_normal(0.023)
 PARAM_STD = 0.1
 
 
-def generate_module(case) -> dict:
-    """The tensors of a linear case (see the module docstring), on the CPU."""
+def generate_module(case, device: str | torch.device = "cpu") -> dict:
+    """The tensors of a linear case (see the module docstring), on `device`."""
+    from .draws import Draws  # noqa: PLC0415 - harness.inputs imports this module lazily too
+    from .inputs import draw_seed  # noqa: PLC0415
+
     s = case.module
     *tokens, k, n = case.shape
     act = TORCH_DTYPES[case.in_dtype]
-    g = torch.Generator().manual_seed(case.seed)
+    d = Draws(draw_seed(case, "module"), device)
 
     def draw(shape, std=1.0, mean=0.0):
-        return (torch.randn(shape, generator=g, dtype=torch.float32) * std + mean).to(act)
+        # Separate multiply and add (no fused op), each correctly rounded in float64.
+        return d.normal(shape).mul_(std).add_(mean).to(torch.float32).to(act)
 
     out = {"x": draw((s.steps, *tokens, k)), "dy": draw((s.steps, *tokens, n)), "weight": draw((n, k), WEIGHT_STD)}
     if s.microbatch == "cache_update":

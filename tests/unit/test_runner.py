@@ -321,20 +321,26 @@ def test_consecutive_cases_with_one_input_key_share_a_generation_but_not_tensors
     assert torch.equal(xb, real(b)["x"]) and not torch.equal(xb, xa["x"])
 
 
-def test_off_the_cpu_a_group_moves_its_inputs_once_and_each_case_gets_fresh_device_copies(monkeypatch):
+def test_off_the_cpu_a_group_generates_its_inputs_once_on_the_device_and_each_case_gets_fresh_copies(monkeypatch):
+    # Inputs are generated on the golden's device (harness.inputs.generate gives the same bytes on every
+    # device) and copied to the CPU once per group. "meta" stands in for a GPU; the stand-in generation
+    # records the device it is asked for and returns the real (CPU) tensors.
+    from harness import inputs
+
+    calls = []
+    real = inputs.generate
+    monkeypatch.setattr(inputs, "generate", lambda case, device="cpu": calls.append((case.id, device)) or real(case))
     cache = InputCache()
-    moves = []
-    real_to = torch.Tensor.to
-    monkeypatch.setattr(torch.Tensor, "to", lambda t, *a, **k: moves.append(a) or real_to(t, *a, **k))
-    meta = torch.device("meta")  # stands in for a GPU: tensors without storage
+    meta = torch.device("meta")
     a, b = qcase(element="e4m3"), qcase(element="e5m2")  # one input key
     cpu_a, on_a = cache.inputs(a, meta)
     cpu_b, on_b = cache.inputs(b, meta)
-    assert [m for m in moves if m and m[0] == meta] == [(meta,)]  # one host-to-device copy for the group
-    assert on_a["x"].device == meta and on_a["x"] is not on_b["x"]
+    assert calls == [(a.id, meta)]  # one generation for the group, on the golden's device
+    assert on_a["x"] is not on_b["x"] and torch.equal(on_a["x"], on_b["x"])  # fresh copies per case
     assert cpu_a["x"] is cpu_b["x"] is cache.cpu["x"]  # kept tensors, only read
+    assert torch.equal(cpu_a["x"], real(a)["x"])
     g = runner.prepare(b, device=meta, cache=cache)
-    assert g.on_device["x"].device == meta and g.inputs["x"] is cpu_a["x"]
+    assert g.inputs["x"] is cpu_a["x"] and g.on_device["x"] is not cache.moved[meta]["x"]
 
 
 def test_sweeps_run_cases_of_one_input_key_back_to_back_largest_groups_first():
