@@ -1,8 +1,11 @@
 """Frozen SHA-256 digests of harness.inputs.generate outputs (the bit-identity oracle of test_input_digests).
 
-Source: issue #18 item 3 (faster input generation, same bits). `data/input_digests.json` was written by
-running this module at the base commit 460c2fa (before the speed-ups of harness/inputs.py), so the digests
-are the OLD implementation's bytes:
+Source: issue #18 item 3 / #19 (inputs drawn on the GPU through a device-independent generator).
+`data/input_digests.json` was rewritten on 2026-11-26 by running this module on branch `draw` (on main
+c5bb808, with the harness/draws.py port of harness/inputs.py and harness/module_inputs.py), so the digests
+pin the Draws-based generator: Philox4x32-10 counters per (seed, call, element), the same bytes on CPU and
+CUDA (tests/gpu/test_draws_gpu.py). The earlier digests (torch.Generator on the CPU, base 460c2fa) are gone
+with that generator:
 
     PYTHONPATH=$PWD python -m tests.unit.input_digests      # rewrites tests/unit/data/input_digests.json
 
