@@ -140,6 +140,8 @@ class Draws:
         self.calls += 1
         return n & MASK32
 
+    # NUMERICS: §5.7 - counter (j mod 2^32, floor(j / 2^32), call, 0) under the seed's key; element e reads
+    # counter e // per: the order of the values is fixed by the element index, not by the chunking.
     def _draw(self, shape, per: int, fill, dtype: torch.dtype) -> torch.Tensor:
         """A tensor of `shape` whose element e is value e % per of counter e // per: `fill(words, o)` writes
         the values of a chunk of counters (its four word tensors) into `o`, their (counters, per) rows."""
@@ -170,7 +172,8 @@ class Draws:
         function, is applied chunk by chunk (while the values are in cache), e.g. exp for lognormals."""
 
         def fill(w, o):
-            u1 = torch.mul(_bits53(w[0], w[1]), -_TWO_M53).add_(1.0)  # 1 - u in (0, 1], exact
+            # NUMERICS: §0.2 - 1 - u in (0, 1] is exact; log, sqrt, cos, sin and the products round in float64.
+            u1 = torch.mul(_bits53(w[0], w[1]), -_TWO_M53).add_(1.0)
             r = torch.sqrt(log(u1).mul_(-2.0))
             cos, sin = cos_sin_turns(torch.mul(_bits53(w[2], w[3]), _TWO_M53))
             if then is None:

@@ -237,7 +237,7 @@ def _normal(rows, cols, d: Draws):
 
 
 def _uniform(rows, cols, d: Draws):
-    return d.uniform((rows, cols)).mul_(2).sub_(1)  # exact: [-1, 1) on multiples of 2^-52
+    return d.uniform((rows, cols)).mul_(2).sub_(1)  # NUMERICS: §0.2 - exact: [-1, 1) on multiples of 2^-52
 
 
 def _heavy_tail(rows, cols, d: Draws, in_dtype):
@@ -636,6 +636,7 @@ def input_groups(items: Iterable[T], case: Callable[[T], Case] = lambda c: c) ->
 
 def _normal32(case: Case, name: str, shape, device: torch.device) -> torch.Tensor:
     """N(0, 1) rounded to fp32 (a GEMM's C, bias or aux before the cast to the output dtype)."""
+    # NUMERICS: §0.2 - float64 -> fp32 -> output dtype, each a round-to-nearest-even cast, the same on every device.
     return _draws(case, name, device).normal(shape).to(torch.float32)
 
 

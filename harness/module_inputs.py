@@ -36,7 +36,7 @@ def generate_module(case, device: str | torch.device = "cpu") -> dict:
     d = Draws(draw_seed(case, "module"), device)
 
     def draw(shape, std=1.0, mean=0.0):
-        # Separate multiply and add (no fused op), each correctly rounded in float64.
+        # NUMERICS: §0.2 - separate float64 multiply and add (no fused op), then RN to fp32 and to the activation dtype.
         return d.normal(shape).mul_(std).add_(mean).to(torch.float32).to(act)
 
     out = {"x": draw((s.steps, *tokens, k)), "dy": draw((s.steps, *tokens, n)), "weight": draw((n, k), WEIGHT_STD)}
