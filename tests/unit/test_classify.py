@@ -343,7 +343,10 @@ def test_torchao_nvfp4_encode_factor_order_is_not_a_tie_flip():
     from harness.inputs import generate
 
     cfg = Q("nvfp4")
-    x = generate(Case("quantize", cfg, (128, 256), "bfloat16", "normal", 0, "rowwise"))["x"]
+    # Seed 14: its harness.draws input has elements next to (not on) a midpoint: 32 codes differ, all
+    # encode_factor_rounding, the scales agree. Seed 0's did under the old torch.Generator inputs; its new one
+    # has none (other seeds also put x*f exactly on a midpoint: tie_flip).
+    x = generate(Case("quantize", cfg, (128, 256), "bfloat16", "normal", 14, "rowwise"))["x"]
     g = reference.quantize(x, cfg)
     cand = reference.quantize(x, with_convention(cfg, "torchao_nvfp4"))
     res = _by_name(compare_quantized(g, cand, x))

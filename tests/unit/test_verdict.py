@@ -30,8 +30,8 @@ class _Injected:
         return self.q
 
 
-def _case(scheme="fp8_current", shape=(128, 256), dist="normal", orientation="rowwise"):
-    return Case("quantize", QuantConfig(scheme), shape, "bfloat16", dist, 0, orientation)
+def _case(scheme="fp8_current", shape=(128, 256), dist="normal", orientation="rowwise", seed=0):
+    return Case("quantize", QuantConfig(scheme), shape, "bfloat16", dist, seed, orientation)
 
 
 def _golden(case):
@@ -79,7 +79,11 @@ def test_one_code_moved_to_its_almost_equally_close_neighbour_is_equivalent():
     toward = torch.where(xd > d_g, 1, -1) * torch.where(codes & 0x80 != 0, -1, 1)  # magnitude step toward x
     alt = torch.clamp((codes & 0x7F) + toward, 0, 0x7E) | (codes & 0x80)
     d_alt = reference.dequantize(_with_data(q, alt), "rowwise", torch.float32).double()
-    gap = ((xd - d_alt).abs() - (xd - d_g).abs()).abs().masked_fill(alt == codes, math.inf)
+    # The other neighbour must be strictly farther from x (gap > 0): where it is as close or closer (a tie, or
+    # a code the fp32 scaled domain rounded away from the x-domain nearest), the SQNR moves by >= 0. The
+    # harness.draws input has such an element nearest; the old torch.Generator input had none.
+    gap = ((xd - d_alt).abs() - (xd - d_g).abs())
+    gap = gap.masked_fill((alt == codes) | (gap <= 0), math.inf)
     i = int(gap.reshape(-1).argmin())
     cand = codes.clone().reshape(-1)
     cand[i] = alt.reshape(-1)[i]
@@ -132,10 +136,12 @@ def test_transposed_scales_are_broken_with_their_layout_named_and_no_error_row()
     assert acc["status"] == "info" and acc["reason"].startswith("not measured: rowwise_scale")
 
 
-@pytest.mark.parametrize("scheme,name", [("mxfp8", "torchao_ceil"), ("mxfp8", "torchao_even"),
-                                         ("fp8_block", "vllm_group"), ("nvfp4", "torchao_nvfp4")])
-def test_a_candidate_following_another_convention_is_convention_with_its_name(scheme, name):
-    case = _case(scheme)
+# torchao_nvfp4 differs from te only where x*f lies next to a midpoint: seed 14 has such elements (32 codes
+# differ) under the harness.draws inputs; seed 0 had them under the old torch.Generator inputs, no longer.
+@pytest.mark.parametrize("scheme,name,seed", [("mxfp8", "torchao_ceil", 0), ("mxfp8", "torchao_even", 0),
+                                              ("fp8_block", "vllm_group", 0), ("nvfp4", "torchao_nvfp4", 14)])
+def test_a_candidate_following_another_convention_is_convention_with_its_name(scheme, name, seed):
+    case = _case(scheme, seed=seed)
     x, g = _golden(case)
     q = reference.quantize(x, conventions.with_convention(case.config, name), rowwise=True)
     q = dataclasses.replace(q, config=case.config)  # a kernel returns the config it was handed
