@@ -11,7 +11,8 @@ words / bits (e mod per) of it. So a value depends only on (seed, call number, e
 on the device, the chunking or the other elements. Methods and their bits per value:
 
 - `uniform`: float64 in [0, 1) from 53 bits (32 of one word, the top 21 of the next): exact, 2 per counter;
-- `normal`: N(0, 1) by Box-Muller, r = sqrt(-2 log(1 - u1)), (r cos 2 pi u2, r sin 2 pi u2), 2 per counter;
+- `normal`: N(0, 1) by Box-Muller, r = sqrt(-2 log(1 - u1)), (r cos 2 pi u2, r sin 2 pi u2), 2 per counter
+  (sqrt as exp(log(.) / 2) from this module's log and exp);
 - `integers(lo, hi)`: lo + floor(x n / 2^32), x one 32-bit word, n = hi - lo + 1 <= 2^31 (multiply-shift):
   exact for n a power of two, otherwise each value has probability floor(2^32/n)/2^32 or ceil(2^32/n)/2^32,
   a relative bias below n / 2^32 (2^-24 for the n <= 256 the inputs use): negligible, 4 per counter;
@@ -23,9 +24,11 @@ on the device, the chunking or the other elements. Methods and their bits per va
 - `integer(lo, hi)`: one value on the host (Python int, the first word of counter 0), so scalar draws need
   no device round trip.
 
-Device independence: only integer ops and correctly rounded float64 +, -, *, / (tensor by tensor), sqrt,
+Device independence: only integer ops and correctly rounded float64 +, -, *, / (tensor by tensor),
 floor, frexp, comparisons and where are used, each as its own torch op (never a fused op that could
-become an FMA on one device only). log, cos, sin and exp are written here from those ops: log by frexp and
+become an FMA on one device only). torch.sqrt is not among them: with torch 2.11 on an H200, 0.8% of float64
+square roots of uniforms differed between CUDA and the CPU (tests/gpu/test_draws_gpu.py). log, cos, sin and exp
+are written here from those ops: log by frexp and
 an atanh series, cos / sin by quadrant reduction of the angle in turns and Taylor series on [0, pi/4], exp by
 2^k e^r (k = round(y / ln 2), Cody-Waite r, Taylor series); each is accurate to a few ulps (tests/unit/
 test_draws.py checks 1e-14 relative against math).
@@ -121,6 +124,14 @@ def exp(y: torch.Tensor) -> torch.Tensor:
     return _horner(r, _EXP) * pow2(k.to(torch.int64))
 
 
+def sqrt(x: torch.Tensor) -> torch.Tensor:
+    """sqrt of finite float64 x >= 0 as e^(log(x) / 2) with this module's exp and log (a few ulps; 0 for 0):
+    torch.sqrt's float64 results are not the same on every device (module docstring)."""
+    pos = (x > 0).to(torch.float64)
+    one_for_zero = x + (1.0 - pos)  # log(1) = 0; the 0 / 1 factor below gives sqrt(0) = 0
+    return exp(log(one_for_zero).mul_(0.5)).mul_(pos)
+
+
 def _bits53(hi: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
     """The 53-bit integer hi 2^21 + (lo >> 11) of two words, as float64 (exact): times 2^-53, a uniform in [0, 1)."""
     return ((hi << 21) | (lo >> 11)).to(torch.float64)
@@ -174,7 +185,7 @@ class Draws:
         def fill(w, o):
             # NUMERICS: §0.2 - 1 - u in (0, 1] is exact; log, sqrt, cos, sin and the products round in float64.
             u1 = torch.mul(_bits53(w[0], w[1]), -_TWO_M53).add_(1.0)
-            r = torch.sqrt(log(u1).mul_(-2.0))
+            r = sqrt(log(u1).mul_(-2.0))
             cos, sin = cos_sin_turns(torch.mul(_bits53(w[2], w[3]), _TWO_M53))
             if then is None:
                 torch.mul(r, cos, out=o[:, 0])

@@ -52,10 +52,11 @@ def test_every_draw_is_the_same_on_cuda_and_cpu(method):
     assert _same_bytes(run("cuda"), run("cpu"))
 
 
-def test_log_exp_cos_sin_are_the_same_on_cuda_and_cpu():
+def test_log_sqrt_exp_cos_sin_are_the_same_on_cuda_and_cpu():
     u = Draws(5).uniform(1 << 22)
     pos = torch.cat([1 - u, (1 - u) * 1e-300, (1 - u) * 2.0**900])  # log's domain: positive, finite
-    for f, x in ((draws.log, pos), (draws.exp, u * 1300 - 650), (lambda v: draws.cos_sin_turns(v)[0], u),
+    for f, x in ((draws.log, pos), (draws.sqrt, torch.cat([pos, u * 0])), (draws.exp, u * 1300 - 650),
+                 (lambda v: draws.cos_sin_turns(v)[0], u),
                  (lambda v: draws.cos_sin_turns(v)[1], u), (draws.pow2, torch.arange(-1022, 1024))):
         assert _same_bytes(f(x.cuda()), f(x))
 

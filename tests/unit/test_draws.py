@@ -175,6 +175,18 @@ def test_log_matches_math_log():
     assert _rel(got, [math.log(v) for v in grid.tolist()]) < 1e-14
 
 
+def test_sqrt_matches_math_sqrt_and_is_zero_at_zero():
+    """draws.sqrt = exp(log(x) / 2): torch.sqrt's float64 results differ between CUDA and the CPU (torch 2.11)."""
+    used = torch.linspace(0.0, 80.0, 80001, dtype=torch.float64)  # -2 log(1 - u) < 74 for the 53-bit u
+    got = draws.sqrt(used)
+    assert float(got[0]) == 0.0 and float(got[used == 4.0][0]) == pytest.approx(2.0, rel=1e-15)
+    assert _rel(got, [math.sqrt(v) for v in used.tolist()]) < 1e-14
+    # far out, exp amplifies log's absolute error (|log x| up to 709): still a few parts in 1e14
+    wide = torch.cat([torch.logspace(-300, 300, 6001, dtype=torch.float64),
+                      torch.tensor([2.0**-1022, 1.7976931348623157e308], dtype=torch.float64)])
+    assert _rel(draws.sqrt(wide), [math.sqrt(v) for v in wide.tolist()]) < 1e-13
+
+
 def test_exp_matches_math_exp():
     grid = torch.cat([torch.linspace(-40, 40, 80001, dtype=torch.float64),
                       torch.tensor([0.0, 1e-300, -1e-17, 0.5 * math.log(2), -0.5 * math.log(2), 700.0, -700.0],
