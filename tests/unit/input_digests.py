@@ -30,11 +30,19 @@ import torch
 
 DATA = Path(__file__).with_name("data") / "input_digests.json"
 NIGHTLY_STRIDE = 50
+# Cases with more input elements than this have their digests checked on a GPU (tests/gpu/test_input_digests_gpu.py:
+# the draws give the same bytes on every device); drawn on the 2-core CPU they took ~5 of the CPU suite's minutes.
+CPU_ELEMENTS = 1 << 22
+
+
+def elements(case) -> int:
+    """Input elements of a case: the sum over its operands (a linear case: over its module's inputs)."""
+    return sum(math.prod(s) for s in case.operand_shapes.values())
 
 
 def digest(inputs: dict) -> str:
     """SHA-256 over every entry of a generate() dict in key order: name, dtype, shape and raw bytes
-    (tensors) or repr (other values, e.g. the "rng" tuple)."""
+    (tensors, which must be on the CPU: the table was written there) or repr (other values, e.g. the "rng" tuple)."""
     h = hashlib.sha256()
     for name in sorted(inputs):
         v = inputs[name]
