@@ -95,6 +95,14 @@ def _cpu_memset(monkeypatch):
     monkeypatch.setattr(plan_mod, "_raw_block", aligned_block)
 
 
+def _fake_per_tensor_launches(monkeypatch):
+    """A per-tensor plan built and run on the CPU: no module, function or stream; the block's memset on the host."""
+    monkeypatch.setattr(per_tensor, "module_for", lambda *a: "module")
+    monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
+    monkeypatch.setattr(per_tensor, "raw_stream", lambda index: 0)
+    _cpu_memset(monkeypatch)
+
+
 def test_output_block_layout_and_views(monkeypatch):
     _cpu_memset(monkeypatch)
     block = OutputBlock([
@@ -696,11 +704,8 @@ def test_a_delayed_plan_has_the_cast_record_h0_and_the_colwise_amax_and_sinv(mon
     H[0] <- fmax(H[0], amax) in the state's own fp32 history (its data_ptr, per call; docs/numerics.md §2) and
     writes the colwise copy's own amax / sinv (separate memory, equal values)."""
     cfg = QuantConfig("fp8_delayed")
-    monkeypatch.setattr(per_tensor, "module_for", lambda *a: "module")
-    monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
-    monkeypatch.setattr(per_tensor, "raw_stream", lambda index: 0)
+    _fake_per_tensor_launches(monkeypatch)
     monkeypatch.setattr(per_tensor, "record", mock.Mock(side_effect=AssertionError("record() after the launch")))
-    _cpu_memset(monkeypatch)
     plan = per_tensor.plan_quantize(cfg, 32, 64, torch.bfloat16, rowwise=rowwise, colwise=colwise, aligned=True,
                                     given=False, index=0)  # fmt: skip
     assert len(plan.steps) == 1
@@ -746,10 +751,7 @@ def test_a_delayed_plan_records_a_history_the_kernel_cannot_after_the_launch(mon
     after the launch, H[0] <- fmax(H[0], amax) on the state's own tensor (NaN in H[0] ignored, docs/numerics.md
     §2 / §0.1)."""
     cfg = QuantConfig("fp8_delayed")
-    monkeypatch.setattr(per_tensor, "module_for", lambda *a: "module")
-    monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
-    monkeypatch.setattr(per_tensor, "raw_stream", lambda index: 0)
-    _cpu_memset(monkeypatch)
+    _fake_per_tensor_launches(monkeypatch)
     plan = per_tensor.plan_quantize(cfg, 32, 64, torch.bfloat16, rowwise=True, colwise=True, aligned=True,
                                     given=False, index=0)  # fmt: skip
     x = torch.zeros(32, 64, dtype=torch.bfloat16)
@@ -776,10 +778,7 @@ def test_an_fp8_current_plan_has_the_cast_read_the_given_amax_itself(monkeypatch
     cast's amax_in is the caller's tensor (per call) and the cast stores it in the result's amax (amax_store) and,
     with both copies, in the colwise amax; never an alias of the caller's tensor."""
     cfg = QuantConfig("fp8_current")
-    monkeypatch.setattr(per_tensor, "module_for", lambda *a: "module")
-    monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
-    monkeypatch.setattr(per_tensor, "raw_stream", lambda index: 0)
-    _cpu_memset(monkeypatch)
+    _fake_per_tensor_launches(monkeypatch)
     plan = per_tensor.plan_quantize(cfg, 32, 64, torch.bfloat16, rowwise=rowwise, colwise=colwise, aligned=True,
                                     given=True, index=0)  # fmt: skip
     assert [s.launch.name for s in plan.steps] == ["per_tensor_cast_bf16"]
