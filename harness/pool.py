@@ -288,7 +288,6 @@ class WorkerPool:
         self.pool = None
         self._env = contextlib.ExitStack()
         self._starting: concurrent.futures.Future | None = None
-        self._stopping: concurrent.futures.Future | None = None
 
     def start(self, *, wait: bool = True) -> WorkerPool:
         """Start the workers (once). With `wait=False` they are started on a thread and this returns at once:
@@ -318,29 +317,16 @@ class WorkerPool:
             initargs=(os.getpid(), counter, pids, self.gpus, self.device, threads, heap_policy()))
         self.pool.schedule(_started)
 
-    def stop(self, *, wait: bool = True) -> None:
+    def stop(self) -> None:
         """Terminate the workers now (an interrupt, an error, a sweep that never ran, or one whose every task
-        has been settled: nothing is left for them to write). pebble ends them one by one, each tearing its CUDA
-        context down (issue #19: 1.0 s for 12 workers, 2.2 s for 24 on 2x H200); with `wait=False` that runs on
-        a thread while this process goes on (harness run reads and summarizes its report meanwhile), and the
-        next `stop()` waits for it."""
+        has been settled: nothing is left for them to write)."""
         if self._starting is not None:
             with contextlib.suppress(Exception):
                 self.start()
         if self.pool is not None:
-            pool, self.pool = self.pool, None
-            pool.stop()
-            if wait:
-                pool.join(timeout=10)
-            else:
-                ex = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="harness-workers-stop")
-                self._stopping = ex.submit(pool.join, timeout=10)
-                ex.shutdown(wait=False)  # the thread ends with its one task
-                return
-        if wait and self._stopping is not None:
-            stopping, self._stopping = self._stopping, None
-            with contextlib.suppress(Exception):  # a worker pebble could not end in 10 s: as join(timeout=10)
-                stopping.result()
+            self.pool.stop()
+            self.pool.join(timeout=10)
+            self.pool = None
         self._env.close()
 
     def __enter__(self) -> WorkerPool:
@@ -361,7 +347,6 @@ class PoolSweep:
         if workers is not None and workers.n_workers != n_workers:
             raise ValueError(f"n_workers={n_workers} but the given WorkerPool has {workers.n_workers} workers")
         self.workers = workers if workers is not None else WorkerPool(n_workers, device)
-        self._own_workers = workers is None  # a given pool's owner waits for its end (WorkerPool.stop)
         self.cases, self.n_workers = cases, n_workers
         self.writer, self.out_dir, self.progress = writer, out_dir, progress
         self.golden, self.case_timeout = golden, float(case_timeout or 0)
@@ -485,9 +470,9 @@ class PoolSweep:
                         t.timed_out = True
                     active.remove(t)
                     active += self._finish(pool, t)
-            # Every task is settled and its rows recorded: the workers of a given pool end while its owner goes on
-            # (WorkerPool.stop); a pool of this sweep's own is ended before run() returns.
-            self.workers.stop(wait=self._own_workers)
+            # Every task is settled and its rows recorded: end the workers (still inside the caller's signal handling:
+            # a SIGTERM / Ctrl-C during the end is an interrupted sweep, not a lost signal).
+            self.workers.stop()
         except BaseException:
             self.workers.stop()  # terminates every worker
             for t in active:  # keep what finished before the interrupt
