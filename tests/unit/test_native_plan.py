@@ -455,6 +455,18 @@ def test_every_launcher_module_plans_its_quantize():
         assert callable(mod.plan_quantize) and issubclass(mod.QuantizePlan, plan_mod.QuantizePlan), scheme
 
 
+def _fake_portable_launches(monkeypatch, g) -> list:
+    """native.gemm's portable launches recorded on the CPU (no module, device 0, stream 55): the list of fired
+    argument tuples."""
+    monkeypatch.setattr(g, "_portable_module", lambda *a: None)
+    monkeypatch.setattr(g, "device_index", lambda dev: 0)
+    monkeypatch.setattr(g, "current_device", lambda: 0)
+    monkeypatch.setattr(g, "raw_stream", lambda index: 55)
+    fired: list = []
+    monkeypatch.setattr(launch_mod, "launch_kernel", lambda: lambda *args: fired.append(args))
+    return fired
+
+
 def _portable_operands(cfgs, with_bias_c: bool, c_dtype: torch.dtype):
     """native.gemm and quantized 64x128 / 32x128 operands of `cfgs` with their rowwise views (+ bias and C)."""
     import reference
@@ -811,12 +823,7 @@ def test_a_planned_portable_gemm_launches_what_portable_launches(monkeypatch, cf
     """GemmPlan.run's portable call (no operand views built): one launch of the prepared kernel with the bytes of
     _portable's arguments for these operands and its fresh output, on the plan's stream; fresh outputs per call."""
     g, a, b, av, bv, bias, c = _portable_operands(cfgs, with_bias_c, torch.float32)
-    monkeypatch.setattr(g, "_portable_module", lambda *a: None)
-    monkeypatch.setattr(g, "device_index", lambda dev: 0)
-    monkeypatch.setattr(g, "current_device", lambda: 0)
-    monkeypatch.setattr(g, "raw_stream", lambda index: 55)
-    fired = []
-    monkeypatch.setattr(launch_mod, "launch_kernel", lambda: lambda *args: fired.append(args))
+    fired = _fake_portable_launches(monkeypatch, g)
     plan = g.GemmPlan(av, bv, "portable", torch.bfloat16, bias, c)
     assert plan.matmul is None and plan.portable is not None
     outs = []
@@ -1107,12 +1114,7 @@ def test_a_planned_gemm_writes_into_out_or_refuses_it(monkeypatch, cfgs):
     allocation); the prepared cuBLASLt matmul's too; a tensor of another shape / dtype / device, a non-contiguous
     one or a non-tensor raises ValueError naming what differs."""
     g, a, b, av, bv, bias, c = _portable_operands(cfgs, False, torch.float32)
-    monkeypatch.setattr(g, "_portable_module", lambda *a: None)
-    monkeypatch.setattr(g, "device_index", lambda dev: 0)
-    monkeypatch.setattr(g, "current_device", lambda: 0)
-    monkeypatch.setattr(g, "raw_stream", lambda index: 55)
-    fired = []
-    monkeypatch.setattr(launch_mod, "launch_kernel", lambda: lambda *args: fired.append(args))
+    fired = _fake_portable_launches(monkeypatch, g)
     bads = ((torch.zeros(64, 33, dtype=torch.bfloat16), r"shape is \(64, 33\), expected \(64, 32\)"),
             (torch.zeros(64, 32), "dtype is torch.float32, expected torch.bfloat16"),
             (torch.zeros(32, 64, dtype=torch.bfloat16).t(), "contiguous is False"),
