@@ -312,12 +312,21 @@ def nvcc_command(source: Path, out: Path, arch: str, defines: Mapping[str, int |
 
 
 def device_arch(device_id: int | None = None) -> str:
-    """`sm_XY` for a CUDA device (arch-specific `sm_XYa` from compute capability 10.0 on)."""
-    import cupy
+    """`sm_XY` for a CUDA device (arch-specific `sm_XYa` from compute capability 10.0 on); `device_id` None:
+    CuPy's current device (the one `load_module` loads into).
 
-    dev = cupy.cuda.Device(device_id) if device_id is not None else cupy.cuda.Device()
-    cc = str(dev.compute_capability)  # e.g. "90", "100"
-    return f"sm_{cc}a" if int(cc) >= 100 else f"sm_{cc}"
+    torch answers (its cached device properties): in `harness run`'s own process CuPy's first runtime call
+    waited 2.6-2.8 s behind the 24 workers creating their CUDA contexts on 2x H200, torch's 2 ms (issue #19).
+    """
+    import torch
+
+    if device_id is None:
+        import cupy
+
+        device_id = cupy.cuda.Device().id
+    major, minor = torch.cuda.get_device_capability(device_id)
+    cc = 10 * major + minor  # e.g. 90, 100
+    return f"sm_{cc}a" if cc >= 100 else f"sm_{cc}"
 
 
 def cache_dir() -> Path:

@@ -166,6 +166,21 @@ def test_cache_key_covers_source_headers_options_arch(tmp_path, monkeypatch):
     assert _compile.cache_key(src, ["-DA=1"], "sm_90", (13, 0)) != k0
 
 
+def test_device_arch_names_the_arch_from_torch_without_touching_cupy_for_an_explicit_device(monkeypatch):
+    """An explicit device id is answered by torch (harness run's process: CuPy's first call there waited seconds
+    behind the workers' context creation, issue #19); capability 10.0 on takes the arch-specific `a` suffix."""
+    import torch
+
+    monkeypatch.setitem(sys.modules, "cupy", None)  # importing cupy now raises ImportError
+    seen = []
+    for cap, arch in (((9, 0), "sm_90"), ((8, 9), "sm_89"), ((10, 0), "sm_100a"), ((12, 0), "sm_120a")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i, cap=cap: (seen.append(i), cap)[1])
+        assert _compile.device_arch(1) == arch
+    assert seen == [1, 1, 1, 1]
+    with pytest.raises(ImportError):  # no id: CuPy's current device, the one load_module loads into
+        _compile.device_arch()
+
+
 def test_every_cu_file_names_known_schemes():
     files = sorted(_compile.CUDA_DIR.glob("*.cu"))
     assert files, "native/cuda has no .cu files"
