@@ -368,6 +368,9 @@ def _run_with(args, out: Path, device: str, workers, env) -> int:
             counts = {s: int((cs["status"] == s).sum()) for s in ("pass", "fail", "skip", "error")}
             env_written.result()  # one writer of run_meta.json at a time
             writer.write_meta(finished=stopped is None, counts=counts, **({"stopped": stopped[0]} if stopped else {}))
+            # The sweep told its workers to end; their exits (one CUDA context torn down at a time) overlapped the
+            # lines above. Wait for them here, where SIGTERM still raises Terminated.
+            workers.stop()
     finally:
         progress.close()
         with contextlib.suppress(Exception):

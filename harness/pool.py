@@ -30,6 +30,7 @@ import collections
 import concurrent.futures
 import contextlib
 import ctypes
+import multiprocessing
 import os
 import pickle
 import shutil
@@ -121,8 +122,9 @@ class _Worker:
 
     def warm_up(self) -> None:
         """Create this worker's CUDA context now, while the parent still selects the cases (a failure is
-        left for the first pair to report)."""
+        left for the first pair to report), one that yields its CPU core while it waits (`yield_while_waiting`)."""
         if backends_mod.device_type(self.device) == "cuda":
+            yield_while_waiting(torch.device(self.device).index or 0)
             with contextlib.suppress(Exception):
                 torch.zeros(1, device=self.device)
 
@@ -133,6 +135,24 @@ class _Worker:
 
 
 _WORKER: _Worker | None = None
+_CU_CTX_SCHED_YIELD = 0x02  # cuda.h: CUctx_flags
+
+
+def yield_while_waiting(ordinal: int) -> bool:
+    """Ask the driver to create this process's primary context on device `ordinal` with CU_CTX_SCHED_YIELD (call it
+    before the context exists): a thread waiting for the GPU then yields its core to other threads instead of
+    spinning. The default (CU_CTX_SCHED_AUTO) spins wherever a process holds fewer contexts than the host has
+    cores, so 24 workers waiting on two GPUs kept a 32-core host busy and slowed the CPU goldens and input
+    draws of the others (issue #19). Where a core is free, a yielding wait returns as soon as a spinning one.
+    Returns whether the driver took the flag (False without a CUDA driver)."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        dev = ctypes.c_int()
+        if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), ordinal) != 0:
+            return False
+        return cuda.cuDevicePrimaryCtxSetFlags_v2(dev, _CU_CTX_SCHED_YIELD) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def _die_with_parent(parent: int) -> None:
@@ -271,9 +291,9 @@ class WorkerPool:
 
     `start()` starts them at once, before the sweep's cases and backends are known: `harness run` does so
     first (`start(wait=False)`), so the workers fork and create their CUDA contexts while this process selects
-    the cases (about as long: seconds on the nightly tier). A `PoolSweep` given the pool runs on it and stops
-    it once every task is settled; `stop()` (also on leaving a `with` block) terminates the workers of a pool
-    that is still open.
+    the cases (about as long: seconds on the nightly tier). A `PoolSweep` given the pool runs on it and, once
+    every task is settled, tells its workers to end (`end()`) without waiting for them; `stop()` (also on leaving
+    a `with` block) ends the workers of a pool that is still open and waits until they have exited.
     Workers start with the heap policy (`worker_heap_env`), replacements too: it is set while the pool is open.
     """
 
@@ -286,6 +306,7 @@ class WorkerPool:
             visible_gpus() if (device is None or backends_mod.device_type(device) == "cuda") else [])
         self.device = str(device) if explicit else ("cuda" if self.gpus else "cpu")
         self.pool = None
+        self._pids = None  # the shared slot array: the live worker of each slot (`claim_slot`)
         self._env = contextlib.ExitStack()
         self._starting: concurrent.futures.Future | None = None
 
@@ -312,19 +333,34 @@ class WorkerPool:
         counter = ctx.Value("i", 0)
         pids = ctx.Array("q", self.n_workers)  # the live worker of each slot (its GPU: slot mod GPUs)
         self._env.enter_context(worker_heap_env())
+        self._pids = pids
         self.pool = pebble.ProcessPool(
             max_workers=self.n_workers, context=ctx, initializer=_init_worker,
             initargs=(os.getpid(), counter, pids, self.gpus, self.device, threads, heap_policy()))
         self.pool.schedule(_started)
 
-    def stop(self) -> None:
-        """Terminate the workers now (an interrupt, an error, a sweep that never ran, or one whose every task
-        has been settled: nothing is left for them to write)."""
+    def end(self) -> None:
+        """Tell every worker to exit (SIGTERM) and return without waiting for them; `stop()` waits. For a sweep
+        whose every task is settled (issue #19): the CUDA driver tears the workers' contexts down one at a time,
+        ~65 ms each on an H200 (24 workers: 1.6-2.2 s), and `harness run` writes its report meanwhile.
+        A worker is a child process of ours whose pid is in the slot array: no other process is signalled."""
         if self._starting is not None:
             with contextlib.suppress(Exception):
                 self.start()
+        if self.pool is None:
+            return
+        self.pool.stop()  # first: a pool still running would replace the workers ended below
+        slots = set(self._pids[:]) if self._pids is not None else set()
+        for p in multiprocessing.active_children():
+            if p.pid in slots:
+                with contextlib.suppress(Exception):
+                    p.terminate()
+
+    def stop(self) -> None:
+        """End the workers and wait until they have exited (an interrupt, an error, a sweep that never ran, or
+        one whose every task has been settled: nothing is left for them to write)."""
+        self.end()
         if self.pool is not None:
-            self.pool.stop()
             self.pool.join(timeout=10)
             self.pool = None
         self._env.close()
@@ -347,6 +383,7 @@ class PoolSweep:
         if workers is not None and workers.n_workers != n_workers:
             raise ValueError(f"n_workers={n_workers} but the given WorkerPool has {workers.n_workers} workers")
         self.workers = workers if workers is not None else WorkerPool(n_workers, device)
+        self._owns_workers = workers is None
         self.cases, self.n_workers = cases, n_workers
         self.writer, self.out_dir, self.progress = writer, out_dir, progress
         self.golden, self.case_timeout = golden, float(case_timeout or 0)
@@ -470,9 +507,13 @@ class PoolSweep:
                         t.timed_out = True
                     active.remove(t)
                     active += self._finish(pool, t)
-            # Every task is settled and its rows recorded: end the workers (still inside the caller's signal handling:
-            # a SIGTERM / Ctrl-C during the end is an interrupted sweep, not a lost signal).
-            self.workers.stop()
+            # Every task is settled and its rows recorded: end the workers (inside the caller's signal handling: a
+            # SIGTERM / Ctrl-C meanwhile is an interrupted sweep, not a lost signal). A pool this sweep was given is
+            # only told to end: its owner waits for it (`WorkerPool.stop`; harness run does so after the report).
+            if self._owns_workers:
+                self.workers.stop()
+            else:
+                self.workers.end()
         except BaseException:
             self.workers.stop()  # terminates every worker
             for t in active:  # keep what finished before the interrupt

@@ -42,3 +42,28 @@ def test_a_dead_cuda_context_is_one_error_row_and_the_sweep_goes_on(tmp_path):
     # Every other pair, the reference on the same case included, ran in a live context and passed.
     assert set(rest["status"]) <= {"pass", "info"}, rest[["case_id", "backend", "tensor", "status", "reason"]]
     assert len(set(zip(rest["case_id"], rest["backend"], strict=True))) == 5
+
+
+def context_flags() -> int:
+    """Worker task: the scheduling flags of this process's current CUDA context (cuCtxGetFlags)."""
+    import ctypes
+
+    torch.zeros(1, device="cuda")
+    flags = ctypes.c_uint()
+    assert ctypes.CDLL("libcuda.so.1").cuCtxGetFlags(ctypes.byref(flags)) == 0
+    return flags.value & 0x07  # CU_CTX_SCHED_MASK
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sweep_workers_wait_for_the_gpu_by_yielding_their_core():
+    """harness.pool.yield_while_waiting: a worker's context is created with CU_CTX_SCHED_YIELD (2), where the
+    driver's default on a many-core host spins (issue #19); a process that does not ask keeps the default (0)."""
+    from harness import pool
+
+    with pool.WorkerPool(1, "cuda") as workers:
+        assert workers.start().pool.schedule(context_flags).result(timeout=120) == 2
+    from harness import forkserver
+
+    ctx = forkserver.context()
+    with ctx.Pool(1) as plain:  # a process of the same start method that never asked
+        assert plain.apply(context_flags) == 0
