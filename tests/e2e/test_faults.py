@@ -83,9 +83,17 @@ def assert_no_orphans(sid: int, within: float = 15.0) -> None:
     assert not left, f"processes of the run still alive: {left}"
 
 
+def _sigint_as_in_a_terminal() -> None:
+    """In the child before exec: SIGINT at its default, as for a command typed into a terminal. A test run started
+    in the background of a non-interactive shell (`.ci/run &`) has SIGINT ignored, the child would inherit that,
+    and Python then leaves Ctrl-C ignored: the run finished with rc 0 instead of stopping with 130."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(args: list[str], cwd: Path, **env: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, *args], cwd=cwd, env=_env(**env), start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            preexec_fn=_sigint_as_in_a_terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str, str]:
