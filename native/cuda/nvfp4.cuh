@@ -313,22 +313,44 @@ NVFP4_HD u32 e2m1_rn(float v) { return is_nan(v) ? (u32)ELEM_NAN_CODE : e2m1_rn_
 // E2M1, no exponent extraction. The code is the result's bits - bits(2^23).
 constexpr u32 GRID_MAGIC_BITS = (u32)(FP32_MAN_BITS + FP32_EXP_BIAS) << FP32_MAN_BITS;  // 2^23
 
-// The magnitude code of a in [0, maxv] plus GRID_MAGIC_BITS (the bits of RN(g(a)) + 2^23).
-template <int EXP, int MAN, int BIAS>
-NVFP4_HD u32 min_lines_code_biased(float a) {
+// RZ(p + c) for an exact product p = t * 2^k >= 0 and a constant c = 2^23 + n (n a small integer): one fused
+// multiply-add rounded toward zero on the device; the host rounds the product (exact for every t this is called
+// with but the tiny ones, whose sum with c is c either way) and takes add_rz_magic.
+NVFP4_HD float fma_rz_onto_magic(float t, float pow2, float c) {
+#if defined(__CUDA_ARCH__)
+    return __fmaf_rz(t, pow2, c);
+#else
+    return add_rz_magic(mul_rn(t, pow2), c);
+#endif
+}
+
+// One line g_e(a) + 2^23 = a * pow2 + c, rounded once onto the integers.
+template <bool ROUND_DOWN>
+NVFP4_HD float line_onto_magic(float a, float pow2, float c) {
+    if constexpr (ROUND_DOWN)
+        return fma_rz_onto_magic(a, pow2, c);  // NUMERICS: §5.7 floor(t / step(t)) * step(t): toward zero, a >= 0
+    else
+        return fma_rn(a, pow2, c);  // NUMERICS: §0.5 e2m1_rn - to nearest, ties to the even integer = even code
+}
+
+// The magnitude code of a >= 0 plus GRID_MAGIC_BITS: min over the lines, each rounded once. ROUND_DOWN false: RN,
+// a in [0, maxv] (the bits of RN(g(a)) + 2^23). True: floor_mag's code, a below 2^(emax + 1) (floor is monotone
+// too, so floor(g(a)) = min_e floor(g_e(a)); in the top binade g(a) < 2^(MAN+1) + (emax - emin) * 2^MAN, so the
+// floor stays on the grid: a in [4, 8) gives the codes of 4 and 6).
+template <int EXP, int MAN, int BIAS, bool ROUND_DOWN>
+NVFP4_HD u32 min_lines_biased(float a) {
     constexpr int EMIN = 1 - BIAS, EMAX = (1 << EXP) - 1 - BIAS;
     const float magic = u2f(GRID_MAGIC_BITS);
-    // NUMERICS: §0.5 e2m1_rn - RNE onto the grid: each line rounded once (ties to even integer = even code).
-    float m = fma_rn(a, pow2f(MAN - EMIN), magic);  // e = emin: also the subnormal line
+    float m = line_onto_magic<ROUND_DOWN>(a, pow2f(MAN - EMIN), magic);  // e = emin: also the subnormal line
 #pragma unroll
     for (int e = EMIN + 1; e <= EMAX; ++e)
-        m = fmin_nn(m, fma_rn(a, pow2f(MAN - e), add_rn(magic, (float)((e - EMIN) << MAN))));
+        m = fmin_nn(m, line_onto_magic<ROUND_DOWN>(a, pow2f(MAN - e), add_rn(magic, (float)((e - EMIN) << MAN))));
     return f2u(m);
 }
 
 // NUMERICS: §0.5 e2m1_rn, as rne_sat_mag: the E2M1 magnitude code of a >= 0 clamped to maxv first.
 NVFP4_HD u32 e2m1_rn_mag_lines(float v) {
-    return min_lines_code_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS>(fmin_nn(fabsf(v), ELEM_MAX)) - GRID_MAGIC_BITS;
+    return min_lines_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS, false>(fmin_nn(fabsf(v), ELEM_MAX)) - GRID_MAGIC_BITS;
 }
 
 // (hi:lo) << 4, high word: the funnel shift (SHF.L.U32.HI) that moves lo's top nibble under hi.
@@ -361,7 +383,7 @@ NVFP4_HD u32 e2m1_rn_word(const float* y) {
     u32 mags = 0u, signs = 0u, bias = 0u;
 #pragma unroll
     for (int i = WORD_CODES - 1; i >= 0; --i) {
-        const u32 biased = min_lines_code_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS>(fmin_nn(fabsf(y[i]), ELEM_MAX));
+        const u32 biased = min_lines_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS, false>(fmin_nn(fabsf(y[i]), ELEM_MAX));
         mags += biased << (ELEM_BITS * i);
         bias += GRID_MAGIC_BITS << (ELEM_BITS * i);  // a constant: folded by the compiler
         signs = funnel4(f2u(y[i]), signs);
@@ -402,33 +424,6 @@ NVFP4_HD u32 e2m1_sr_not_nan(float y, u32 r) {
 NVFP4_HD u32 e2m1_sr(float y, u32 r) { return is_nan(y) ? (u32)ELEM_NAN_CODE : e2m1_sr_not_nan(y, r); }
 
 // ---- E2M1 SR encode of a word of codes: the cheaper exact path ---------------------------------
-// RZ(p + c) for an exact product p = t * 2^k >= 0 and a constant c = 2^23 + n (n a small integer): one fused
-// multiply-add rounded toward zero on the device; the host rounds the product (exact for every t this is called
-// with but the tiny ones, whose sum with c is c either way) and takes add_rz_magic.
-NVFP4_HD float fma_rz_onto_magic(float t, float pow2, float c) {
-#if defined(__CUDA_ARCH__)
-    return __fmaf_rz(t, pow2, c);
-#else
-    return add_rz_magic(mul_rn(t, pow2), c);
-#endif
-}
-
-// floor_mag's code plus GRID_MAGIC_BITS for t >= 0 below 2^(emax + 1), by the lines of min_lines_code_biased:
-// floor is monotone, so floor(g(t)) = min_e floor(g_e(t)), and each floor(g_e(t)) + 2^23 is ONE multiply-add
-// rounded toward zero onto the integers (g_e(t) >= 0, ulp 1 in [2^23, 2^24)). In the top binade g(t) < 2^(MAN+1) +
-// (emax - emin) * 2^MAN, so the floor stays on the grid: t in [4, 8) gives the codes of 4 and 6.
-template <int EXP, int MAN, int BIAS>
-NVFP4_HD u32 min_lines_floor_biased(float t) {
-    constexpr int EMIN = 1 - BIAS, EMAX = (1 << EXP) - 1 - BIAS;
-    const float magic = u2f(GRID_MAGIC_BITS);
-    // NUMERICS: §5.7 floor(t / step(t)) * step(t): each line rounded once toward zero (the floor of a value >= 0).
-    float m = fma_rz_onto_magic(t, pow2f(MAN - EMIN), magic);  // e = emin: also the subnormal line
-#pragma unroll
-    for (int e = EMIN + 1; e <= EMAX; ++e)
-        m = fmin_nn(m, fma_rz_onto_magic(t, pow2f(MAN - e), add_rn(magic, (float)((e - EMIN) << MAN))));
-    return f2u(m);
-}
-
 // The bits of 2^23 + byte i of rnd (exact: float(byte) = that value - 2^23): one byte permute on the device.
 NVFP4_HD u32 sr_byte_magic(u32 rnd, int i) {
 #if defined(__CUDA_ARCH__)
@@ -441,7 +436,7 @@ static_assert(SR_BITS == 8 && (GRID_MAGIC_BITS & 0x00FFFFFFu) == 0u, "sr_byte_ma
 
 // NUMERICS: §5.7 e2m1_sr_not_nan of y[0..7] with the random byte of element i = byte i % 4 of rnd[i / 4], packed
 // as §5.4 (equal to OR_i e2m1_sr_not_nan(y[i], r_i) << 4i): t = RN(a + u * step(a)) as e2m1_sr_not_nan, its floor
-// code by min_lines_floor_biased, magnitudes summed and signs funnel-shifted as in e2m1_rn_word.
+// code by min_lines_biased (rounding down), magnitudes summed and signs funnel-shifted as in e2m1_rn_word.
 NVFP4_HD u32 e2m1_sr_word(const float* y, const u32* rnd) {
     constexpr u32 NIBBLE_SIGNS = 0x88888888u;
     const float two23 = pow2f(FP32_MAN_BITS);
@@ -453,7 +448,7 @@ NVFP4_HD u32 e2m1_sr_word(const float* y, const u32* rnd) {
         const float step_r = u2f(g.d + ((u32)(1 - ELEM_BIAS - ELEM_MAN_BITS - SR_BITS + FP32_EXP_BIAS) << FP32_MAN_BITS));
         const float r_f = add_rn(u2f(sr_byte_magic(rnd[i / 4], i % 4)), -two23);
         const float t = fma_rn(r_f, step_r, a);  // NUMERICS: §5.7 t = RN(a + u * step(a)), one rounding
-        mags += min_lines_floor_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS>(t) << (ELEM_BITS * i);
+        mags += min_lines_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS, true>(t) << (ELEM_BITS * i);
         bias += GRID_MAGIC_BITS << (ELEM_BITS * i);  // a constant: folded by the compiler
         signs = funnel4(f2u(y[i]), signs);
     }

@@ -71,5 +71,5 @@ def test_sr_word_encode_matches_software_path_on_every_fp32_pattern(tmp_path):
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
     floor_bad, word_bad = map(int, proc.stdout.split())
-    assert floor_bad == 0, f"{floor_bad} t patterns in [0, 8) where min_lines_floor_biased differs from floor_mag"
+    assert floor_bad == 0, f"{floor_bad} t patterns in [0, 8) where min_lines_biased (rounding down) differs from floor_mag"
     assert word_bad == 0, f"{word_bad} words differ between e2m1_sr_word and e2m1_sr_not_nan"

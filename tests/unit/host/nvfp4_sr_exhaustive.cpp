@@ -1,5 +1,5 @@
 // Exhaustive host check of the SR word encode of native/cuda/nvfp4.cuh (e2m1_sr_word) against the per-element
-// software path (e2m1_sr_not_nan): (1) its floor code (min_lines_floor_biased) equals floor_mag for every fp32
+// software path (e2m1_sr_not_nan): (1) its floor code (min_lines_biased rounding down) equals floor_mag for every fp32
 // pattern t in [+0, 8), the whole range of t = RN(a + u * step(a)); (2) the packed word equals the OR of the
 // per-element codes for every fp32 pattern y in [+0, 6] (a = |y| clamped to 6 is all the codes see of y but its
 // sign) and every 16th word of the other patterns (the negatives, |y| > 6, inf, NaN): patterns 8j .. 8j+7 fill
@@ -27,7 +27,7 @@ int main() {
     const u32 eight = nvfp4::f2u(8.0f);
     for (u32 b = 0; b < eight; ++b) {
         const float t = nvfp4::u2f(b);
-        const u32 lines = nvfp4::min_lines_floor_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS>(t) - nvfp4::GRID_MAGIC_BITS;
+        const u32 lines = nvfp4::min_lines_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS, true>(t) - nvfp4::GRID_MAGIC_BITS;
         floor_bad += lines != nvfp4::floor_mag<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS>(t);
     }
     const u32 six = nvfp4::f2u(6.0f);
