@@ -75,8 +75,8 @@ def draw_seed(case: Case, name: str) -> int:
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") & ((1 << 63) - 1)
 
 
-def _draws(case: Case, name: str, device: torch.device) -> Draws:
-    """The tensor's random source on `device` (harness.draws: the same values on every device)."""
+def case_draws(case: Case, name: str, device: torch.device) -> Draws:
+    """The random source of the case's tensor `name` on `device` (harness.draws: the same values on every device)."""
     return Draws(draw_seed(case, name), device)
 
 
@@ -84,11 +84,6 @@ def _dtype_limits(in_dtype: str) -> tuple[float, float, float]:
     """(max finite, min normal, min subnormal) of an input dtype (torch.finfo)."""
     fi = torch.finfo(TORCH_DTYPES[in_dtype])
     return float(fi.max), float(fi.smallest_normal), float(fi.smallest_normal * fi.eps)
-
-
-def _pow2(e: torch.Tensor) -> torch.Tensor:
-    """2^e (float64, exact) on e's device, from the bit pattern (harness.draws.pow2)."""
-    return pow2(e)
 
 
 def _delayed(cfg: QuantConfig) -> bool:
@@ -221,10 +216,10 @@ def _tile_scales(cfg: QuantConfig, grid: _Grid, lo: int, hi: int, d: Draws) -> t
     """2^k per element (float64): k drawn once per tile (block schemes), once for the tensor
     (fp8_current), or 0 (fp8_delayed); the powers are formed per tile, then spread."""
     if _delayed(cfg):
-        return _pow2(torch.zeros(1, 1, dtype=torch.int64, device=d.device))
+        return pow2(torch.zeros(1, 1, dtype=torch.int64, device=d.device))
     if cfg.tile is None:
-        return _pow2(d.integers(lo, hi, (1, 1)))
-    return grid.per_tile(_pow2(d.integers(lo, hi, (grid.nti, grid.ntj))))
+        return pow2(d.integers(lo, hi, (1, 1)))
+    return grid.per_tile(pow2(d.integers(lo, hi, (grid.nti, grid.ntj))))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -252,7 +247,7 @@ def _outliers(rows, cols, d: Draws):
     n = rows * cols
     n_out = max(1, n // 1000)
     pos = d.positions(n_out, n)
-    mag = _pow2(d.integers(6, 12, n_out)) * (1 + d.uniform(n_out))
+    mag = pow2(d.integers(6, 12, n_out)) * (1 + d.uniform(n_out))
     x.view(-1)[pos] = mag * d.signs(n_out)
     return x
 
@@ -270,7 +265,7 @@ def _scale_tiles(cfg: QuantConfig, orientation: str) -> tuple[int, int]:
 def _per_tile_scales(cfg, rows, cols, d: Draws, in_dtype, orientation):
     grid = _Grid(rows, cols, *_scale_tiles(cfg, orientation), d.device)
     span = 8 if in_dtype == "float16" else 40
-    scale = grid.per_tile(_pow2(d.integers(-span, span, (grid.nti, grid.ntj))))
+    scale = grid.per_tile(pow2(d.integers(-span, span, (grid.nti, grid.ntj))))
     return d.normal((rows, cols)) * scale
 
 
@@ -298,7 +293,7 @@ def _ties(cfg, rows, cols, d: Draws, in_dtype):
         # d = RN(6 * 2^j * fl(1/6)) = 2^j exactly, s_blk = 2^j, f = 2^(gexp - j): y lands on x * f.
         gexp = _nvfp4_global(d, in_dtype)
         j = d.integers(-6, 0, (grid.nti, grid.ntj))
-        x = y * grid.per_tile(_pow2(j - gexp))
+        x = y * grid.per_tile(pow2(j - gexp))
         x[0, 0] = math.ldexp(fmt.max_finite * E4M3.max_finite, -gexp)  # the global amax
         return x
     lo, hi = _k_range(cfg, in_dtype, max(a_star, fmt.max_finite), fmt.min_subnormal / 2)
@@ -369,7 +364,7 @@ def _special(cfg, rows, cols, d: Draws, in_dtype, seed):
     sign_bit = d.sign_bits(n)  # widened to +-1.0 only where a pattern uses it
     sprinkle = d.bernoulli(0.125, n)
     sub_mant = d.integers(1, (1 << 6) - 1, n, dtype=torch.int8)
-    const = _pow2(d.integers(-8, 8, (grid.nti, grid.ntj)))  # per tile
+    const = pow2(d.integers(-8, 8, (grid.nti, grid.ntj)))  # per tile
 
     def sign(i):
         return sign_bit[i].to(torch.float64) * 2 - 1
@@ -447,13 +442,13 @@ def _exact_klast(cfg: QuantConfig, lines: int, k: int, role: str, plan: dict, t0
     off = grid.j  # (1, K) offset inside the K block
     # Block-scale exponent t per tile (D = 2^-(t0 + t) * s_dec); per-tensor schemes: t = 0.
     if cfg.tile is None:
-        scale = _pow2(-torch.full((1, 1), t0, dtype=torch.int64, device=d.device)) * s_dec
+        scale = pow2(-torch.full((1, 1), t0, dtype=torch.int64, device=d.device)) * s_dec
     else:
         t = d.integers(0, plan["S"], (grid.nti, grid.ntj))
-        scale = grid.per_tile(_pow2(-(t + t0)) * s_dec)
+        scale = grid.per_tile(pow2(-(t + t0)) * s_dec)
     i = d.integers(0, plan["L"], (lines, k))
     # base * 2^-i from the table of the L + 1 levels (exact powers of two), then the random sign.
-    v = (plan["base"] * _pow2(-torch.arange(plan["L"] + 1, device=d.device)))[i]
+    v = (plan["base"] * pow2(-torch.arange(plan["L"] + 1, device=d.device)))[i]
     v *= d.signs((lines, k))
     v.masked_fill_(d.bernoulli(0.25, (lines, k)), 0.0)
     col = torch.arange(k, device=d.device).unsqueeze(0)
@@ -509,10 +504,10 @@ def _exact_gemm(case: Case, d: Draws) -> dict[str, torch.Tensor]:
         p = plans[role]
         q *= p["base"] * 2.0 ** -(p["L"] + p["S"] + t0[role]) * s_dec[role]
     if case.accumulate:
-        c = d.integers(-64, 64, (m, n)).to(torch.float64) * _pow2(d.integers(0, 3, (m, n)))
+        c = d.integers(-64, 64, (m, n)).to(torch.float64) * pow2(d.integers(0, 3, (m, n)))
         out["c"] = c * q
     if case.bias:
-        bv = d.integers(-64, 64, n).to(torch.float64) * _pow2(d.integers(0, 3, n))
+        bv = d.integers(-64, 64, n).to(torch.float64) * pow2(d.integers(0, 3, n))
         out["bias"] = bv * q
     return out
 
@@ -542,7 +537,7 @@ def _operand(case: Case, cfg: QuantConfig, shape: tuple[int, ...], orientation: 
              device: torch.device, in_dtype: str | None = None) -> torch.Tensor:
     """One high-precision operand of `shape` for `cfg` (its consumed orientation), in `in_dtype` (default
     case.in_dtype; a GEMM's B operand: case.b_in_dtype), generated on `device`."""
-    d = _draws(case, name, device)
+    d = case_draws(case, name, device)
     dt = in_dtype or case.in_dtype
     rows, cols = _rows_cols(shape)
     dist = case.distribution
@@ -637,7 +632,7 @@ def input_groups(items: Iterable[T], case: Callable[[T], Case] = lambda c: c) ->
 def _normal32(case: Case, name: str, shape, device: torch.device) -> torch.Tensor:
     """N(0, 1) rounded to fp32 (a GEMM's C, bias or aux before the cast to the output dtype)."""
     # NUMERICS: §0.2 - float64 -> fp32 -> output dtype, each a round-to-nearest-even cast, the same on every device.
-    return _draws(case, name, device).normal(shape).to(torch.float32)
+    return case_draws(case, name, device).normal(shape).to(torch.float32)
 
 
 def generate(case: Case, device: str | torch.device = "cpu") -> dict:
@@ -658,7 +653,7 @@ def generate(case: Case, device: str | torch.device = "cpu") -> dict:
         shapes = case.operand_shapes
         out_dt = TORCH_DTYPES[case.out_dtype]
         if case.distribution == "exact_representable":
-            exact = _exact_gemm(case, _draws(case, "gemm", dev))
+            exact = _exact_gemm(case, case_draws(case, "gemm", dev))
             out["a"] = _cast(exact["a"], case.in_dtype)
             out["b"] = _cast(exact["b"], case.b_in_dtype or case.in_dtype)
             for name in ("c", "bias"):

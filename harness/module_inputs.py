@@ -27,13 +27,12 @@ PARAM_STD = 0.1
 
 def generate_module(case, device: str | torch.device = "cpu") -> dict:
     """The tensors of a linear case (see the module docstring), on `device`."""
-    from .draws import Draws  # noqa: PLC0415 - harness.inputs imports this module lazily too
-    from .inputs import draw_seed  # noqa: PLC0415
+    from .inputs import case_draws  # noqa: PLC0415 - harness.inputs imports this module lazily too
 
     s = case.module
     *tokens, k, n = case.shape
     act = TORCH_DTYPES[case.in_dtype]
-    d = Draws(draw_seed(case, "module"), device)
+    d = case_draws(case, "module", torch.device(device))
 
     def draw(shape, std=1.0, mean=0.0):
         # NUMERICS: §0.2 - separate float64 multiply and add (no fused op), then RN to fp32 and to the activation dtype.
