@@ -350,7 +350,7 @@ class WorkerPool:
         if self.pool is None:
             return
         self.pool.stop()  # first: a pool still running would replace the workers ended below
-        slots = set(self._pids[:]) if self._pids is not None else set()
+        slots = set(self._pids[:])  # (set with the pool, in _start_now)
         for p in multiprocessing.active_children():
             if p.pid in slots:
                 with contextlib.suppress(Exception):
