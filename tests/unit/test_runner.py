@@ -537,6 +537,20 @@ def test_a_replacement_worker_takes_the_gpu_of_the_worker_it_replaces(monkeypatc
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
 
 
+def test_a_gpu_worker_asks_for_one_hardware_queue_unless_the_environment_chose(monkeypatch):
+    """harness.pool.WORKER_CUDA_CONNECTIONS: set before the worker's context exists (issue #19: halves the
+    creation and teardown of 24 contexts); a value the user exported stands; a CPU worker leaves it alone."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    pool._Worker(0, [], {}, "cpu", "same")
+    assert "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ
+    pool._Worker(0, ["0", "1"], {}, "cuda", "same")
+    assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == pool.WORKER_CUDA_CONNECTIONS == "1"
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "8")
+    pool._Worker(1, ["0", "1"], {}, "cuda", "same")
+    assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
+
+
 def test_a_pool_sweep_hands_pebble_at_most_its_window_of_tasks_and_records_every_pair(monkeypatch):
     """Groups wait in this process, largest first, and enter pebble TASKS_PER_WORKER per worker at a time."""
     cases = [qcase(shape=(16, 16 * (i + 1)), seed=i) for i in range(7)]  # 7 input groups
