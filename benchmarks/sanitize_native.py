@@ -10,9 +10,9 @@ transposing tiles), `--tool synccheck`, `--tool initcheck` (reads of never-writt
 
 Cases (each synchronizes; one line per case: PASS / FAIL / SKIP, then a summary):
 - quantize + dequantize, every scheme x toggle (element, pow2, eps, tile, E8M0 rule, RHT, SR,
-  delayed history length / algo / margin) x orientation (rowwise, colwise, both), bf16 input on an
-  odd shape; then the scheme's base config on every input dtype x several shapes, including a
-  vector-friendly one and a misaligned (not 16-byte aligned) input view, dequantizing to fp32,
+  delayed history length / algo / margin, the NVFP4 4over6 and row-scaled variants) x orientation
+  (rowwise, colwise, both), bf16 input on an odd shape; then the scheme's base config on every input
+  dtype x several shapes, including a vector-friendly one and a misaligned (not 16-byte aligned) input view, dequantizing to fp32,
   bf16 and fp16. Inputs hold NaN, +-Inf, -0 and subnormals at a few positions.
 - fp8_delayed: the fused history update (native.update_amax_history) with and without a reduced
   amax, for history lengths 1, 5, 1024 and 1537.
@@ -148,17 +148,22 @@ def quantize_cases(native) -> list[tuple[str, object]]:
            QuantConfig("mxfp8", tile=(32, 32)), QuantConfig("mxfp8", tile=(32, 32), element="e5m2", e8m0_rule="floor")]
     nvf = [QuantConfig("nvfp4"), QuantConfig("nvfp4", tile=(16, 16)), QuantConfig("nvfp4", stochastic=True),
            QuantConfig("nvfp4", rht=True), QuantConfig("nvfp4", rht=True, stochastic=True)]
+    # NUMERICS: §5.10 variants (one launch per kernel for both copies; row-scaled 4over6 has no colwise copy)
+    nvv = [QuantConfig("nvfp4", variant="4over6"), QuantConfig("nvfp4", tile=(16, 16), variant="4over6"),
+           QuantConfig("nvfp4", variant="4over6", e4m3_max=256, err_mode="mse"), QuantConfig("nvfp4", variant="row_scaled"),
+           QuantConfig("nvfp4", variant="row_scaled_4over6")]
     plan = [
         (cur, (130, 257), [(3, 200), (130, 257), (160, 288), (64, 256)], cur[:1]),
         (dly, (130, 257), [(3, 200), (130, 257), (160, 288), (64, 256)], dly[:1]),
         (blk, (130, 257), [(3, 200), (130, 257), (160, 288), (256, 384)], [blk[0], blk[4]]),
         (mxf, (96, 160), [(32, 96), (64, 32), (160, 288), (96, 160)], [mxf[0], mxf[3]]),
         (nvf, (48, 80), [(16, 48), (48, 80)], nvf[:3]),
+        (nvv, (48, 80), [(16, 48), (48, 80)], [nvv[0], nvv[3]]),
     ]
     outs = [torch.float32, torch.bfloat16, torch.float16]
     for configs, (m, k), sweep, bases in plan:
         for cfg in configs:
-            for orient in _ORIENTS:
+            for orient in ("rowwise",) if cfg.variant == "row_scaled_4over6" else _ORIENTS:
                 cases.append((f"quantize {cfg.id} bf16 {m}x{k} {orient}",
                               _quantize_case(native, cfg, m, k, "bf16", orient, [torch.float32])))
         for base in bases:

@@ -216,14 +216,14 @@ _declare("nvfp4_rht_amax", "const void* x, i64 m_rows, i64 k_cols, u32* out_rht,
          pads=_NVFP4_PADS)  # fmt: skip
 _declare("nvfp4_dequantize",
          "const u8* data, const u8* scale, i64 scale_stride, const float* amax_g, i64 rows, i64 cols, float* out")
-# nvfp4.cu variants (NVFP4_VARIANT_INSTANTIATE, nvfp4_dequantize_rows; docs/numerics.md §5.10): one copy
-# [rows, cols] of X read through the strides (rs, cs).
-_NVFP4_COPY = "const void* x, i64 rows, i64 cols, i64 rs, i64 cs"
-_declare("nvfp4_row_amax_{sfx}", "{copy}, float* out", copy=_NVFP4_COPY)
-_declare("nvfp4_quantize_rows_{sfx}", "{copy}, const float* amax_rows, u8* data, u8* scale, i64 scale_stride",
-         copy=_NVFP4_COPY)  # fmt: skip
-_declare("nvfp4_4over6_{sfx}", "{copy}, const float* amax_g, int per_row, u8* data, u8* scale, i64 scale_stride",
-         copy=_NVFP4_COPY)  # fmt: skip
+# nvfp4.cu variants (NVFP4_VARIANT_INSTANTIATE, nvfp4_dequantize_rows; docs/numerics.md §5.10): both copies of X
+# [m, k] in one launch (NVFP4_VARIANT_PARAMS: the rowwise copy's data, scale, its stride and padded rows, A_g, then
+# the columnwise copy's; null data: a copy not requested).
+_NVFP4_COPIES = ("const void* x, i64 m, i64 k, u8* r_data, u8* r_scale, i64 r_stride, i64 r_scale_rows, "
+                 "float* r_amax, u8* c_data, u8* c_scale, i64 c_stride, i64 c_scale_rows, float* c_amax")  # fmt: skip
+_declare("nvfp4_row_amax_{sfx}", "{copies}", copies=_NVFP4_COPIES)
+_declare("nvfp4_quantize_rows_{sfx}", "{copies}", copies=_NVFP4_COPIES)
+_declare("nvfp4_4over6_{sfx}", "{copies}, int per_row", copies=_NVFP4_COPIES)
 _declare("nvfp4_dequantize_rows",
          "const u8* data, const u8* scale, i64 scale_stride, const float* amax_rows, i64 rows, i64 cols, float* out")
 # norms.cu (NORMS_INSTANTIATE): LayerNorm / RMSNorm forward and backward, the dgamma / dbeta and dbias column sums.

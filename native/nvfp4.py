@@ -24,7 +24,8 @@ and the scales come from torch.zeros (their padding is what pass 1 would have ze
 
 The §5.10 variants (4over6, row-scaled) take their own simple kernels (`quantize_variant_with`): amax(X), or
 one amax per row of each copy, then one thread per block (per 16x16 tile in 2-D builds) reading the copy
-from X through strides; row-scaled copies dequantize with each row's A_g (`dequantize_rows_with`).
+from X through strides, both copies in one launch per kernel (issue #18: per-call host cost), which also zeroes
+the scales' padding; row-scaled copies dequantize with each row's A_g (`dequantize_rows_with`).
 """
 
 from __future__ import annotations
@@ -146,11 +147,27 @@ def _contiguous_units(n_blocks: int) -> int:
     return _cdiv(n_blocks, GROUP * WARP) * WARP
 
 
-def _copy_source(orientation: str, m: int, k: int) -> tuple[int, int, list]:
-    """(rows, cols) of one copy of X [m, k] and the kernel arguments that address it in X: rows, cols, row stride,
-    column stride, in X's elements (the colwise copy is X^T)."""
-    rows, cols, rs, cs = (m, k, k, 1) if orientation == "rowwise" else (k, m, 1, k)
-    return rows, cols, [_i64(rows), _i64(cols), _i64(rs), _i64(cs)]
+def _copy_rows(orientation: str, m: int, k: int) -> int:
+    """Rows of one copy of X [m, k]: the rowwise copy is X, the colwise one X^T [k, m]."""
+    return m if orientation == "rowwise" else k
+
+
+def _variant_copies(copies: Sequence) -> list:
+    """The variant kernels' arguments of both copies (nvfp4.cu NVFP4_VARIANT_PARAMS after x, m, k): per copy its
+    (data, scale, scale row stride, scale rows, A_g) or, for a copy not requested, None (null pointers)."""
+    out: list = []
+    for c in copies:
+        out += [None, None, _i64(0), _i64(0), None] if c is None else list(c)
+    return out
+
+
+def _variant_units(config: QuantConfig, kernel: str, m: int, k: int, rowwise: bool, colwise: bool) -> int:
+    """Units of one variant kernel over the requested copies: a row (row amax), a 1x16 block (quantize_rows,
+    1-D 4over6) or a 16x16 tile (2-D 4over6) of each copy; both copies hold m * k elements."""
+    n_copies = int(bool(rowwise)) + int(bool(colwise))
+    if kernel == "row_amax":
+        return (m if rowwise else 0) + (k if colwise else 0)
+    return n_copies * m * k // (config.block * (config.tile[0] if kernel == "4over6" else 1))
 
 
 @functools.cache
@@ -262,11 +279,10 @@ def quantize_variant_with(launch: Launcher, x2d: torch.Tensor, config: QuantConf
     Each copy is quantized from its own source, X [M, K] or X^T [K, M] read through strides (so the
     16x16 4over6 colwise copy is not the rowwise transpose). A_g: amax(X) for both copies (§5.1), or
     row-scaled one per row of the copy ([M] rowwise, [K] colwise: the columns of X). No RHT and no SR
-    (QuantConfig rejects them). Scales come zero-filled (§5.9 padding); the kernels write every block.
+    (QuantConfig rejects them). The quantize kernel writes every block and zeroes the scales' padding (§5.9).
     A `given` amax (4over6 only: row-scaled takes none, reference.spec) replaces amax(X) for both copies.
     """
     m, k = x2d.shape
-    blk, unit_rows = config.block, config.tile[0]
     dev = x2d.device
     sfx = _SUFFIX[x2d.dtype]
     out: dict = {}
@@ -276,28 +292,30 @@ def quantize_variant_with(launch: Launcher, x2d: torch.Tensor, config: QuantConf
     elif not config.row_scaled:
         # NUMERICS: §0.1 / §5.1 - A_g = amax(X), NaN ignored, into both slots (the copies' amaxes).
         bits = torch.zeros(2, dtype=torch.float32, device=dev)
-        launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // blk), [x2d, _i64(m), _i64(k), bits[0:1], bits[1:2],
-               *_no_pads()], max_blocks=REDUCE_BLOCKS)  # fmt: skip
+        launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // config.block), [x2d, _i64(m), _i64(k), bits[0:1],
+               bits[1:2], *_no_pads()], max_blocks=REDUCE_BLOCKS)  # fmt: skip
+    copies: list = []
     for slot, (on, orientation) in enumerate(((rowwise, "rowwise"), (colwise, "colwise"))):
         if not on:
+            copies.append(None)
             continue
-        rows, cols, geometry = _copy_source(orientation, m, k)
-        src = [x2d, *geometry]
         g = copy_geometry(config, orientation, m, k)
         data = torch.empty(g.data_shape, dtype=torch.uint8, device=dev)
-        scale = torch.zeros(g.scale_padded_shape, dtype=torch.uint8, device=dev)
-        if config.row_scaled:
-            # NUMERICS: §5.10 row-scaled - A_g of each row of the copy (a row, or a column of X).
-            a_g = torch.empty(rows, dtype=torch.float32, device=dev)
-            launch(f"nvfp4_row_amax_{sfx}", rows, [*src, a_g])
-        else:
-            a_g = bits[slot : slot + 1]
-        if config.four_over_six:
-            launch(f"nvfp4_4over6_{sfx}", rows // unit_rows * (cols // blk),
-                   [*src, a_g, np.int32(config.row_scaled), data, scale, _i64(scale.shape[1])])  # fmt: skip
-        else:
-            launch(f"nvfp4_quantize_rows_{sfx}", rows * (cols // blk), [*src, a_g, data, scale, _i64(scale.shape[1])])
+        scale = torch.empty(g.scale_padded_shape, dtype=torch.uint8, device=dev)  # the kernel zeroes its padding
+        # NUMERICS: §5.10 row-scaled - A_g of each row of the copy (a row, or a column of X).
+        a_g = torch.empty(_copy_rows(orientation, m, k), dtype=torch.float32, device=dev) if config.row_scaled \
+            else bits[slot : slot + 1]
+        copies.append((data, scale, _i64(scale.shape[1]), _i64(scale.shape[0]), a_g))
         out.update({f"{orientation}_data": data, f"{orientation}_scale": scale, f"{orientation}_amax": a_g})
+    # One launch per kernel for both copies (issue #18: per-call host cost).
+    args = [x2d, _i64(m), _i64(k), *_variant_copies(copies)]
+    if config.row_scaled:
+        launch(f"nvfp4_row_amax_{sfx}", _variant_units(config, "row_amax", m, k, rowwise, colwise), args)
+    if config.four_over_six:
+        launch(f"nvfp4_4over6_{sfx}", _variant_units(config, "4over6", m, k, rowwise, colwise),
+               [*args, np.int32(config.row_scaled)])  # fmt: skip
+    else:
+        launch(f"nvfp4_quantize_rows_{sfx}", _variant_units(config, "quantize_rows", m, k, rowwise, colwise), args)
     return out
 
 
@@ -462,7 +480,6 @@ class QuantizePlan(QuantizePlanBase):
 
     def _variant(self, config, m, k, dtype, rowwise, colwise, given):
         """quantize_variant_with's buffers and launches (4over6, row-scaled; docs/numerics.md §5.10)."""
-        blk, unit_rows = config.block, config.tile[0]
         sfx = _SUFFIX[dtype]
         x = Patched(X, dtype)
         buffers, steps = [], []
@@ -471,29 +488,33 @@ class QuantizePlan(QuantizePlanBase):
             buffers.append(Buffer("_bits", (2,), torch.float32, zero=not given, field=False,
                                   parts=((slot_names[0], 0, 1), (slot_names[1], 1, 1))))  # fmt: skip
         if not config.row_scaled and not given:
-            steps += self._launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // blk),
+            steps += self._launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // config.block),
                                   [x, _i64(m), _i64(k), Patched(slot_names[0], torch.float32),
                                    Patched(slot_names[1], torch.float32), *_no_pads()], max_blocks=REDUCE_BLOCKS)  # fmt: skip
+        copies: list = []
         for slot, (on, o) in enumerate(((rowwise, "rowwise"), (colwise, "colwise"))):
             if not on:
+                copies.append(None)
                 continue
-            rows, cols, geometry = _copy_source(o, m, k)
-            src = [x, *geometry]
             g = copy_geometry(config, o, m, k)
             buffers += [Buffer(f"{o}_data", g.data_shape, torch.uint8),
-                        Buffer(f"{o}_scale", g.scale_padded_shape, torch.uint8, zero=True)]  # fmt: skip
-            data, scale = Patched(f"{o}_data", torch.uint8), Patched(f"{o}_scale", torch.uint8)
-            ld = _i64(g.scale_padded_shape[1])
+                        Buffer(f"{o}_scale", g.scale_padded_shape, torch.uint8)]  # fmt: skip
             if config.row_scaled:
                 # NUMERICS: §5.10 row-scaled - A_g of each row of the copy.
-                buffers.append(Buffer(f"{o}_amax", (rows,), torch.float32))
-                steps += self._launch(f"nvfp4_row_amax_{sfx}", rows, [*src, Patched(f"{o}_amax", torch.float32)])
+                buffers.append(Buffer(f"{o}_amax", (_copy_rows(o, m, k),), torch.float32))
             a_g = Patched(f"{o}_amax" if config.row_scaled else slot_names[slot], torch.float32)
-            if config.four_over_six:
-                steps += self._launch(f"nvfp4_4over6_{sfx}", rows // unit_rows * (cols // blk),
-                                      [*src, a_g, np.int32(config.row_scaled), data, scale, ld])  # fmt: skip
-            else:
-                steps += self._launch(f"nvfp4_quantize_rows_{sfx}", rows * (cols // blk), [*src, a_g, data, scale, ld])
+            copies.append((Patched(f"{o}_data", torch.uint8), Patched(f"{o}_scale", torch.uint8),
+                           _i64(g.scale_padded_shape[1]), _i64(g.scale_padded_shape[0]), a_g))  # fmt: skip
+        args = [x, _i64(m), _i64(k), *_variant_copies(copies)]
+        if config.row_scaled:
+            steps += self._launch(f"nvfp4_row_amax_{sfx}", _variant_units(config, "row_amax", m, k, rowwise, colwise),
+                                  args)  # fmt: skip
+        if config.four_over_six:
+            steps += self._launch(f"nvfp4_4over6_{sfx}", _variant_units(config, "4over6", m, k, rowwise, colwise),
+                                  [*args, np.int32(config.row_scaled)])  # fmt: skip
+        else:
+            steps += self._launch(f"nvfp4_quantize_rows_{sfx}",
+                                  _variant_units(config, "quantize_rows", m, k, rowwise, colwise), args)  # fmt: skip
         return buffers, steps
 
     def _run(self, x2d, seed, given, state, out) -> None:

@@ -951,43 +951,84 @@ NVFP4_HD float copy_row_amax(const CopySrc& s, i64 r) {
 
 }  // namespace nvfp4
 
-// Per input dtype, over one copy [rows, cols] read through strides (rs, cs):
-// - nvfp4_row_amax: the amax of each row of the copy into out[rows] (row-scaled A_g, §5.10);
+// One copy of X [M, K] for the variant kernels: the rowwise copy is X [M, K] (row stride K), the columnwise
+// one X^T [K, M] read through strides (row stride 1, column stride K); data == nullptr: not requested.
+// amax: the copy's A_g, [1] or [rows] (row-scaled); scale: [scale_rows, scale_stride], padding zeroed here.
+struct VariantCopy {
+    CopySrc src;
+    u8* data;
+    u8* scale;
+    i64 scale_stride, scale_rows;
+    float* amax;
+};
+
+// The parameters of both copies, rowwise first (nvfp4.py variant_copy_args).
+#define NVFP4_VARIANT_PARAMS                                                                          \
+    const void *x, i64 m, i64 k, u8 *r_data, u8 *r_scale, i64 r_stride, i64 r_scale_rows, float *r_amax, \
+        u8 *c_data, u8 *c_scale, i64 c_stride, i64 c_scale_rows, float *c_amax
+#define NVFP4_VARIANT_COPIES                                                         \
+    const VariantCopy copy[2] = {{{x, m, k, k, 1}, r_data, r_scale, r_stride, r_scale_rows, r_amax}, \
+                                 {{x, k, m, 1, k}, c_data, c_scale, c_stride, c_scale_rows, c_amax}}
+
+// Units of both copies in one grid-stride loop over i, the rowwise copy's first: per_copy(copy) units of
+// each requested copy. NVFP4_VARIANT_UNIT then names the copy `c` of unit i and its unit `u` in that copy.
+#define NVFP4_VARIANT_UNITS(i, per_copy)                                   \
+    const i64 n_row_ = copy[0].data ? (i64)(per_copy(copy[0])) : 0;         \
+    const i64 n_col_ = copy[1].data ? (i64)(per_copy(copy[1])) : 0;         \
+    NVFP4_GRID_STRIDE(i, n_row_ + n_col_)
+#define NVFP4_VARIANT_UNIT(i, c, u)            \
+    const VariantCopy& c = copy[i >= n_row_]; \
+    const i64 u = i >= n_row_ ? i - n_row_ : i
+
+// Zero the scale padding of both requested copies (§5.9): the variant quantize kernels write every block.
+__device__ __forceinline__ void zero_variant_paddings(const VariantCopy (&copy)[2]) {
+    const i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x, step = (i64)gridDim.x * blockDim.x;
+    for (const VariantCopy& c : copy)
+        if (c.data) zero_scale_padding(c.scale, c.scale_stride, c.scale_rows, c.src.rows, c.src.cols / BLOCK, first, step);
+}
+
+#define NVFP4_ROWS_OF(c) (c).src.rows
+#define NVFP4_BLOCKS_OF(c) (c).src.rows * ((c).src.cols / BLOCK)
+#define NVFP4_4OVER6_UNITS_OF(c) (c).src.rows / (k2d ? BLOCK : 1) * ((c).src.cols / BLOCK)
+
+// Per input dtype, over both copies of X (VariantCopy; one launch per kernel for both):
+// - nvfp4_row_amax: the amax of each row of each copy into its amax[rows] (row-scaled A_g, §5.10);
 // - nvfp4_quantize_rows: the plain 1x16 chain (§5.1-§5.4, encode_block) with each row's own A_g
-//   amax_rows[r] (row-scaled NVFP4, §5.10);
-// - nvfp4_4over6: 4over6 (§5.10) with A_g amax_g[per_row ? r : 0]; one unit per 1x16 block, or per
+//   amax[r] (row-scaled NVFP4, §5.10);
+// - nvfp4_4over6: 4over6 (§5.10) with A_g amax[per_row ? r : 0]; one unit per 1x16 block, or per
 //   16x16 tile in IS_2D builds (per_row is 0 there: row-scaled is 1-D only).
 #define NVFP4_VARIANT_INSTANTIATE(SUFFIX, DT)                                                                     \
-    extern "C" __global__ void __launch_bounds__(NVFP4_THREADS)                                                   \
-        nvfp4_row_amax_##SUFFIX(const void* x, i64 rows, i64 cols, i64 rs, i64 cs, float* out) {                  \
-        const CopySrc s = {x, rows, cols, rs, cs};                                                                \
-        NVFP4_GRID_STRIDE(r, rows) out[r] = copy_row_amax<DT>(s, r);                                              \
+    extern "C" __global__ void __launch_bounds__(NVFP4_THREADS) nvfp4_row_amax_##SUFFIX(NVFP4_VARIANT_PARAMS) {    \
+        NVFP4_VARIANT_COPIES;                                                                                     \
+        NVFP4_VARIANT_UNITS(i, NVFP4_ROWS_OF) {                                                                   \
+            NVFP4_VARIANT_UNIT(i, c, r);                                                                          \
+            c.amax[r] = copy_row_amax<DT>(c.src, r);                                                              \
+        }                                                                                                         \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(NVFP4_THREADS) nvfp4_quantize_rows_##SUFFIX(                     \
-        const void* x, i64 rows, i64 cols, i64 rs, i64 cs, const float* amax_rows, u8* data, u8* scale,          \
-        i64 scale_stride) {                                                                                       \
-        const CopySrc s = {x, rows, cols, rs, cs};                                                                \
-        const i64 nbc = cols / BLOCK;                                                                             \
-        NVFP4_GRID_STRIDE(u, rows * nbc) {                                                                        \
-            const i64 r = u / nbc, cb = u % nbc;                                                                  \
-            const QuantArgs a = {cols, amax_rows + r, 0ull, 0u, data, scale, scale_stride};                      \
+    extern "C" __global__ void __launch_bounds__(NVFP4_THREADS) nvfp4_quantize_rows_##SUFFIX(NVFP4_VARIANT_PARAMS) { \
+        NVFP4_VARIANT_COPIES;                                                                                     \
+        zero_variant_paddings(copy);                                                                              \
+        NVFP4_VARIANT_UNITS(i, NVFP4_BLOCKS_OF) {                                                                 \
+            NVFP4_VARIANT_UNIT(i, c, u);                                                                          \
+            const i64 nbc = c.src.cols / BLOCK, r = u / nbc, cb = u % nbc;                                        \
+            const QuantArgs a = {c.src.cols, c.amax + r, 0ull, 0u, c.data, c.scale, c.scale_stride};             \
             float v[BLOCK];                                                                                       \
-            copy_block<DT>(s, r, cb, v);                                                                          \
+            copy_block<DT>(c.src, r, cb, v);                                                                      \
             const AmaxNan an = block_amax_nan(v);                                                                 \
-            encode_block<false>(a, global_scale(amax_rows[r]), r, cb, an.amax, an.has_nan, v);                    \
+            encode_block<false>(a, global_scale(c.amax[r]), r, cb, an.amax, an.has_nan, v);                       \
         }                                                                                                         \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(NVFP4_THREADS)                                                   \
-        nvfp4_4over6_##SUFFIX(const void* x, i64 rows, i64 cols, i64 rs, i64 cs, const float* amax_g,             \
-                              int per_row, u8* data, u8* scale, i64 scale_stride) {                               \
-        const CopySrc s = {x, rows, cols, rs, cs};                                                                \
-        const i64 nbc = cols / BLOCK, unit_rows = k2d ? BLOCK : 1;                                                \
-        NVFP4_GRID_STRIDE(u, rows / unit_rows * nbc) {                                                            \
-            const i64 ur = u / nbc, cb = u % nbc;                                                                 \
+        nvfp4_4over6_##SUFFIX(NVFP4_VARIANT_PARAMS, int per_row) {                                                \
+        NVFP4_VARIANT_COPIES;                                                                                     \
+        zero_variant_paddings(copy);                                                                              \
+        NVFP4_VARIANT_UNITS(i, NVFP4_4OVER6_UNITS_OF) {                                                           \
+            NVFP4_VARIANT_UNIT(i, c, u);                                                                          \
+            const i64 nbc = c.src.cols / BLOCK, ur = u / nbc, cb = u % nbc;                                       \
             if (k2d) {                                                                                            \
-                four6_tile<DT>(s, amax_g[0], ur, cb, data, scale, scale_stride);                                  \
+                four6_tile<DT>(c.src, c.amax[0], ur, cb, c.data, c.scale, c.scale_stride);                        \
             } else {                                                                                              \
-                four6_block<DT>(s, amax_g[per_row ? ur : 0], ur, cb, data, scale, scale_stride);                  \
+                four6_block<DT>(c.src, c.amax[per_row ? ur : 0], ur, cb, c.data, c.scale, c.scale_stride);        \
             }                                                                                                     \
         }                                                                                                         \
     }
