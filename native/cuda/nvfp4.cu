@@ -966,25 +966,34 @@ struct VariantCopy {
 #define NVFP4_VARIANT_PARAMS                                                                          \
     const void *x, i64 m, i64 k, u8 *r_data, u8 *r_scale, i64 r_stride, i64 r_scale_rows, float *r_amax, \
         u8 *c_data, u8 *c_scale, i64 c_stride, i64 c_scale_rows, float *c_amax
-#define NVFP4_VARIANT_COPIES                                                         \
-    const VariantCopy copy[2] = {{{x, m, k, k, 1}, r_data, r_scale, r_stride, r_scale_rows, r_amax}, \
-                                 {{x, k, m, 1, k}, c_data, c_scale, c_stride, c_scale_rows, c_amax}}
+#define NVFP4_VARIANT_COPIES                                                                          \
+    const VariantCopy row_copy = {{x, m, k, k, 1}, r_data, r_scale, r_stride, r_scale_rows, r_amax}; \
+    const VariantCopy col_copy = {{x, k, m, 1, k}, c_data, c_scale, c_stride, c_scale_rows, c_amax}
 
 // Units of both copies in one grid-stride loop over i, the rowwise copy's first: per_copy(copy) units of
-// each requested copy. NVFP4_VARIANT_UNIT then names the copy `c` of unit i and its unit `u` in that copy.
-#define NVFP4_VARIANT_UNITS(i, per_copy)                                   \
-    const i64 n_row_ = copy[0].data ? (i64)(per_copy(copy[0])) : 0;         \
-    const i64 n_col_ = copy[1].data ? (i64)(per_copy(copy[1])) : 0;         \
+// each requested copy. NVFP4_VARIANT_UNIT then names the copy `c` of unit i (a copy by value, selected field
+// by field: an indexed pair would live in local memory) and its unit `u` in that copy.
+#define NVFP4_VARIANT_UNITS(i, per_copy)                                 \
+    const i64 n_row_ = row_copy.data ? (i64)(per_copy(row_copy)) : 0;    \
+    const i64 n_col_ = col_copy.data ? (i64)(per_copy(col_copy)) : 0;    \
     NVFP4_GRID_STRIDE(i, n_row_ + n_col_)
-#define NVFP4_VARIANT_UNIT(i, c, u)            \
-    const VariantCopy& c = copy[i >= n_row_]; \
-    const i64 u = i >= n_row_ ? i - n_row_ : i
+#define NVFP4_VARIANT_UNIT(i, c, u)                                \
+    const bool col_ = i >= n_row_;                                \
+    const VariantCopy c = pick_copy(col_, row_copy, col_copy);    \
+    const i64 u = col_ ? i - n_row_ : i
+
+// `col ? b : a`, field by field (register selects; a whole-struct select went through local memory).
+__device__ __forceinline__ VariantCopy pick_copy(bool col, const VariantCopy& a, const VariantCopy& b) {
+    return {{a.src.x, col ? b.src.rows : a.src.rows, col ? b.src.cols : a.src.cols, col ? b.src.rs : a.src.rs,
+             col ? b.src.cs : a.src.cs},
+            col ? b.data : a.data, col ? b.scale : a.scale, col ? b.scale_stride : a.scale_stride,
+            col ? b.scale_rows : a.scale_rows, col ? b.amax : a.amax};
+}
 
 // Zero the scale padding of both requested copies (§5.9): the variant quantize kernels write every block.
-__device__ __forceinline__ void zero_variant_paddings(const VariantCopy (&copy)[2]) {
+__device__ __forceinline__ void zero_variant_padding(const VariantCopy& c) {
     const i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x, step = (i64)gridDim.x * blockDim.x;
-    for (const VariantCopy& c : copy)
-        if (c.data) zero_scale_padding(c.scale, c.scale_stride, c.scale_rows, c.src.rows, c.src.cols / BLOCK, first, step);
+    if (c.data) zero_scale_padding(c.scale, c.scale_stride, c.scale_rows, c.src.rows, c.src.cols / BLOCK, first, step);
 }
 
 #define NVFP4_ROWS_OF(c) (c).src.rows
@@ -1007,7 +1016,8 @@ __device__ __forceinline__ void zero_variant_paddings(const VariantCopy (&copy)[
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(NVFP4_THREADS) nvfp4_quantize_rows_##SUFFIX(NVFP4_VARIANT_PARAMS) { \
         NVFP4_VARIANT_COPIES;                                                                                     \
-        zero_variant_paddings(copy);                                                                              \
+        zero_variant_padding(row_copy);                                                                           \
+        zero_variant_padding(col_copy);                                                                              \
         NVFP4_VARIANT_UNITS(i, NVFP4_BLOCKS_OF) {                                                                 \
             NVFP4_VARIANT_UNIT(i, c, u);                                                                          \
             const i64 nbc = c.src.cols / BLOCK, r = u / nbc, cb = u % nbc;                                        \
@@ -1021,7 +1031,8 @@ __device__ __forceinline__ void zero_variant_paddings(const VariantCopy (&copy)[
     extern "C" __global__ void __launch_bounds__(NVFP4_THREADS)                                                   \
         nvfp4_4over6_##SUFFIX(NVFP4_VARIANT_PARAMS, int per_row) {                                                \
         NVFP4_VARIANT_COPIES;                                                                                     \
-        zero_variant_paddings(copy);                                                                              \
+        zero_variant_padding(row_copy);                                                                           \
+        zero_variant_padding(col_copy);                                                                              \
         NVFP4_VARIANT_UNITS(i, NVFP4_4OVER6_UNITS_OF) {                                                           \
             NVFP4_VARIANT_UNIT(i, c, u);                                                                          \
             const i64 nbc = c.src.cols / BLOCK, ur = u / nbc, cb = u % nbc;                                       \
