@@ -991,9 +991,12 @@ __device__ __forceinline__ VariantCopy pick_copy(bool col, const VariantCopy& a,
 }
 
 // Zero the scale padding of both requested copies (§5.9): the variant quantize kernels write every block.
-__device__ __forceinline__ void zero_variant_padding(const VariantCopy& c) {
+__device__ __forceinline__ void zero_variant_paddings(const VariantCopy& row, const VariantCopy& col) {
     const i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x, step = (i64)gridDim.x * blockDim.x;
-    if (c.data) zero_scale_padding(c.scale, c.scale_stride, c.scale_rows, c.src.rows, c.src.cols / BLOCK, first, step);
+    if (row.data)
+        zero_scale_padding(row.scale, row.scale_stride, row.scale_rows, row.src.rows, row.src.cols / BLOCK, first, step);
+    if (col.data)
+        zero_scale_padding(col.scale, col.scale_stride, col.scale_rows, col.src.rows, col.src.cols / BLOCK, first, step);
 }
 
 #define NVFP4_ROWS_OF(c) (c).src.rows
@@ -1016,8 +1019,7 @@ __device__ __forceinline__ void zero_variant_padding(const VariantCopy& c) {
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(NVFP4_THREADS) nvfp4_quantize_rows_##SUFFIX(NVFP4_VARIANT_PARAMS) { \
         NVFP4_VARIANT_COPIES;                                                                                     \
-        zero_variant_padding(row_copy);                                                                           \
-        zero_variant_padding(col_copy);                                                                              \
+        zero_variant_paddings(row_copy, col_copy);                                                                \
         NVFP4_VARIANT_UNITS(i, NVFP4_BLOCKS_OF) {                                                                 \
             NVFP4_VARIANT_UNIT(i, c, u);                                                                          \
             const i64 nbc = c.src.cols / BLOCK, r = u / nbc, cb = u % nbc;                                        \
@@ -1031,8 +1033,7 @@ __device__ __forceinline__ void zero_variant_padding(const VariantCopy& c) {
     extern "C" __global__ void __launch_bounds__(NVFP4_THREADS)                                                   \
         nvfp4_4over6_##SUFFIX(NVFP4_VARIANT_PARAMS, int per_row) {                                                \
         NVFP4_VARIANT_COPIES;                                                                                     \
-        zero_variant_padding(row_copy);                                                                           \
-        zero_variant_padding(col_copy);                                                                              \
+        zero_variant_paddings(row_copy, col_copy);                                                                \
         NVFP4_VARIANT_UNITS(i, NVFP4_4OVER6_UNITS_OF) {                                                           \
             NVFP4_VARIANT_UNIT(i, c, u);                                                                          \
             const i64 nbc = c.src.cols / BLOCK, ur = u / nbc, cb = u % nbc;                                       \
