@@ -12,8 +12,8 @@ Cases (each synchronizes; one line per case: PASS / FAIL / SKIP, then a summary)
 - quantize + dequantize, every scheme x toggle (element, pow2, eps, tile, E8M0 rule, RHT, SR,
   delayed history length / algo / margin, the NVFP4 4over6 and row-scaled variants) x orientation
   (rowwise, colwise, both), bf16 input on an odd shape; then the scheme's base config on every input
-  dtype x several shapes, including a vector-friendly one and a misaligned (not 16-byte aligned) input view, dequantizing to fp32,
-  bf16 and fp16. Inputs hold NaN, +-Inf, -0 and subnormals at a few positions.
+  dtype x several shapes, including a vector-friendly one and a misaligned (not 16-byte aligned) input
+  view, dequantizing to fp32, bf16 and fp16. Inputs hold NaN, +-Inf, -0 and subnormals at a few positions.
 - fp8_delayed: the fused history update (native.update_amax_history) with and without a reduced
   amax, for history lengths 1, 5, 1024 and 1537.
 - GEMMs that run on sm_90: the portable kernel for every scheme (per-tensor, fp8_block 1Dx1D /

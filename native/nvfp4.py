@@ -161,13 +161,22 @@ def _variant_copies(copies: Sequence) -> list:
     return out
 
 
-def _variant_units(config: QuantConfig, kernel: str, m: int, k: int, rowwise: bool, colwise: bool) -> int:
-    """Units of one variant kernel over the requested copies: a row (row amax), a 1x16 block (quantize_rows,
-    1-D 4over6) or a 16x16 tile (2-D 4over6) of each copy; both copies hold m * k elements."""
-    n_copies = int(bool(rowwise)) + int(bool(colwise))
-    if kernel == "row_amax":
-        return (m if rowwise else 0) + (k if colwise else 0)
-    return n_copies * m * k // (config.block * (config.tile[0] if kernel == "4over6" else 1))
+def _variant_launches(config: QuantConfig, sfx: str, m: int, k: int, rowwise: bool, colwise: bool,
+                      args: list) -> list[tuple[str, int, list]]:
+    """The variant kernels after amax(X) (nvfp4.cu NVFP4_VARIANT_INSTANTIATE), each over both copies at once:
+    (kernel, units, arguments), `args` being x, m, k and `_variant_copies`. Units: a row of each requested copy
+    (row amax), a 1x16 block (quantize_rows, 1-D 4over6) or a 16x16 tile (2-D 4over6); each copy holds m * k
+    elements."""
+    elems = (int(bool(rowwise)) + int(bool(colwise))) * m * k
+    out = []
+    if config.row_scaled:
+        # NUMERICS: §5.10 row-scaled - A_g of each row of the copy (a row, or a column of X).
+        out.append((f"nvfp4_row_amax_{sfx}", (m if rowwise else 0) + (k if colwise else 0), args))
+    if config.four_over_six:
+        out.append((f"nvfp4_4over6_{sfx}", elems // (config.block * config.tile[0]), [*args, np.int32(config.row_scaled)]))
+    else:
+        out.append((f"nvfp4_quantize_rows_{sfx}", elems // config.block, args))
+    return out
 
 
 @functools.cache
@@ -308,14 +317,9 @@ def quantize_variant_with(launch: Launcher, x2d: torch.Tensor, config: QuantConf
         copies.append((data, scale, _i64(scale.shape[1]), _i64(scale.shape[0]), a_g))
         out.update({f"{orientation}_data": data, f"{orientation}_scale": scale, f"{orientation}_amax": a_g})
     # One launch per kernel for both copies (issue #18: per-call host cost).
-    args = [x2d, _i64(m), _i64(k), *_variant_copies(copies)]
-    if config.row_scaled:
-        launch(f"nvfp4_row_amax_{sfx}", _variant_units(config, "row_amax", m, k, rowwise, colwise), args)
-    if config.four_over_six:
-        launch(f"nvfp4_4over6_{sfx}", _variant_units(config, "4over6", m, k, rowwise, colwise),
-               [*args, np.int32(config.row_scaled)])  # fmt: skip
-    else:
-        launch(f"nvfp4_quantize_rows_{sfx}", _variant_units(config, "quantize_rows", m, k, rowwise, colwise), args)
+    for name, n_units, args in _variant_launches(config, sfx, m, k, rowwise, colwise,
+                                                 [x2d, _i64(m), _i64(k), *_variant_copies(copies)]):  # fmt: skip
+        launch(name, n_units, args)
     return out
 
 
@@ -505,16 +509,9 @@ class QuantizePlan(QuantizePlanBase):
             a_g = Patched(f"{o}_amax" if config.row_scaled else slot_names[slot], torch.float32)
             copies.append((Patched(f"{o}_data", torch.uint8), Patched(f"{o}_scale", torch.uint8),
                            _i64(g.scale_padded_shape[1]), _i64(g.scale_padded_shape[0]), a_g))  # fmt: skip
-        args = [x, _i64(m), _i64(k), *_variant_copies(copies)]
-        if config.row_scaled:
-            steps += self._launch(f"nvfp4_row_amax_{sfx}", _variant_units(config, "row_amax", m, k, rowwise, colwise),
-                                  args)  # fmt: skip
-        if config.four_over_six:
-            steps += self._launch(f"nvfp4_4over6_{sfx}", _variant_units(config, "4over6", m, k, rowwise, colwise),
-                                  [*args, np.int32(config.row_scaled)])  # fmt: skip
-        else:
-            steps += self._launch(f"nvfp4_quantize_rows_{sfx}",
-                                  _variant_units(config, "quantize_rows", m, k, rowwise, colwise), args)  # fmt: skip
+        for name, n_units, args in _variant_launches(config, sfx, m, k, rowwise, colwise,
+                                                     [x, _i64(m), _i64(k), *_variant_copies(copies)]):  # fmt: skip
+            steps += self._launch(name, n_units, args)
         return buffers, steps
 
     def _run(self, x2d, seed, given, state, out) -> None:

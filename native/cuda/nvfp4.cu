@@ -962,7 +962,7 @@ struct VariantCopy {
     float* amax;
 };
 
-// The parameters of both copies, rowwise first (nvfp4.py variant_copy_args).
+// The parameters of both copies, rowwise first (native/nvfp4.py `_variant_copies`).
 #define NVFP4_VARIANT_PARAMS                                                                          \
     const void *x, i64 m, i64 k, u8 *r_data, u8 *r_scale, i64 r_stride, i64 r_scale_rows, float *r_amax, \
         u8 *c_data, u8 *c_scale, i64 c_stride, i64 c_scale_rows, float *c_amax
