@@ -9,7 +9,9 @@ with `nvdisasm -gi` (nvdisasm / cuobjdump: CUDA toolkit, or pip nvidia-cuda-nvdi
 iteration of the tile loop (the longest loop) on the common path: inner loops run their trip count (rowwise blocks and
 colwise words per thread), a forward branch is taken iff its fall-through block holds a CALL (the
 slow path of __frcp_rn), NaN-only code (the block_amax redo, encode_words' has_nan fix-up) or a line
-marked `// edge tile` (the guarded loads of a tile at X's bottom or right edge). Each executed
+marked `// edge tile` (the guarded loads of a tile at X's bottom or right edge) or `// one thread` (thread 0's
+draw of the next tile: one thread of 256, not the per-thread path), or code inlined from a line whose comment ends
+with `slow path` (the RN encode of a block holding a NaN or a |y| >= 7, which clamps first). Each executed
 instruction gets a role from its opcode and its chain of
 inlined source functions; counts are divided by the thread's input elements per tile (both copies are
 written from them). Source: docs/design.md §4.2 (the table this prints).
@@ -40,7 +42,8 @@ ROLES = (
 )
 # Opcodes taken to run on the 16-lane integer/logic ALU pipe of an sm_90 SM sub-partition (half the
 # issue rate; FFMA/FMUL/FADD/IMAD run on the 32-lane FMA pipes): an estimate, ncu's pipe counters decide.
-ALU_OPCODES = {"LOP3", "IADD3", "SHF", "LEA", "ISETP", "FSETP", "FMNMX", "SEL", "FSEL", "PRMT", "IMNMX", "VIADDMNMX",
+ALU_OPCODES = {"LOP3", "IADD3", "SHF", "LEA", "ISETP", "FSETP", "FMNMX", "SEL", "FSEL", "PRMT", "IMNMX", "VIADDMNMX", "VIMNMX",
+               "VIMNMX3", "HMNMX2", "VHMNMX",
                "PLOP3", "IABS", "FLO", "POPC", "BMSK", "SGXT"}
 # A branch and its target; sm_100 also writes a uniform-predicate branch as `BRA.U !UP0, target` (conditional, with
 # no `@` guard).
@@ -122,12 +125,14 @@ def count(body: str, trips: int, elems: int):
     def chain_funcs(k):
         return [funcs.get(f, {}).get(n, f) for f, n in ins[k][2]]
 
-    def rare(k):  # NaN-only code: the amax redo, the has_nan fix-up
+    def rare(k):  # NaN-only code (the amax redo, the has_nan fix-up), edge tiles, thread 0 alone
         fs = chain_funcs(k)
         if "block_amax" in fs and "block_amax_nan" in fs:
             return True
         chain = [(f, n) for f, n in ins[k][2] if f in src]
-        if chain and src[chain[0][0]][chain[0][1] - 1].endswith("// edge tile"):
+        if chain and src[chain[0][0]][chain[0][1] - 1].endswith(("// edge tile", "// one thread")):
+            return True
+        if any(src[f][n - 1].endswith("slow path") for f, n in chain):
             return True
         return any("is_nan(v[e])" in src[f][n - 1] or ("ELEM_NAN_CODE" in src[f][n - 1] and "word" in src[f][n - 1])
                    for f, n in chain)

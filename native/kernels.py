@@ -211,7 +211,7 @@ _declare("nvfp4_amax_{sfx}", "const void* x, i64 m_rows, i64 k_cols, u32* out, u
 _declare("nvfp4_quantize_{sfx}",
          "const void* x, i64 m_rows, i64 k_cols, u64 seed, u8* row_data, u8* row_scale, i64 row_scale_stride, "
          "const float* row_amax, u32 row_stream, u8* col_data, u8* col_scale, i64 col_scale_stride, "
-         "const float* col_amax, u32 col_stream")  # fmt: skip
+         "const float* col_amax, u32 col_stream, u32* drawn")  # fmt: skip
 _declare("nvfp4_rht_amax", "const void* x, i64 m_rows, i64 k_cols, u32* out_rht, u32* out_plain, {pads}",
          pads=_NVFP4_PADS)  # fmt: skip
 _declare("nvfp4_dequantize",

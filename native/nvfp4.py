@@ -11,10 +11,11 @@ Passes per call (the copy modes RHT / SR / 2-D are compile-time, from defines_fo
 1. amax(X) (the rowwise copy's A_g; also the columnwise one's without RHT), a grid-stride kernel
    with a thread per GROUP 16-element blocks; or, when the columnwise copy uses RHT, one pass over
    the quantize tiles giving both amax(X) and the post-RHT amax (the RHT is recomputed in pass 2,
-   not stored). Both write one zeroed [2] buffer (slot 0 the rowwise A_g, slot 1 the columnwise)
-   and the scales' zero padding;
+   not stored). Both write one zeroed [3] buffer (slot 0 the rowwise A_g, slot 1 the columnwise; slot 2
+   is pass 2's tile counter) and the scales' zero padding;
 2. one tiled kernel quantizes the requested copies: one wave of resident CTAs (`quantize_ctas_per_sm` per
-   SM), each walking 128-row tiles of X, reads each tile once into shared memory (double-buffered: the
+   SM), each walking 128-row tiles of X (its first tile by block index, each later one drawn from the zeroed
+   counter, so the CTAs of an SM finish together), reads each tile once into shared memory (double-buffered: the
    next tile's copies are in flight while it encodes one) and encodes its rowwise blocks and its column
    segments (the blocks of X^T) from there; 2-D builds reduce the 16x16 tile amaxes from the same tile
    (no separate pass). It writes the codes and the scale of every block; with pass 1, every output byte is written, so the
@@ -179,6 +180,16 @@ def _variant_launches(config: QuantConfig, sfx: str, m: int, k: int, rowwise: bo
     return out
 
 
+def tile_count(m: int, k: int, dtype: torch.dtype) -> int:
+    """Tiles of the quantize (and RHT amax) kernels over X [m, k]: TILE_M rows x TILE_BYTES of a row each. The
+    quantize kernel numbers them in 32 bits (nvfp4.cu tile_count, quantize_tiles): at most 2^31 - 1, i.e. X below ~2^44
+    elements."""
+    n = _cdiv(m, TILE_M) * _cdiv(k, TILE_BYTES // dtype.itemsize)
+    if n >= 1 << 31:  # (unreachable with today's memory sizes: kept so the kernel's assumption is checked)
+        raise SpecViolation(f"native.nvfp4: X [{m}, {k}] has {n} quantize tiles; the kernel numbers them in 31 bits")
+    return n
+
+
 @functools.cache
 def _quantize_blocks(config: QuantConfig, index: int | None) -> int:
     """The quantize kernel's grid cap on CUDA device `index`: one wave of resident CTAs, each walking its tiles
@@ -214,12 +225,12 @@ def quantize_with(
     stream_col = np.uint32((seed.stream + 1) & _MASK32 if sr else 0)  # NUMERICS: §5.7 colwise stream + 1
     out: dict = {}
 
-    n_tiles = _cdiv(m, TILE_M) * _cdiv(k, TILE_BYTES // x2d.element_size())  # quantize (and RHT amax) tiles
+    n_tiles = tile_count(m, k, x2d.dtype)  # quantize (and RHT amax) tiles
     # NUMERICS: §0.1 amax, combined with an integer max on the fp32 bits (all values >= +0). One
-    # zeroed [2] buffer holds both copies' A_g (slot 0 rowwise, slot 1 columnwise); the outputs are
-    # views of its slots.
-    bits = torch.zeros(2, dtype=torch.float32, device=dev)  # the kernels combine the fp32 bits as u32
-    a_x, a_c = bits[0:1], bits[1:2]
+    # zeroed [3] buffer holds both copies' A_g (slot 0 rowwise, slot 1 columnwise; the outputs are
+    # views of them) and the quantize kernel's tile counter (slot 2, zero before the launch).
+    bits = torch.zeros(3, dtype=torch.float32, device=dev)  # the kernels combine the fp32 bits as u32
+    a_x, a_c, drawn = bits[0:1], bits[1:2], bits[2:3].view(torch.int32)
 
     # Every output comes from torch.empty: the quantize kernel writes the codes and the scales of
     # every block, the amax kernel (first) the scales' zero padding. A copy that is not requested
@@ -242,7 +253,7 @@ def quantize_with(
         if config.rht:
             raise SpecViolation(f"{config.id}: a given amax does not apply with RHT (docs/numerics.md §5.6)")
         # NUMERICS: §5.1 - the given amax is A_g of both copies (TE's quantize_with_amax); no pass over X.
-        bits.copy_(given.to(device=dev, dtype=torch.float32).reshape(1).expand(2))
+        bits[:2].copy_(given.to(device=dev, dtype=torch.float32).reshape(1).expand(2))
     elif colwise and config.rht:
         # NUMERICS: §5.6 - the columnwise A_g is the amax of the bf16 RHT output; the same pass
         # gives amax(X), the rowwise copy's A_g.
@@ -254,7 +265,7 @@ def quantize_with(
 
     # The columnwise copy is X^T [K, M], read from the same shared-memory tiles of X (the kernel applies
     # the RHT in RHT builds); 2-D builds reduce the 16x16 tile amaxes (NUMERICS: §5.5) in the same kernel.
-    launch(f"nvfp4_quantize_{sfx}", n_tiles, [x2d, _i64(m), _i64(k), seed_u64, *copies], units_per_block=1,
+    launch(f"nvfp4_quantize_{sfx}", n_tiles, [x2d, _i64(m), _i64(k), seed_u64, *copies, drawn], units_per_block=1,
            max_blocks=_quantize_blocks(config, device_index(dev) if dev.type == "cuda" else None))  # fmt: skip
     return out
 
@@ -465,7 +476,9 @@ class QuantizePlan(QuantizePlanBase):
             copies += [Patched(f"{o}_data", torch.uint8), scale, ld, Patched(a_g, torch.float32),
                        Patched(stream) if self.sr else np.uint32(0)]  # fmt: skip
             pads += [scale, ld, rows]
-        n_tiles = _cdiv(m, TILE_M) * _cdiv(k, TILE_BYTES // dtype.itemsize)
+        # The quantize kernel's tile counter (zeroed per call, by the block's memset or fill_given).
+        buffers.append(Buffer("_drawn", (1,), torch.int32, zero=True, field=False))
+        n_tiles = tile_count(m, k, dtype)
         steps = []
         if given:
             pass  # NUMERICS: §5.1 - the given amax is A_g of both copies; no pass over X (copied per call)
@@ -478,7 +491,8 @@ class QuantizePlan(QuantizePlanBase):
                                   [x, _i64(m), _i64(k), Patched(a_x, torch.float32), Patched(a_c, torch.float32), *pads],
                                   max_blocks=REDUCE_BLOCKS)  # fmt: skip
         seed = Patched("seed") if self.sr else np.uint64(0)
-        steps += self._launch(f"nvfp4_quantize_{sfx}", n_tiles, [x, _i64(m), _i64(k), seed, *copies], units_per_block=1,
+        steps += self._launch(f"nvfp4_quantize_{sfx}", n_tiles, [x, _i64(m), _i64(k), seed, *copies,
+                              Patched("_drawn", torch.int32)], units_per_block=1,
                               max_blocks=_quantize_blocks(config, self.index))  # fmt: skip
         return buffers, steps
 

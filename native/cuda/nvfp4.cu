@@ -193,13 +193,22 @@ __device__ __forceinline__ void zero_scale_paddings(const ScalePads& p, i64 m_ro
 
 // The 16 codes of block (r, cb) of the copy from its values v and encode factor f (§5.3), packed in two
 // words (element i is nibble i % 8 of word i / 8, little-endian bytes: byte j = code[2j] | code[2j+1] << 4,
-// §5.4); (r, cb) only place the SR draws. has_nan: some v[i] is NaN. NUMERICS: §5.4, §5.7, §0.5.
+// §5.4); amax_b >= every |v[i]| (the amax the scale came from), (r, cb) only place the SR draws. has_nan: some
+// v[i] is NaN. NUMERICS: §5.4, §5.7, §0.5.
 template <bool SR>
-NVFP4_HD void encode_words(const QuantArgs& a, float f, i64 r, i64 cb, bool has_nan, const float (&v)[BLOCK],
-                           u32 (&word)[2]) {
+NVFP4_HD void encode_words(const QuantArgs& a, float f, float amax_b, i64 r, i64 cb, bool has_nan,
+                           const float (&v)[BLOCK], u32 (&word)[2]) {
     constexpr int PER_WORD = 32 / ELEM_BITS;  // 8 codes per 32-bit word
     word[0] = word[1] = 0u;
     float y[BLOCK];
+    if (!SR && !has_nan && mul_rn(amax_b, f) < ELEM_LINES_BOUND) {
+        // Every |y| = RN(|v| f) <= RN(amax_b f) < ELEM_LINES_BOUND (RN is monotone): the lines need no clamp.
+#pragma unroll
+        for (int e = 0; e < BLOCK; ++e) y[e] = mul_rn(fabsf(v[e]), f);  // NUMERICS: §5.4 |y| = |RN(x * f)|
+        word[0] = e2m1_rn_word_bounded(y, v);  // NUMERICS: §0.5 e2m1_rn_not_nan, §5.4 packing
+        word[1] = e2m1_rn_word_bounded(y + PER_WORD, v + PER_WORD);
+        return;
+    }
 #pragma unroll
     for (int e = 0; e < BLOCK; ++e) y[e] = mul_rn(v[e], f);  // NUMERICS: §5.4 y = RN(x * f)
     if (SR) {
@@ -210,9 +219,9 @@ NVFP4_HD void encode_words(const QuantArgs& a, float f, i64 r, i64 cb, bool has_
         for (int q = 0; q < BLOCK / 4; ++q) rnd[q] = sr_word(l0 / 4 + q, a.stream, a.seed);
         word[0] = e2m1_sr_word(y, rnd);  // NUMERICS: §5.7 e2m1_sr_not_nan, §5.4 packing
         word[1] = e2m1_sr_word(y + PER_WORD, rnd + PER_WORD / 4);
-    } else {
-        word[0] = e2m1_rn_word(y);  // NUMERICS: §0.5 e2m1_rn_not_nan, §5.4 packing
-        word[1] = e2m1_rn_word(y + PER_WORD);
+    } else {  // a NaN, or some |y| >= ELEM_LINES_BOUND: clamped first
+        word[0] = e2m1_rn_word(y);             // NUMERICS: §0.5 e2m1_rn_not_nan, §5.4 packing; slow path
+        word[1] = e2m1_rn_word(y + PER_WORD);  // slow path
     }
     if (has_nan) {
         // NUMERICS: §0.5 e2m1_rn / §5.7 - a NaN y of either sign gives ELEM_NAN_CODE. y = RN(v * f)
@@ -248,7 +257,7 @@ NVFP4_HD void encode_block(const QuantArgs& a, GlobalScale g, i64 r, i64 cb, flo
                            const float (&v)[BLOCK]) {
     const BlockScale s = block_scale(amax_b, g);
     u32 word[2];
-    encode_words<SR>(a, s.f, r, cb, has_nan, v, word);
+    encode_words<SR>(a, s.f, amax_b, r, cb, has_nan, v, word);
     store_block(a.data + r * (a.cols / 2) + cb * (BLOCK / 2), a.scale + r * a.scale_stride + cb, word, s.code);
 }
 
@@ -557,15 +566,21 @@ __device__ __forceinline__ BlockScale table_scale(float amax_b, GlobalScale g, c
 // X [M, K], one tile per CTA and loop step (see "the quantize tile" above for the maps and layout).
 // Addressing: what depends on the thread only (its load chunk, rowwise block, colwise item) is a byte
 // offset computed once; what depends on the tile is a base computed once per tile; both in 64 bits (a
-// row index times an extent can pass 2^32). The tiles are walked without a division per step.
+// row index times an extent can pass 2^32).
+// Tile order: a CTA's first tile is blockIdx.x, each later one is drawn from a per-call counter (*drawn, zeroed
+// before the launch): tile gridDim.x + atomicAdd(drawn, 1), so the CTAs of an SM, which the warp schedulers do not
+// serve evenly, finish together instead of one running alone at the end with a quarter of the warps (static
+// grid-stride tiles: 15-16 a CTA at 8192^2). The result does not depend on which CTA encodes a tile. Thread 0 draws
+// the tile after next during a step and publishes its (row, column) in shared memory before the step ends.
 // Pipelining: the shared tile is double-buffered. A CTA starts its first tile's copies (cp.async) before its
 // setup (the global scales, which wait on A_g, and the encode-factor table); each loop step waits for its
-// tile, passes ONE barrier (the tile is complete, and every thread is done with the other buffer, which the
-// previous step encoded), starts the next tile's copies into the other buffer, then encodes. So the next
-// tile's DRAM reads overlap this tile's encode; the bytes in shared memory are those of the one-buffer walk.
+// tile, passes ONE barrier (the tile is complete, the next tile's position is published, and every thread is
+// done with the other buffer, which the previous step encoded), starts the next tile's copies into the other
+// buffer, then encodes. So the next tile's DRAM reads overlap this tile's encode; the bytes in shared memory are
+// those of the one-buffer walk.
 template <int DT>
 __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m_rows, i64 k_cols, const QuantArgs& row,
-                                               const QuantArgs& col) {
+                                               const QuantArgs& col, u32* __restrict__ drawn) {
     using T = Tile<DT>;
     constexpr int ELEM_BYTES = DT == IN_F32 ? 4 : 2;
     constexpr int ROW_STEP = QUANT_THREADS / T::ROW_BLOCKS;  // tile rows between a thread's rowwise blocks
@@ -573,6 +588,7 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     // register cap on sm_90 / sm_100a), one after another with SR or RHT (their Philox / fp64 paths spill).
     constexpr int COL_UNROLL = kSr || Modes<DT>::rht_colwise ? 1 : T::PER_WORD;
     constexpr int ROW_UNROLL = kSr ? 1 : T::ROW_ITEMS;
+    static_assert(!(k2d && Modes<DT>::rht_colwise), "RHT is never 2-D (§5.6): encode_words' amax_b bounds the RHT outputs");
     __shared__ __align__(16) u32 tiles[2][TILE_M * TILE_PITCH];  // double buffer: encode one, load the other
     __shared__ u32 tile_amaxes[2][TILE_MBLOCKS][T::ROW_BLOCKS];  // 2-D: fp32 bits of each 16x16 tile's amax
     __shared__ float factor[2][SCALE_CODES];                     // encode_factor of every scale code: row, col
@@ -586,12 +602,19 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     const i64 load_off = ((i64)ld.m * k_cols + ld.q * T::CHUNK_ELEMS) * ELEM_BYTES;
     const i64 load_step = (i64)LOAD_ROW_STEP * k_cols * ELEM_BYTES;
     const int load_w = load_word(ld);
-    const i64 tiles_k = ceil_div(k_cols, T::COLS), n_tiles = ceil_div(m_rows, TILE_M) * tiles_k;
-    const i64 step_m = gridDim.x / tiles_k, step_k = gridDim.x % tiles_k;
-    i64 tile_m = blockIdx.x / tiles_k, tile_k = blockIdx.x % tiles_k;
-    // Start the copies of tile (tile_m, tile_k) into tiles[buf].
-    auto load = [&](int buf) {
-        const i64 m0 = tile_m * TILE_M, k0 = tile_k * T::COLS;
+    // Tile indices fit 32 bits (native/nvfp4.py checks n_tiles < 2^31 before the launch).
+    const u32 tiles_k = (u32)ceil_div(k_cols, T::COLS), n_tiles = (u32)ceil_div(m_rows, TILE_M) * tiles_k;
+    if (blockIdx.x >= n_tiles) return;  // (the launch caps the grid at n_tiles: no CTA returns here)
+    __shared__ int2 next_tile[2];       // (tile row, tile column) of the next step's tile; row -1: none
+    // Tile d as (tile row, tile column), row -1 past the last tile (in the loop: thread 0 alone).
+    auto tile_at = [&](u32 d) {
+        return d < n_tiles ? make_int2((int)(d / tiles_k), (int)(d % tiles_k)) : make_int2(-1, 0);  // one thread
+    };
+    int2 tile_mk = tile_at(blockIdx.x);
+    if (threadIdx.x == 0) next_tile[0] = tile_at(gridDim.x + atomicAdd(drawn, 1u));  // one thread
+    // Start the copies of tile tmk (tile row, tile column) into tiles[buf].
+    auto load = [&](int buf, int2 tmk) {
+        const i64 m0 = (i64)tmk.x * TILE_M, k0 = (i64)tmk.y * T::COLS;
         const int rows = (int)(m_rows - m0 < TILE_M ? m_rows - m0 : TILE_M);
         const int cols = (int)(k_cols - k0 < T::COLS ? k_cols - k0 : T::COLS);
         load_tile_async<DT>(static_cast<const char*>(x) + (m0 * k_cols + k0) * ELEM_BYTES + load_off, load_step, ld, rows,
@@ -599,7 +622,7 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
         if (k2d && threadIdx.x < TILE_MBLOCKS * T::ROW_BLOCKS)
             tile_amaxes[buf][threadIdx.x / T::ROW_BLOCKS][threadIdx.x % T::ROW_BLOCKS] = 0u;
     };
-    if (blockIdx.x < n_tiles) load(0);  // in flight during the setup
+    load(0, tile_mk);  // in flight during the setup
 
     GlobalScale g_row{}, g_col{};
     if (do_row) g_row = global_scale(*row.amax_g);
@@ -614,23 +637,23 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     const i64 col_soff = (i64)cw * T::PER_WORD * col.scale_stride + mb;
 
     int buf = 0;
-    for (i64 t = blockIdx.x; t < n_tiles; t += gridDim.x, buf ^= 1) {
+    for (int step = 0; tile_mk.x >= 0; ++step, buf ^= 1) {
         TilePos p;
-        p.m0 = tile_m * TILE_M;
-        p.k0 = tile_k * T::COLS;
+        p.m0 = (i64)tile_mk.x * TILE_M;
+        p.k0 = (i64)tile_mk.y * T::COLS;
         p.rows = (int)(m_rows - p.m0 < TILE_M ? m_rows - p.m0 : TILE_M);
         p.cols = (int)(k_cols - p.k0 < T::COLS ? k_cols - p.k0 : T::COLS);
         const i64 m0 = p.m0, k0 = p.k0;
         const int rows = p.rows, cols = p.cols;
-        tile_k += step_k;  // tile t + gridDim.x: (tile_m, tile_k) advanced by (step_m, step_k) with the carry
-        tile_m += step_m;
-        if (tile_k >= tiles_k) {
-            tile_k -= tiles_k;
-            ++tile_m;
-        }
         copy_async_wait_all();
-        __syncthreads();  // tile t is in tiles[buf]; every thread is done with tiles[buf ^ 1] (tile t - gridDim.x)
-        if (t + gridDim.x < n_tiles) load(buf ^ 1);
+        __syncthreads();  // this tile is in tiles[buf], the next one's position in next_tile[step % 2]; every
+                          // thread is done with tiles[buf ^ 1] (the previous step's tile)
+        tile_mk = next_tile[step & 1];
+        u32 ticket = 0u;  // thread 0: the draw of the tile after next, used only at the step's end (its latency hidden)
+        if (tile_mk.x >= 0) {
+            load(buf ^ 1, tile_mk);
+            if (threadIdx.x == 0) ticket = atomicAdd(drawn, 1u);  // one thread
+        }
         const u32* tile = tiles[buf];
         u32(&tile_amax)[TILE_MBLOCKS][T::ROW_BLOCKS] = tile_amaxes[buf];
 
@@ -677,12 +700,14 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
                     float h[BLOCK];
                     rht16(v, h);  // NUMERICS: §5.6 - the colwise block is the RHT chunk of column k
                     const AmaxNan an = block_amax_nan(h);
-                    s = table_scale(k2d ? u2f(tile_amax[mb][t2]) : an.amax, g_col, factor[1]);
-                    encode_words<kSr>(col, s.f, k, cb, an.has_nan, h, word);
+                    const float amax_b = k2d ? u2f(tile_amax[mb][t2]) : an.amax;
+                    s = table_scale(amax_b, g_col, factor[1]);
+                    encode_words<kSr>(col, s.f, amax_b, k, cb, an.has_nan, h, word);
                 } else {
                     const AmaxNan an = block_amax_nan(v);
-                    s = table_scale(k2d ? u2f(tile_amax[mb][t2]) : an.amax, g_col, factor[1]);
-                    encode_words<kSr>(col, s.f, k, cb, an.has_nan, v, word);
+                    const float amax_b = k2d ? u2f(tile_amax[mb][t2]) : an.amax;
+                    s = table_scale(amax_b, g_col, factor[1]);
+                    encode_words<kSr>(col, s.f, amax_b, k, cb, an.has_nan, v, word);
                 }
                 store_block(data, scale, word, s.code);
                 data += m_rows / 2;  // the next column: the next row of X^T
@@ -713,14 +738,16 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
                 float v[BLOCK];
                 widen<DT>(raw, v);
                 const AmaxNan an = block_amax_nan(v);
-                const BlockScale s = table_scale(k2d ? u2f(tile_amax[r / BLOCK][cb]) : an.amax, g_row, factor[0]);
+                const float amax_b = k2d ? u2f(tile_amax[r / BLOCK][cb]) : an.amax;
+                const BlockScale s = table_scale(amax_b, g_row, factor[0]);
                 u32 word[2];
-                encode_words<kSr>(row, s.f, m0 + r, k0 / BLOCK + cb, an.has_nan, v, word);
+                encode_words<kSr>(row, s.f, amax_b, m0 + r, k0 / BLOCK + cb, an.has_nan, v, word);
                 store_block(data, scale, word, s.code);
                 data += row_off_step;
                 scale += row_soff_step;
             }
         }
+        if (threadIdx.x == 0 && tile_mk.x >= 0) next_tile[(step + 1) & 1] = tile_at(gridDim.x + ticket);  // one thread
     }
 }
 
@@ -739,10 +766,10 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     extern "C" __global__ void __launch_bounds__(NVFP4_THREADS, NVFP4_QUANT_MIN_BLOCKS) nvfp4_quantize_##SUFFIX( \
         const void* x, i64 m_rows, i64 k_cols, u64 seed, u8* row_data, u8* row_scale, i64 row_scale_stride,     \
         const float* row_amax, u32 row_stream, u8* col_data, u8* col_scale, i64 col_scale_stride,               \
-        const float* col_amax, u32 col_stream) {                                                                 \
+        const float* col_amax, u32 col_stream, u32* drawn) {                                                     \
         const QuantArgs row = {k_cols, row_amax, seed, row_stream, row_data, row_scale, row_scale_stride};      \
         const QuantArgs col = {m_rows, col_amax, seed, col_stream, col_data, col_scale, col_scale_stride};      \
-        quantize_tiles<DT>(x, m_rows, k_cols, row, col);                                                         \
+        quantize_tiles<DT>(x, m_rows, k_cols, row, col, drawn);                                                  \
     }
 
 NVFP4_INSTANTIATE(f32, IN_F32)

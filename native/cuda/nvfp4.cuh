@@ -336,16 +336,20 @@ NVFP4_HD float line_onto_magic(float a, float pow2, float c) {
 // The magnitude code of a >= 0 plus GRID_MAGIC_BITS: min over the lines, each rounded once. ROUND_DOWN false: RN,
 // a in [0, maxv] (the bits of RN(g(a)) + 2^23). True: floor_mag's code, a below 2^(emax + 1) (floor is monotone
 // too, so floor(g(a)) = min_e floor(g_e(a)); in the top binade g(a) < 2^(MAN+1) + (emax - emin) * 2^MAN, so the
-// floor stays on the grid: a in [4, 8) gives the codes of 4 and 6).
+// floor stays on the grid: a in [4, 8) gives the codes of 4 and 6). Every rounded line is a positive finite fp32
+// (a is finite and >= 0), whose bit patterns order as the values do, so the minimum is taken on the bits: E2M1's
+// three lines are one 3-input integer minimum on sm_90 (VIMNMX3) instead of two FMNMX.
 template <int EXP, int MAN, int BIAS, bool ROUND_DOWN>
 NVFP4_HD u32 min_lines_biased(float a) {
     constexpr int EMIN = 1 - BIAS, EMAX = (1 << EXP) - 1 - BIAS;
     const float magic = u2f(GRID_MAGIC_BITS);
-    float m = line_onto_magic<ROUND_DOWN>(a, pow2f(MAN - EMIN), magic);  // e = emin: also the subnormal line
+    u32 m = f2u(line_onto_magic<ROUND_DOWN>(a, pow2f(MAN - EMIN), magic));  // e = emin: also the subnormal line
 #pragma unroll
-    for (int e = EMIN + 1; e <= EMAX; ++e)
-        m = fmin_nn(m, line_onto_magic<ROUND_DOWN>(a, pow2f(MAN - e), add_rn(magic, (float)((e - EMIN) << MAN))));
-    return f2u(m);
+    for (int e = EMIN + 1; e <= EMAX; ++e) {
+        const u32 line = f2u(line_onto_magic<ROUND_DOWN>(a, pow2f(MAN - e), add_rn(magic, (float)((e - EMIN) << MAN))));
+        m = line < m ? line : m;
+    }
+    return m;
 }
 
 // NUMERICS: §0.5 e2m1_rn, as rne_sat_mag: the E2M1 magnitude code of a >= 0 clamped to maxv first.
@@ -365,30 +369,64 @@ NVFP4_HD u32 funnel4(u32 lo, u32 hi) {
 constexpr int WORD_CODES = 32 / ELEM_BITS;  // 8 codes per 32-bit word
 static_assert(ELEM_BITS == 4 && ELEM_SIGN == 8u, "the word encode packs 4-bit codes with the sign in bit 3");
 
-// NUMERICS: §0.5 e2m1_rn_not_nan of y[0..7], packed as §5.4 (element i in nibble i, even element in
-// the low nibble of its byte): equal to OR_i e2m1_rn_not_nan(y[i]) << 4i. Magnitudes: the biased codes
-// summed as (bits << 4i) mod 2^32 and the bias sum(bits(2^23) << 4i) subtracted once (the shifted
-// codes do not overlap, so the sum is their OR); signs: bit 31 of y[i] funnel-shifted to bit 4i + 3
-// (element 7 first), one SHF per element and one mask per word. sm_100a families: the hardware cast
-// per element (e2m1_rn_not_nan).
-NVFP4_HD u32 e2m1_rn_word(const float* y) {
+// The E2M1 word encode of e2m1_rn_word / e2m1_rn_word_bounded (both below): magnitude i from a[i] (BOUNDED: a[i]
+// is |y_i| < ELEM_LINES_BOUND already; else a[i] = y_i, clamped here to |y_i| <= maxv as e2m1_rn_mag_lines), sign
+// i the sign bit of s[i]. Magnitudes: the biased codes summed as (bits << 4i) mod 2^32 and the bias
+// sum(bits(2^23) << 4i) subtracted once (the shifted codes do not overlap, so the sum is their OR); signs: bit 31 of
+// s[i] funnel-shifted to bit 4i + 3 (element 7 first), one SHF per element and one mask per word.
+template <bool BOUNDED>
+NVFP4_HD u32 e2m1_lines_word(const float* a, const float* s) {
+    constexpr u32 NIBBLE_SIGNS = 0x88888888u;  // bit 3 of every nibble
+    u32 mags = 0u, signs = 0u, bias = 0u;
+#pragma unroll
+    for (int i = WORD_CODES - 1; i >= 0; --i) {
+        const float mag = BOUNDED ? a[i] : fmin_nn(fabsf(a[i]), ELEM_MAX);
+        mags += min_lines_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS, false>(mag) << (ELEM_BITS * i);
+        bias += GRID_MAGIC_BITS << (ELEM_BITS * i);  // a constant: folded by the compiler
+        signs = funnel4(f2u(s[i]), signs);
+    }
+    return (mags - bias) | (signs & NIBBLE_SIGNS);
+}
+
+// True on the sm_100a families, whose hardware E2M1 cast the word encodes use (e2m1_rn_not_nan per element).
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 1000) && defined(__CUDA_ARCH_FAMILY_SPECIFIC__) && \
     (__CUDA_ARCH_FAMILY_SPECIFIC__ >= 1000) && (__CUDA_ARCH_FAMILY_SPECIFIC__ < 1300)
+#define NVFP4_HW_E2M1 1
+#else
+#define NVFP4_HW_E2M1 0
+#endif
+
+// NUMERICS: §0.5 e2m1_rn_not_nan of y[0..7], packed as §5.4 (element i in nibble i, even element in
+// the low nibble of its byte): equal to OR_i e2m1_rn_not_nan(y[i]) << 4i. sm_100a families: the hardware cast
+// per element (e2m1_rn_not_nan); else the three lines of min_lines_biased per element (e2m1_lines_word).
+NVFP4_HD u32 e2m1_rn_word(const float* y) {
+#if NVFP4_HW_E2M1
     u32 word = 0u;
 #pragma unroll
     for (int i = 0; i < WORD_CODES; ++i) word |= e2m1_rn_not_nan(y[i]) << (ELEM_BITS * i);
     return word;
 #else
-    constexpr u32 NIBBLE_SIGNS = 0x88888888u;  // bit 3 of every nibble
-    u32 mags = 0u, signs = 0u, bias = 0u;
+    return e2m1_lines_word<false>(y, y);
+#endif
+}
+
+// Magnitudes below which the lines need no clamp: the top binade's line reaches the max code + 1/2 (a tie, rounded
+// to the code above) at maxv + step(maxv) / 2 (E2M1: 6 + 1 = 7, where a / 2 + 4 = 7.5), and every a in (5, 7)
+// already gives the max code (docs/numerics.md §0.5 table: a > 5 -> 7), so there clamping first changes nothing.
+constexpr float ELEM_LINES_BOUND =
+    ELEM_MAX + 0.5f * (float)(1 << ((1 << ELEM_EXP_BITS) - 1 - ELEM_BIAS - ELEM_MAN_BITS));
+
+// NUMERICS: §0.5 e2m1_rn_not_nan of the values y_i with |y_i| = a[i] < ELEM_LINES_BOUND and the sign of x[i]
+// (y_i = RN(x_i f) with f > 0: |y_i| = RN(|x_i| f) and sign(y_i) = sign(x_i)), packed as e2m1_rn_word: the same
+// codes without the clamp (one instruction less per element).
+NVFP4_HD u32 e2m1_rn_word_bounded(const float* a, const float* x) {
+#if NVFP4_HW_E2M1
+    u32 word = 0u;
 #pragma unroll
-    for (int i = WORD_CODES - 1; i >= 0; --i) {
-        const u32 biased = min_lines_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS, false>(fmin_nn(fabsf(y[i]), ELEM_MAX));
-        mags += biased << (ELEM_BITS * i);
-        bias += GRID_MAGIC_BITS << (ELEM_BITS * i);  // a constant: folded by the compiler
-        signs = funnel4(f2u(y[i]), signs);
-    }
-    return (mags - bias) | (signs & NIBBLE_SIGNS);
+    for (int i = 0; i < WORD_CODES; ++i) word |= e2m1_rn_not_nan(copysignf(a[i], x[i])) << (ELEM_BITS * i);
+    return word;
+#else
+    return e2m1_lines_word<true>(a, x);
 #endif
 }
 

@@ -1,11 +1,11 @@
 """The NVFP4 quantize kernel's walk over its tiles when a CTA quantizes several: byte for byte against the golden.
 
 Source: docs/numerics.md §5 (NVFP4); docs/design.md §4.2. native.nvfp4 launches one wave of resident CTAs (SMs x
-quantize_ctas_per_sm), each walking tiles t, t + gridDim.x, ... (reached by adding gridDim.x / tiles_k rows and
-gridDim.x % tiles_k columns of tiles, with a carry) with the next tile's copies in flight in the other shared
-buffer. Here the quantize launch gets 1 .. 23 CTAs over 4 x 11 (bf16) or 4 x 21 (fp32) tiles with partial last rows
-and columns, for 1-D, 2-D and RHT + SR builds and each copy alone; and the default grid over more tiles than it has
-CTAs, partial edges included.
+quantize_ctas_per_sm), each starting at tile blockIdx.x and drawing every later tile from a per-call counter
+(gridDim.x + atomicAdd), with the next tile's copies in flight in the other shared buffer. Here the quantize launch
+gets 1 .. 23 CTAs over 4 x 11 (bf16) or 4 x 21 (fp32) tiles with partial last rows and columns, for 1-D, 2-D and
+RHT + SR builds and each copy alone; the default grid over more tiles than it has CTAs, partial edges included; and
+repeated in-place planned calls (the counter zeroed per call).
 """
 
 from __future__ import annotations
@@ -85,3 +85,29 @@ def test_default_grid_walks_tiles_matches_reference(cfg_name, dtype_name):
     (n_tiles, cap), = grids
     assert cap == nvfp4.sm_count(nvfp4.device_index(x_gpu.device)) * nvfp4.quantize_ctas_per_sm(cfg) < n_tiles  # CTAs walk tiles
     assert_fields_equal(golden, fields, *WIDE, f"{cfg.id} {dtype_name} default grid")
+
+
+@pytest.mark.parametrize("given", [False, True], ids=["own-amax", "given-amax"])
+def test_planned_calls_in_place_draw_every_tile_each_time(given):
+    """The drawn-tile counter is zeroed per call (the plan block's memset, or fill_given with a given amax): a first
+    call (full path), a planned call, then two in-place calls (`out=`), over more tiles than the grid has CTAs, each on
+    a new input, each equal to the golden. The third given amax is half of amax(X): saturated block scales, |y| up
+    to ~12, the clamped encode."""
+    import native
+
+    cfg = CONFIGS["1x16"]
+    native.use_plans(True)
+    native.clear_plans()  # so the first call of the signature takes the full path and the second one the plan
+    q = None
+    for i in range(4):
+        x = make_input("normal", WIDE, torch.bfloat16, seed=4000 + i)
+        amax = (x.abs().amax().float() * (0.5 if i == 2 else 1.0)).reshape(1) if given else None
+        golden = reference.quantize(x, cfg, rowwise=True, colwise=True, **({"amax": amax} if given else {}))
+        kw = {"amax": amax.cuda()} if given else {}
+        if i < 2:
+            q = native.quantize(x.cuda(), cfg, rowwise=True, colwise=True, **kw)  # full path, then the plan's block
+        else:
+            assert native.quantize(x.cuda(), cfg, rowwise=True, colwise=True, out=q, **kw) is q
+        torch.cuda.synchronize()
+        fields = {f"{o}_{f}": getattr(q, f"{o}_{f}") for o in ("rowwise", "colwise") for f in ("data", "scale", "amax")}
+        assert_fields_equal(golden, fields, *WIDE, f"{cfg.id} call {i} given={given}")

@@ -47,24 +47,25 @@ def read_slots(address: int, n: int) -> list[int]:
 def test_prepared_block_has_the_bytes_of_pack_params():
     name = "nvfp4_quantize_bf16"
     ptrs = {"x": 0x7F00_0000_1000, "row_data": 0x7F00_0000_2000, "row_scale": 0x7F00_0000_3000,
-            "row_amax": 0x7F00_0000_3100, "col_data": 0x7F00_0000_4000}  # fmt: skip
+            "row_amax": 0x7F00_0000_3100, "col_data": 0x7F00_0000_4000, "drawn": 0x7F00_0000_5000}  # fmt: skip
     seed, row_stream = 0xFEDC_BA98_7654_3210, 0xFFFF_FFFF
     template = [Patched("x", torch.bfloat16), np.int64(256), np.int64(-3), Patched("seed"),
                 Patched("row_data", torch.uint8), Patched("row_scale", torch.uint8), np.int64(16),
                 Patched("row_amax", torch.float32), Patched("row_stream"), Patched("col_data", torch.uint8), None,
-                np.int64(0), None, np.uint32(7)]  # fmt: skip
+                np.int64(0), None, np.uint32(7), Patched("_drawn", torch.int32)]  # fmt: skip
     prepared = PreparedLaunch(None, name, 3, 256, template, 0, fn=0)
-    values = [ptrs["x"], seed, ptrs["row_data"], ptrs["row_scale"], ptrs["row_amax"], row_stream, ptrs["col_data"]]
-    got = read_slots(prepared.params(values), 14)
+    values = [ptrs["x"], seed, ptrs["row_data"], ptrs["row_scale"], ptrs["row_amax"], row_stream, ptrs["col_data"],
+              ptrs["drawn"]]  # fmt: skip
+    got = read_slots(prepared.params(values), 15)
     args = [fake_cuda(torch.bfloat16, ptrs["x"]), np.int64(256), np.int64(-3), np.uint64(seed),
             fake_cuda(torch.uint8, ptrs["row_data"]), fake_cuda(torch.uint8, ptrs["row_scale"]), np.int64(16),
             fake_cuda(torch.float32, ptrs["row_amax"]), np.uint32(row_stream), fake_cuda(torch.uint8, ptrs["col_data"]),
-            None, np.int64(0), None, np.uint32(7)]  # fmt: skip
-    assert got == signature(name).slots(args) == read_slots(pack_params(name, args), 14)
+            None, np.int64(0), None, np.uint32(7), fake_cuda(torch.int32, ptrs["drawn"])]  # fmt: skip
+    assert got == signature(name).slots(args) == read_slots(pack_params(name, args), 15)
     assert got[2] == (1 << 64) - 3  # two's complement, as the slot of an i64
     # A second call patches only its slots: the fixed ones keep their values.
-    got2 = read_slots(prepared.params([1, 2, 3, 4, 5, 6, 7]), 14)
-    assert got2 == [1, 256, (1 << 64) - 3, 2, 3, 4, 16, 5, 6, 7, 0, 0, 0, 7]
+    got2 = read_slots(prepared.params([1, 2, 3, 4, 5, 6, 7, 8]), 15)
+    assert got2 == [1, 256, (1 << 64) - 3, 2, 3, 4, 16, 5, 6, 7, 0, 0, 0, 7, 8]
 
 
 def test_prepare_checks_what_slots_checks():
@@ -437,9 +438,10 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
         block = "internal:torch.int32" if n_words else 0  # (a null pointer: nothing to clear)
         assert (name, slots) == ("fill_given", ["given", slot0, slot1, block, n_words])
         assert geometry == _geometry(-(-max(n_words, 1) // 256), 256) and plan.clears
-        # The cleared words are exactly the zero-filled scales (the full path's torch.zeros), never an A_g slot; the
-        # variant kernels zero their scales' padding themselves (nothing to clear).
+        # The cleared words are exactly the zero-filled scales (the full path's torch.zeros) and the quantize kernel's
+        # tile counter, never an A_g slot; the variant kernels zero their scales' padding themselves (nothing to clear).
         zero = set() if config.variant else {f"{o}_scale" for o, on in (("rowwise", rowwise), ("colwise", colwise)) if on}
+        zero |= set() if config.variant else {"_drawn"}
         assert 4 * n_words <= min(a_g["_bits"], *(a_g[s] for s in plan._given_slots))
         assert (n_words == 0) == (not zero) and all(a_g[n] < plan.block.zero_bytes for n in zero)
     else:

@@ -1,6 +1,7 @@
 """The sm_90 word encode of native/cuda/nvfp4.cuh (e2m1_rn_word: three roundings and a minimum) over all 2^32
 fp32 bit patterns, compiled for the CPU: equal to the per-element software path (rne_sat_mag) everywhere, and to
-the reference at both ends of every run of equal codes.
+the reference at both ends of every run of equal codes; its unclamped form (e2m1_rn_word_bounded, the kernels'
+path for blocks with every |y| < 7) equal to it on every word of patterns below 7 in magnitude.
 
 Source: docs/numerics.md §0.5 e2m1_rn, §5.4 (packing); docs/design.md §4.2 (why the encode changed).
 tests/unit/host/nvfp4_encode_exhaustive.cpp compares the packed words of the two paths for every pattern
@@ -37,10 +38,13 @@ def test_word_encode_matches_software_path_and_reference_on_every_fp32_pattern(t
     proc = subprocess.run([str(exe), str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     raw = out.read_bytes()
-    mismatches = int(np.frombuffer(raw[:8], dtype=np.uint64)[0])
+    mismatches, bounded_bad, bounded_words = map(int, np.frombuffer(raw[:24], dtype=np.uint64))
     assert mismatches == 0, f"{mismatches} words of the 2^29 differ between e2m1_rn_word and rne_sat_mag"
+    # The unclamped path (|y| < 7): every word of 8 patterns below 7 in magnitude, 0x40E00000 / 8 of each sign.
+    assert bounded_words == 2 * (0x40E00000 // 8)
+    assert bounded_bad == 0, f"{bounded_bad} of them differ between e2m1_rn_word_bounded and rne_sat_mag"
 
-    runs = np.frombuffer(raw[8:], dtype=np.uint32).reshape(-1, 2).astype(np.int64)
+    runs = np.frombuffer(raw[24:], dtype=np.uint32).reshape(-1, 2).astype(np.int64)
     starts, codes = runs[:, 0], runs[:, 1]
     ends = np.append(starts[1:] - 1, (1 << 32) - 1)
     # +0 .. +inf: codes 0..7 in order, then the positive NaNs; -0 .. -inf: codes 8..15, then the negative NaNs.
