@@ -11,7 +11,8 @@ colwise words per thread), a forward branch is taken iff its fall-through block 
 slow path of __frcp_rn), NaN-only code (the block_amax redo, encode_words' has_nan fix-up) or a line
 marked `// edge tile` (the guarded loads of a tile at X's bottom or right edge) or `// one thread` (thread 0's
 draw of the next tile: one thread of 256, not the per-thread path), or code inlined from a line whose comment ends
-with `slow path` (the RN encode of a block holding a NaN or a |y| >= 7, which clamps first). Each executed
+with `slow path` (called from it: the RN encode of a block holding a NaN or a |y| >= 7, which clamps first; the
+NaN-ignoring amax of a block holding a NaN). Each executed
 instruction gets a role from its opcode and its chain of
 inlined source functions; counts are divided by the thread's input elements per tile (both copies are
 written from them). Source: docs/design.md §4.2 (the table this prints).
@@ -132,7 +133,8 @@ def count(body: str, trips: int, elems: int):
         chain = [(f, n) for f, n in ins[k][2] if f in src]
         if chain and src[chain[0][0]][chain[0][1] - 1].endswith(("// edge tile", "// one thread")):
             return True
-        if any(src[f][n - 1].endswith("slow path") for f, n in chain):
+        # Inlined from a call on a `slow path` line (not the line's own branch / move instructions).
+        if any(src[f][n - 1].endswith("slow path") for f, n in chain[1:]):
             return True
         return any("is_nan(v[e])" in src[f][n - 1] or ("ELEM_NAN_CODE" in src[f][n - 1] and "word" in src[f][n - 1])
                    for f, n in chain)
@@ -153,7 +155,7 @@ def count(body: str, trips: int, elems: int):
             return ROLES[5]
         if fs and fs[0] == "encode_block" and "word" in src[ins[k][2][0][0]][ins[k][2][0][1] - 1]:
             return ROLES[6]
-        if set(fs) & {"block_amax_nan", "fmax_nan", "block_amax"}:
+        if set(fs) & {"block_amax_nan", "fmax_nan", "block_amax", "pair_amax_nan"}:
             return ROLES[3]
         if set(fs) & {"widen", "column_values", "bf16_to_f32", "f16_to_f32", "rht16", "rht_butterfly", "rht_path", "round_bf16"}:
             return ROLES[2]

@@ -110,6 +110,44 @@ NVFP4_HD AmaxNan block_amax_nan(const float (&v)[BLOCK]) {
     return {has_nan ? block_amax(v) : a, has_nan};
 }
 
+// The NaN-propagating chain of block_amax_nan for both 16-bit elements of the words w[0..N-1] at once (element 2j
+// in the low half, as loaded), per half: the max and the min over the words as packed pairs (NaN-propagating; exact:
+// each picks an element, subnormals kept; three operands an instruction on sm_90, VHMNMX), then max(max, -min) =
+// max |v|, the sign bits cleared (a half of zeros gives +0, as the chain from +0 does). amax[h]: half h's value as
+// fp32 (exact widening), NaN iff the half holds a NaN. Device only: the quantize kernel's 16-bit builds.
+template <int DT>
+struct Pair;  // the packed pair type of a 16-bit input (NVRTC has no <type_traits>)
+template <>
+struct Pair<IN_BF16> {
+    using T = __nv_bfloat162;
+};
+template <>
+struct Pair<IN_F16> {
+    using T = __half2;
+};
+
+template <int DT, int N>
+__device__ __forceinline__ void pair_amax_nan(const u32 (&w)[N], float (&amax)[2]) {
+    using P = typename Pair<DT>::T;
+    static_assert(sizeof(P) == sizeof(u32), "one pair per word");
+    const P* pair = reinterpret_cast<const P*>(w);
+    P hi = pair[0], lo = pair[0];
+#pragma unroll
+    for (int i = 1; i < N; ++i) {
+        hi = __hmax2_nan(hi, pair[i]);
+        lo = __hmin2_nan(lo, pair[i]);
+    }
+    const P m = __hmax2_nan(hi, __hneg2(lo));
+    const u32 bits = *reinterpret_cast<const u32*>(&m) & 0x7FFF7FFFu;  // +0 for zeros (max(+0, -0): either sign)
+    if constexpr (DT == IN_BF16) {
+        amax[0] = bf16_to_f32((u16)bits);
+        amax[1] = u2f(bits & 0xFFFF0000u);
+    } else {
+        amax[0] = f16_to_f32((u16)bits);
+        amax[1] = f16_to_f32((u16)(bits >> 16));
+    }
+}
+
 // ---- per-thread units ----------------------------------------------------------------------
 // A unit is GROUP 16-element blocks of one thread: several independent loads in flight.
 // Contiguous data (X read along its rows, whose blocks are consecutive in memory) is split into
@@ -685,6 +723,8 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
         }
 
         if (do_col && col_in) {
+            float col_amax[2];  // 16-bit inputs without RHT: both columns' chains at once (pair_amax_nan)
+            if constexpr (DT != IN_F32 && !Modes<DT>::rht_colwise) pair_amax_nan<DT>(words, col_amax);
             // Column k = k0 + PER_WORD * cw + e, m-block m0 / 16 + mb: block (k, m0 / 16 + mb) of X^T,
             // codes at col.data + k * (M/2) + (m0 / 16 + mb) * 8, scale at col.scale + k * stride + m0 / 16 + mb.
             u8* data = col.data + k0 * (m_rows / 2) + m0 / 2 + col_off;
@@ -704,7 +744,14 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
                     s = table_scale(amax_b, g_col, factor[1]);
                     encode_words<kSr>(col, s.f, amax_b, k, cb, an.has_nan, h, word);
                 } else {
-                    const AmaxNan an = block_amax_nan(v);
+                    AmaxNan an;
+                    if constexpr (DT == IN_F32) {
+                        an = block_amax_nan(v);
+                    } else {  // NUMERICS: §0.1 the same value and NaN flag as block_amax_nan(v)
+                        an.amax = col_amax[e];
+                        an.has_nan = is_nan(an.amax);
+                        if (an.has_nan) an.amax = block_amax(v);  // a NaN: slow path
+                    }
                     const float amax_b = k2d ? u2f(tile_amax[mb][t2]) : an.amax;
                     s = table_scale(amax_b, g_col, factor[1]);
                     encode_words<kSr>(col, s.f, amax_b, k, cb, an.has_nan, v, word);
@@ -737,7 +784,16 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
                 }
                 float v[BLOCK];
                 widen<DT>(raw, v);
-                const AmaxNan an = block_amax_nan(v);
+                AmaxNan an;
+                if constexpr (DT == IN_F32) {
+                    an = block_amax_nan(v);
+                } else {  // NUMERICS: §0.1 the same value and NaN flag as block_amax_nan(v), from the packed words
+                    float half_amax[2];
+                    pair_amax_nan<DT>(raw.w, half_amax);
+                    an.amax = fmax_nan(half_amax[0], half_amax[1]);
+                    an.has_nan = is_nan(an.amax);
+                    if (an.has_nan) an.amax = block_amax(v);  // a NaN: slow path
+                }
                 const float amax_b = k2d ? u2f(tile_amax[r / BLOCK][cb]) : an.amax;
                 const BlockScale s = table_scale(amax_b, g_row, factor[0]);
                 u32 word[2];
