@@ -100,9 +100,11 @@ def scheme_defines(config: QuantConfig) -> dict[str, int | float | str]:
 
 def quantize_ctas_per_sm(config: QuantConfig) -> int:
     """Resident quantize CTAs per SM, the quantize kernel's __launch_bounds__ minimum (NVFP4_QUANT_MIN_BLOCKS) and
-    its grid per SM: 4 (64 registers a thread), or 3 (80) with SR, whose Philox path spills at 64 (ptxas -v on
-    sm_90 / sm_100a; docs/design.md §4.2). 37 KiB of shared memory each."""
-    return 3 if config.stochastic else 4
+    its grid per SM: 3 (<= 80 registers a thread; 37 KiB of shared memory each). With tiles drawn from a counter, 4
+    CTAs (64 registers) were no faster: the same ncu issue rate and 2.5% slower back to back on an H200 (docs/design.md
+    §4.2); SR builds need 80 anyway (their Philox path spills at 64)."""
+    del config  # every config: RN, SR, RHT, 2-D
+    return 3
 
 
 def nvcc_check_config(scheme: str) -> QuantConfig:

@@ -498,8 +498,8 @@ __device__ __forceinline__ void amax_commit(float a, u32* out, u32* out2 = nullp
 
 #define NVFP4_THREADS 256
 // NVFP4_QUANT_MIN_BLOCKS (native/nvfp4.py quantize_ctas_per_sm): resident quantize CTAs per SM that the
-// register allocation must allow, 4 (<= 64 registers a thread, 32 warps per SM) or 3 with SR (<= 80: its
-// Philox path spills at 64). native/nvfp4.py launches one wave of them, each walking its tiles with the
+// register allocation must allow, 3 (<= 80 registers a thread, 24 warps per SM; SR's Philox path spills at 64).
+// native/nvfp4.py launches one wave of them, each walking its tiles with the
 // next tile's loads in flight (quantize_tiles). RN builds unroll a thread's blocks; SR and RHT builds encode
 // them one after another (unroll 1); no build spills (ptxas -v, sm_90 and sm_100a: benchmarks/sass_count.py
 // prints it).
