@@ -300,8 +300,9 @@ NVFP4_HD void encode_block(const QuantArgs& a, GlobalScale g, i64 r, i64 cb, flo
 }
 
 // ---- the quantize tile ------------------------------------------------------------------------
-// A CTA quantizes both copies of one TILE_M x Tile<DT>::COLS tile of X [M, K] at a time (a
-// grid-stride loop over the tiles, k fastest). The tile sits in shared memory as TILE_M rows of
+// A CTA quantizes both copies of one TILE_M x Tile<DT>::COLS tile of X [M, K] at a time (tiles numbered
+// k fastest; its first by block index, the later ones drawn from a counter: quantize_tiles). The tile sits
+// in shared memory as TILE_M rows of
 // TILE_WORDS 32-bit words: 128 bytes of X per row, 64 16-bit elements (kept packed, element 2j in
 // the low half as in X) or 32 fp32 ones, loaded once with coalesced 16-byte vectors. M and K are
 // multiples of 16, so a partial tile at the bottom or right edge of X still holds whole 16-row
