@@ -24,7 +24,8 @@ A given amax (TE's quantize_with_amax, §5.1; never with RHT) replaces pass 1: X
 and the scales come from torch.zeros (their padding is what pass 1 would have zeroed).
 
 The §5.10 variants (4over6, row-scaled) take their own simple kernels (`quantize_variant_with`): amax(X), or
-one amax per row of each copy, then one thread per block (per 16x16 tile in 2-D builds) reading the copy
+one amax per row of each copy (a CTA per group of rows, `row_amax_units`), then one thread per block (per 16x16
+tile in 2-D builds) reading the copy
 from X through strides, both copies in one launch per kernel (issue #18: per-call host cost), which also zeroes
 the scales' padding; row-scaled copies dequantize with each row's A_g (`dequantize_rows_with`).
 """
@@ -164,21 +165,31 @@ def _variant_copies(copies: Sequence) -> list:
     return out
 
 
+ROW_AMAX_WARPS = THREADS // WARP  # rows of X per row-amax CTA unit of the rowwise copy (nvfp4.cu ROW_AMAX_WARPS)
+
+
+def row_amax_units(m: int, k: int, rowwise: bool, colwise: bool) -> int:
+    """CTA units of nvfp4_row_amax over X [m, k]: ROW_AMAX_WARPS rows of X each for the rowwise copy, then WARP
+    columns of X (rows of X^T) each for the columnwise copy (nvfp4.cu row_amax_of_rows / row_amax_of_columns)."""
+    return (_cdiv(m, ROW_AMAX_WARPS) if rowwise else 0) + (_cdiv(k, WARP) if colwise else 0)
+
+
 def _variant_launches(config: QuantConfig, sfx: str, m: int, k: int, rowwise: bool, colwise: bool,
-                      args: list) -> list[tuple[str, int, list]]:
+                      args: list) -> list[tuple[str, int, list, int]]:
     """The variant kernels after amax(X) (nvfp4.cu NVFP4_VARIANT_INSTANTIATE), each over both copies at once:
-    (kernel, units, arguments), `args` being x, m, k and `_variant_copies`. Units: a row of each requested copy
-    (row amax), a 1x16 block (quantize_rows, 1-D 4over6) or a 16x16 tile (2-D 4over6); each copy holds m * k
-    elements."""
+    (kernel, units, arguments, units per CTA), `args` being x, m, k and `_variant_copies`. Units: a CTA's rows of
+    each requested copy (row amax, `row_amax_units`), a thread's 1x16 block (quantize_rows, 1-D 4over6) or 16x16
+    tile (2-D 4over6); each copy holds m * k elements."""
     elems = (int(bool(rowwise)) + int(bool(colwise))) * m * k
     out = []
     if config.row_scaled:
         # NUMERICS: §5.10 row-scaled - A_g of each row of the copy (a row, or a column of X).
-        out.append((f"nvfp4_row_amax_{sfx}", (m if rowwise else 0) + (k if colwise else 0), args))
+        out.append((f"nvfp4_row_amax_{sfx}", row_amax_units(m, k, rowwise, colwise), args, 1))
     if config.four_over_six:
-        out.append((f"nvfp4_4over6_{sfx}", elems // (config.block * config.tile[0]), [*args, np.int32(config.row_scaled)]))
+        out.append((f"nvfp4_4over6_{sfx}", elems // (config.block * config.tile[0]), [*args, np.int32(config.row_scaled)],
+                    THREADS))  # fmt: skip
     else:
-        out.append((f"nvfp4_quantize_rows_{sfx}", elems // config.block, args))
+        out.append((f"nvfp4_quantize_rows_{sfx}", elems // config.block, args, THREADS))
     return out
 
 
@@ -330,9 +341,9 @@ def quantize_variant_with(launch: Launcher, x2d: torch.Tensor, config: QuantConf
         copies.append((data, scale, _i64(scale.shape[1]), _i64(scale.shape[0]), a_g))
         out.update({f"{orientation}_data": data, f"{orientation}_scale": scale, f"{orientation}_amax": a_g})
     # One launch per kernel for both copies (issue #18: per-call host cost).
-    for name, n_units, args in _variant_launches(config, sfx, m, k, rowwise, colwise,
-                                                 [x2d, _i64(m), _i64(k), *_variant_copies(copies)]):  # fmt: skip
-        launch(name, n_units, args)
+    for name, n_units, args, per_cta in _variant_launches(config, sfx, m, k, rowwise, colwise,
+                                                          [x2d, _i64(m), _i64(k), *_variant_copies(copies)]):  # fmt: skip
+        launch(name, n_units, args, units_per_block=per_cta)
     return out
 
 
@@ -525,9 +536,9 @@ class QuantizePlan(QuantizePlanBase):
             a_g = Patched(f"{o}_amax" if config.row_scaled else slot_names[slot], torch.float32)
             copies.append((Patched(f"{o}_data", torch.uint8), Patched(f"{o}_scale", torch.uint8),
                            _i64(g.scale_padded_shape[1]), _i64(g.scale_padded_shape[0]), a_g))  # fmt: skip
-        for name, n_units, args in _variant_launches(config, sfx, m, k, rowwise, colwise,
-                                                     [x, _i64(m), _i64(k), *_variant_copies(copies)]):  # fmt: skip
-            steps += self._launch(name, n_units, args)
+        for name, n_units, args, per_cta in _variant_launches(config, sfx, m, k, rowwise, colwise,
+                                                              [x, _i64(m), _i64(k), *_variant_copies(copies)]):  # fmt: skip
+            steps += self._launch(name, n_units, args, units_per_block=per_cta)
         return buffers, steps
 
     def _run(self, x2d, seed, given, state, out) -> None:

@@ -1021,7 +1021,8 @@ NVFP4_HD void four6_tile(const CopySrc& s, float amax_g, i64 tr, i64 cb, u8* dat
 }
 
 // NUMERICS: §0.1 amax of row r of the copy: fmax over |v| from +0 (NaN ignored, +inf kept), exact in
-// any order; the row-scaled A_g of that row (§5.10).
+// any order; the row-scaled A_g of that row (§5.10). The host replay's; nvfp4_row_amax spreads a row over a
+// warp (row_amax_of_rows, row_amax_of_columns), the same value in another order.
 template <int DT>
 NVFP4_HD float copy_row_amax(const CopySrc& s, i64 r) {
     float a = 0.0f;
@@ -1083,12 +1084,64 @@ __device__ __forceinline__ void zero_variant_paddings(const VariantCopy& row, co
         zero_scale_padding(col.scale, col.scale_stride, col.scale_rows, col.src.rows, col.src.cols / BLOCK, first, step);
 }
 
+// The row amaxes of the variant copies (row-scaled A_g, §5.10; NUMERICS: §0.1 fmax over |v| from +0, NaN ignored,
+// exact in any order), a CTA per unit so that the copy is uniform in a CTA: a unit of the rowwise copy is
+// ROW_AMAX_WARPS rows of X, a warp a row (its lanes take the row's 16-element blocks lane, lane + 32, ..., as
+// vector loads; a warp max); a unit of the columnwise copy is WARP rows of X^T, i.e. WARP adjacent columns of X
+// (lane l a column, warp w the rows of X w, w + ROW_AMAX_WARPS, ...: a warp's load reads adjacent elements of one
+// row of X; the warps' maxima combined through shared memory). One thread per row of the copy, as before, left a
+// 4096^2 input with 32 CTAs, latency-bound. native/nvfp4.py row_amax_units counts the units.
+constexpr int ROW_AMAX_WARPS = NVFP4_THREADS / WARP;
+
+template <int DT>
+__device__ __forceinline__ void row_amax_of_rows(const CopySrc& s, float* amax, i64 unit) {
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const i64 r = unit * ROW_AMAX_WARPS + warp;
+    if (r >= s.rows) return;  // (no barrier in this path)
+    float a = 0.0f;
+    for (i64 cb = lane; cb < s.cols / BLOCK; cb += WARP) {
+        float v[BLOCK];
+        copy_block<DT>(s, r, cb, v);
+        a = fmax_nn(a, block_amax(v));
+    }
+    u32 b = f2u(a);  // >= +0: an integer max on the bits (§0.1)
+#pragma unroll
+    for (int off = WARP / 2; off > 0; off >>= 1) b = max(b, __shfl_xor_sync(0xFFFFFFFFu, b, off));
+    if (lane == 0) amax[r] = u2f(b);
+}
+
+template <int DT>
+__device__ __forceinline__ void row_amax_of_columns(const CopySrc& s, float* amax, i64 unit) {
+    __shared__ u32 part[ROW_AMAX_WARPS][WARP];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+    const i64 r = unit * WARP + lane;  // row r of X^T: column r of X
+    float a = 0.0f;
+    if (r < s.rows) {
+#pragma unroll 4
+        for (i64 j = warp; j < s.cols; j += ROW_AMAX_WARPS) {
+            const u32 w = load_word<DT>(s.x, r * s.rs + j * s.cs);
+            const float v = DT == IN_F32 ? u2f(w) : DT == IN_BF16 ? bf16_to_f32((u16)w) : f16_to_f32((u16)w);
+            a = fmax_nn(a, fabsf(v));
+        }
+    }
+    part[warp][lane] = f2u(a);
+    __syncthreads();
+    if (warp == 0 && r < s.rows) {
+        u32 b = part[0][lane];
+#pragma unroll
+        for (int w = 1; w < ROW_AMAX_WARPS; ++w) b = max(b, part[w][lane]);
+        amax[r] = u2f(b);
+    }
+    __syncthreads();  // part is written again by the CTA's next unit
+}
+
 #define NVFP4_ROWS_OF(c) (c).src.rows
 #define NVFP4_BLOCKS_OF(c) (c).src.rows * ((c).src.cols / BLOCK)
 #define NVFP4_4OVER6_UNITS_OF(c) (c).src.rows / (k2d ? BLOCK : 1) * ((c).src.cols / BLOCK)
 
 // Per input dtype, over both copies of X (VariantCopy; one launch per kernel for both):
-// - nvfp4_row_amax: the amax of each row of each copy into its amax[rows] (row-scaled A_g, §5.10);
+// - nvfp4_row_amax: the amax of each row of each copy into its amax[rows] (row-scaled A_g, §5.10), a CTA per
+//   unit of rows (row_amax_of_rows / row_amax_of_columns);
 // - nvfp4_quantize_rows: the plain 1x16 chain (§5.1-§5.4, encode_block) with each row's own A_g
 //   amax[r] (row-scaled NVFP4, §5.10);
 // - nvfp4_4over6: 4over6 (§5.10) with A_g amax[per_row ? r : 0]; one unit per 1x16 block, or per
@@ -1096,9 +1149,12 @@ __device__ __forceinline__ void zero_variant_paddings(const VariantCopy& row, co
 #define NVFP4_VARIANT_INSTANTIATE(SUFFIX, DT)                                                                     \
     extern "C" __global__ void __launch_bounds__(NVFP4_THREADS) nvfp4_row_amax_##SUFFIX(NVFP4_VARIANT_PARAMS) {    \
         NVFP4_VARIANT_COPIES;                                                                                     \
-        NVFP4_VARIANT_UNITS(i, NVFP4_ROWS_OF) {                                                                   \
-            NVFP4_VARIANT_UNIT(i, c, r);                                                                          \
-            c.amax[r] = copy_row_amax<DT>(c.src, r);                                                              \
+        const i64 n_row = r_data ? ceil_div(m, ROW_AMAX_WARPS) : 0, n_col = c_data ? ceil_div(k, WARP) : 0;      \
+        for (i64 u = blockIdx.x; u < n_row + n_col; u += gridDim.x) {                                            \
+            if (u < n_row)                                                                                        \
+                row_amax_of_rows<DT>(row_copy.src, row_copy.amax, u);                                             \
+            else                                                                                                  \
+                row_amax_of_columns<DT>(col_copy.src, col_copy.amax, u - n_row);                                  \
         }                                                                                                         \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(NVFP4_THREADS) nvfp4_quantize_rows_##SUFFIX(NVFP4_VARIANT_PARAMS) { \

@@ -238,3 +238,23 @@ def test_a_device_amax_is_taken_as_given_without_reading_it_back():
         check_given_amax(torch.empty(2, device="meta"), cfg)
     with pytest.raises(SpecViolation, match=">= \\+0"):
         check_given_amax(torch.tensor([-1.0]), cfg)
+
+
+@pytest.mark.parametrize("rowwise, colwise", [(True, True), (True, False), (False, True)])
+def test_row_scaled_row_amax_launches_a_cta_per_group_of_rows(rowwise, colwise):
+    """nvfp4_row_amax (docs/numerics.md §5.10 row-scaled A_g) runs a CTA per unit: 8 rows of X (a warp each) for
+    the rowwise copy, 32 columns of X for the columnwise one, rowwise units first; then quantize_rows, a thread
+    per 1x16 block of each requested copy."""
+    from native import nvfp4
+
+    calls = []
+
+    def record(name, n_units, args, max_blocks=nvfp4.MAX_BLOCKS, units_per_block=nvfp4.THREADS):
+        calls.append((name, n_units, units_per_block))
+
+    x = torch.randn(112, 80).to(torch.bfloat16)  # 14 units of 8 rows, 3 units of 32 columns (the last partial)
+    nvfp4.quantize_variant_with(record, x, QuantConfig("nvfp4", variant="row_scaled"), rowwise=rowwise,
+                                colwise=colwise)  # fmt: skip
+    copies = int(rowwise) + int(colwise)
+    assert calls == [("nvfp4_row_amax_bf16", (14 if rowwise else 0) + (3 if colwise else 0), 1),
+                     ("nvfp4_quantize_rows_bf16", copies * 112 * 80 // 16, nvfp4.THREADS)]  # fmt: skip
