@@ -226,10 +226,10 @@ def file_schemes(source: Path) -> tuple[str, ...]:
     return names
 
 
-def representative_config(scheme: str) -> QuantConfig:
-    """One config per scheme for the nvcc check, switching on as many code paths as the scheme has
-    (its launcher module's choice)."""
-    return _launcher(scheme).nvcc_check_config(scheme)
+def representative_configs(scheme: str) -> tuple[QuantConfig, ...]:
+    """The configs of a scheme for the nvcc check, switching on every compile-time code path the scheme has
+    between them (its launcher module's choice)."""
+    return _launcher(scheme).nvcc_check_configs(scheme)
 
 
 def _launcher(scheme: str):
@@ -452,9 +452,8 @@ def nvcc_check(archs: list[str], files: list[str] | None = None, verbose: bool =
     with tempfile.TemporaryDirectory() as tmp:
         for src in sources:
             for scheme in file_schemes(src):
-                cfg = representative_config(scheme)
-                for arch in archs:
-                    cmd = nvcc_command(src, Path(tmp) / f"{src.stem}-{scheme}-{arch}.cubin", arch, defines_for(cfg))
+                for cfg, arch in ((c, a) for c in representative_configs(scheme) for a in archs):
+                    cmd = nvcc_command(src, Path(tmp) / f"{src.stem}-{cfg.id}-{arch}.cubin", arch, defines_for(cfg))
                     r = subprocess.run(cmd, capture_output=True, text=True)
                     tag = f"{src.name} [{cfg.id}] {arch}"
                     if r.returncode != 0:
@@ -471,10 +470,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nvcc-check", action="store_true", help="compile every native/cuda/*.cu with nvcc")
     ap.add_argument("--arch", action="append", help="real arch, e.g. sm_90 or sm_100a (repeatable)")
     ap.add_argument("--file", action="append", help="only this .cu file (repeatable)")
-    ap.add_argument("--print-defines", metavar="SCHEME", help="print defines_for(representative config)")
+    ap.add_argument("--print-defines", metavar="SCHEME", help="print defines_for(the first nvcc-check config)")
     args = ap.parse_args(argv)
     if args.print_defines:
-        for o in define_options(defines_for(representative_config(args.print_defines))):
+        for o in define_options(defines_for(representative_configs(args.print_defines)[0])):
             print(o)
         return 0
     if not args.nvcc_check:

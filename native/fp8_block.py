@@ -31,9 +31,9 @@ def scheme_defines(config) -> dict[str, int | float | str]:
     return {}
 
 
-def nvcc_check_config(scheme: str) -> QuantConfig:
-    """The config the nvcc check builds: the scheme's defaults."""
-    return QuantConfig(scheme)
+def nvcc_check_configs(scheme: str) -> tuple[QuantConfig, ...]:
+    """The configs the nvcc check builds: the scheme's defaults."""
+    return (QuantConfig(scheme),)
 
 
 def quantize_2d(x2d: torch.Tensor, config, *, rowwise: bool, colwise: bool, rng=None, state=None) -> dict:

@@ -11,7 +11,7 @@ in its launcher module, which provides:
   `dequantize(q, orientation, dtype) -> [M, K]`, on CUDA tensors already checked by `reference.spec`;
 - `CUBLASLT` (a `CublasLtMode`: its docs/numerics.md §6 cuBLASLt row), `lt_scale(view) -> LtScale` (the scale
   tensor and scale mode cuBLASLt reads for one consumed copy), `lt_alpha(a_view, b_view) -> float`;
-- `scheme_defines(config)` (its own compile-time defines) and `nvcc_check_config(scheme)`;
+- `scheme_defines(config)` (its own compile-time defines) and `nvcc_check_configs(scheme)`;
 - `plan_quantize(config, m, k, dtype, *, rowwise, colwise, aligned, given, index)`: quantize_2d's launches for one
   call signature, prepared once (`native.plan.QuantizePlan`, docs/design.md §4.1).
 The GEMM epilogue order is the scheme row's (`Scheme.round_before_accumulate`, docs/numerics.md §6).

@@ -108,9 +108,11 @@ def quantize_ctas_per_sm(config: QuantConfig) -> int:
     return 3
 
 
-def nvcc_check_config(scheme: str) -> QuantConfig:
-    """The config the nvcc check builds: RHT and stochastic rounding on (every code path)."""
-    return QuantConfig(scheme, rht=True, stochastic=True)
+def nvcc_check_configs(scheme: str) -> tuple[QuantConfig, ...]:
+    """The configs the nvcc check builds: 1-D with RHT and stochastic rounding, and 2-D RN 4over6 with the MSE
+    error (IS_2D, NVFP4_ERR_MSE): the compile-time modes (defines_for) the first leaves off."""
+    return (QuantConfig(scheme, rht=True, stochastic=True),
+            QuantConfig(scheme, tile=(16, 16), variant="4over6", err_mode="mse"))
 
 
 class CupyLauncher:

@@ -54,11 +54,11 @@ def scheme_defines(config) -> dict[str, int | float | str]:
     }
 
 
-def nvcc_check_config(scheme: str) -> QuantConfig:
-    """The config the nvcc check builds for `scheme`: fp8_current with pow2 scales and eps (both paths)."""
+def nvcc_check_configs(scheme: str) -> tuple[QuantConfig, ...]:
+    """The configs the nvcc check builds for `scheme`: fp8_current with pow2 scales and eps (both paths)."""
     if scheme == "fp8_current":
-        return QuantConfig("fp8_current", pow2_scales=True, eps=2.0**-20)
-    return QuantConfig(scheme)
+        return (QuantConfig("fp8_current", pow2_scales=True, eps=2.0**-20),)
+    return (QuantConfig(scheme),)
 
 
 def _aligned(t: torch.Tensor | None, nbytes: int = 16) -> bool:
