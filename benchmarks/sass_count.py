@@ -8,12 +8,11 @@ plus -lineinfo, which adds line tables and changes no instruction), disassembles
 with `nvdisasm -gi` (nvdisasm / cuobjdump: CUDA toolkit, or pip nvidia-cuda-nvdisasm), and walks ONE
 iteration of the tile loop (the longest loop) on the common path: inner loops run their trip count (rowwise blocks and
 colwise words per thread), a forward branch is taken iff its fall-through block holds a CALL (the
-slow path of __frcp_rn), NaN-only code (the block_amax redo, encode_words' has_nan fix-up) or a line
-marked `// edge tile` (the guarded loads of a tile at X's bottom or right edge) or `// one thread` (thread 0's
-draw of the next tile: one thread of 256, not the per-thread path), or code inlined from a line whose comment ends
-with `slow path` (called from it: the RN encode of a block holding a NaN or a |y| >= 7, which clamps first; the
-NaN-ignoring amax of a block holding a NaN). Each executed
-instruction gets a role from its opcode and its chain of
+slow path of __frcp_rn), encode_words' has_nan fix-up, a line marked `// edge tile` (the guarded loads of a tile
+at X's bottom or right edge) or `// one thread` (thread 0's draw of the next tile: one thread of 256, not the
+per-thread path), or code inlined from a line whose comment ends with `slow path` (called from it: the RN encode
+of a block holding a NaN or a |y| >= 7, which clamps first; amax_nan_of's NaN-ignoring amax of a block holding a
+NaN). Each executed instruction gets a role from its opcode and its chain of
 inlined source functions; counts are divided by the thread's input elements per tile (both copies are
 written from them). Source: docs/design.md §4.2 (the table this prints).
 """
@@ -126,10 +125,7 @@ def count(body: str, trips: int, elems: int):
     def chain_funcs(k):
         return [funcs.get(f, {}).get(n, f) for f, n in ins[k][2]]
 
-    def rare(k):  # NaN-only code (the amax redo, the has_nan fix-up), edge tiles, thread 0 alone
-        fs = chain_funcs(k)
-        if "block_amax" in fs and "block_amax_nan" in fs:
-            return True
+    def rare(k):  # NaN-only code (the has_nan fix-up), edge tiles, thread 0 alone, slow paths
         chain = [(f, n) for f, n in ins[k][2] if f in src]
         if chain and src[chain[0][0]][chain[0][1] - 1].endswith(("// edge tile", "// one thread")):
             return True

@@ -25,9 +25,9 @@ and the scales come from torch.zeros (their padding is what pass 1 would have ze
 
 The §5.10 variants (4over6, row-scaled) take their own simple kernels (`quantize_variant_with`): amax(X), or
 one amax per row of each copy (a CTA per group of rows, `row_amax_units`), then one thread per block (per 16x16
-tile in 2-D builds) reading the copy
-from X through strides, both copies in one launch per kernel (issue #18: per-call host cost), which also zeroes
-the scales' padding; row-scaled copies dequantize with each row's A_g (`dequantize_rows_with`).
+tile in 2-D builds) reading the copy from X through strides, both copies in one launch per kernel (issue #18:
+per-call host cost), which also zeroes the scales' padding; row-scaled copies dequantize with each row's A_g
+(`dequantize_rows_with`).
 """
 
 from __future__ import annotations

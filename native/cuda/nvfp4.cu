@@ -73,18 +73,18 @@ NVFP4_HD void load_raw(const void* src, i64 off, i64 cs, Raw<DT>& raw) {
     }
 }
 
+// The exact fp32 value of one element as loaded (load_word): fp32 bits, or a 16-bit pattern in the low half.
+template <int DT>
+NVFP4_HD float element_value(u32 bits) {
+    if (DT == IN_F32) return u2f(bits);
+    return DT == IN_BF16 ? bf16_to_f32((u16)bits) : f16_to_f32((u16)bits);
+}
+
 // Exact widening of a loaded block to fp32.
 template <int DT>
 NVFP4_HD void widen(const Raw<DT>& raw, float (&v)[BLOCK]) {
 #pragma unroll
-    for (int i = 0; i < BLOCK; ++i) {
-        if (DT == IN_F32) {
-            v[i] = u2f(raw.w[i]);
-        } else {
-            const u16 h = (u16)(raw.w[i / 2] >> (16 * (i % 2)));
-            v[i] = DT == IN_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
-        }
-    }
+    for (int i = 0; i < BLOCK; ++i) v[i] = element_value<DT>(DT == IN_F32 ? raw.w[i] : raw.w[i / 2] >> (16 * (i % 2)));
 }
 
 // NUMERICS: §0.1 amax - fmax over |v| from +0; NaN ignored, +inf kept.
@@ -102,15 +102,22 @@ struct AmaxNan {
     bool has_nan;
 };
 
+// The AmaxNan of block v from `chain`, its NaN-propagating max over |v| (NaN iff v holds a NaN), however computed:
+// the chain's value, or for a block with a NaN the NaN-ignoring block_amax.
+NVFP4_HD AmaxNan amax_nan_of(float chain, const float (&v)[BLOCK]) {
+    AmaxNan an = {chain, is_nan(chain)};
+    if (an.has_nan) an.amax = block_amax(v);  // a NaN: slow path
+    return an;
+}
+
 NVFP4_HD AmaxNan block_amax_nan(const float (&v)[BLOCK]) {
     float a = 0.0f;
 #pragma unroll
     for (int i = 0; i < BLOCK; ++i) a = fmax_nan(a, fabsf(v[i]));
-    const bool has_nan = is_nan(a);
-    return {has_nan ? block_amax(v) : a, has_nan};
+    return amax_nan_of(a, v);
 }
 
-// The NaN-propagating chain of block_amax_nan for both 16-bit elements of the words w[0..N-1] at once (element 2j
+// The NaN-propagating chain of block_amax_nan (for amax_nan_of) for both 16-bit elements of the words w[0..N-1] at once (element 2j
 // in the low half, as loaded), per half: the max and the min over the words as packed pairs (NaN-propagating; exact:
 // each picks an element, subnormals kept; three operands an instruction on sm_90, VHMNMX), then max(max, -min) =
 // max |v|, the sign bits cleared (a half of zeros gives +0, as the chain from +0 does). amax[h]: half h's value as
@@ -745,14 +752,8 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
                     s = table_scale(amax_b, g_col, factor[1]);
                     encode_words<kSr>(col, s.f, amax_b, k, cb, an.has_nan, h, word);
                 } else {
-                    AmaxNan an;
-                    if constexpr (DT == IN_F32) {
-                        an = block_amax_nan(v);
-                    } else {  // NUMERICS: §0.1 the same value and NaN flag as block_amax_nan(v)
-                        an.amax = col_amax[e];
-                        an.has_nan = is_nan(an.amax);
-                        if (an.has_nan) an.amax = block_amax(v);  // a NaN: slow path
-                    }
+                    // NUMERICS: §0.1 16-bit inputs: the same value and NaN flag as block_amax_nan(v)
+                    const AmaxNan an = DT == IN_F32 ? block_amax_nan(v) : amax_nan_of(col_amax[e], v);
                     const float amax_b = k2d ? u2f(tile_amax[mb][t2]) : an.amax;
                     s = table_scale(amax_b, g_col, factor[1]);
                     encode_words<kSr>(col, s.f, amax_b, k, cb, an.has_nan, v, word);
@@ -791,9 +792,7 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
                 } else {  // NUMERICS: §0.1 the same value and NaN flag as block_amax_nan(v), from the packed words
                     float half_amax[2];
                     pair_amax_nan<DT>(raw.w, half_amax);
-                    an.amax = fmax_nan(half_amax[0], half_amax[1]);
-                    an.has_nan = is_nan(an.amax);
-                    if (an.has_nan) an.amax = block_amax(v);  // a NaN: slow path
+                    an = amax_nan_of(fmax_nan(half_amax[0], half_amax[1]), v);
                 }
                 const float amax_b = k2d ? u2f(tile_amax[r / BLOCK][cb]) : an.amax;
                 const BlockScale s = table_scale(amax_b, g_row, factor[0]);
@@ -1119,9 +1118,7 @@ __device__ __forceinline__ void row_amax_of_columns(const CopySrc& s, float* ama
     if (r < s.rows) {
 #pragma unroll 4
         for (i64 j = warp; j < s.cols; j += ROW_AMAX_WARPS) {
-            const u32 w = load_word<DT>(s.x, r * s.rs + j * s.cs);
-            const float v = DT == IN_F32 ? u2f(w) : DT == IN_BF16 ? bf16_to_f32((u16)w) : f16_to_f32((u16)w);
-            a = fmax_nn(a, fabsf(v));
+            a = fmax_nn(a, fabsf(element_value<DT>(load_word<DT>(s.x, r * s.rs + j * s.cs))));
         }
     }
     part[warp][lane] = f2u(a);
@@ -1135,7 +1132,6 @@ __device__ __forceinline__ void row_amax_of_columns(const CopySrc& s, float* ama
     __syncthreads();  // part is written again by the CTA's next unit
 }
 
-#define NVFP4_ROWS_OF(c) (c).src.rows
 #define NVFP4_BLOCKS_OF(c) (c).src.rows * ((c).src.cols / BLOCK)
 #define NVFP4_4OVER6_UNITS_OF(c) (c).src.rows / (k2d ? BLOCK : 1) * ((c).src.cols / BLOCK)
 
