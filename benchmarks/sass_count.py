@@ -12,7 +12,9 @@ slow path of __frcp_rn), encode_words' has_nan fix-up, a line marked `// edge ti
 at X's bottom or right edge) or `// one thread` (thread 0's draw of the next tile: one thread of 256, not the
 per-thread path), or code inlined from a line whose comment ends with `slow path` (called from it: the RN encode
 of a block holding a NaN or a |y| >= 7, which clamps first; amax_nan_of's NaN-ignoring amax of a block holding a
-NaN). Each executed instruction gets a role from its opcode and its chain of
+NaN); a constant move there does not count (the compiler hoists a slow path's constants into the blocks before it:
+`MOV` / `IMAD.MOV` / `HFMA2.MMA -RZ, RZ` of an immediate). Each executed instruction gets a role from its opcode and
+its chain of
 inlined source functions; counts are divided by the thread's input elements per tile (both copies are
 written from them). Source: docs/design.md §4.2 (the table this prints).
 """
@@ -48,6 +50,13 @@ ALU_OPCODES = {"LOP3", "IADD3", "SHF", "LEA", "ISETP", "FSETP", "FMNMX", "SEL", 
 # A branch and its target; sm_100 also writes a uniform-predicate branch as `BRA.U !UP0, target` (conditional, with
 # no `@` guard).
 _BRANCH = re.compile(r"BRA(?:\.U)? (?:!?U?P\d, )?`\((\.L_x_\d+)\)")
+# Functions whose instructions are the E2M1 encode (the element codes, their signs and their placement in a word).
+ENCODE_FUNCS = ("e2m1_", "rne_sat", "grid_", "floor_mag", "add_rz", "sr_word", "philox", "nibble_signs", "sign_masks",
+                "row_signs", "column_signs", "block_signs", "byte_perm")
+# A constant into a register (a move, or HFMA2.MMA -RZ * RZ + constant): the compiler hoists a slow path's constants
+# into the blocks before it.
+_NUM = r"-?(?:0x[0-9a-f]+|\d+(?:\.\d+)?(?:e[-+]?\d+)?)"
+_CONST_MOVE = re.compile(rf"^(?:(?:MOV|UMOV|MOV32I|IMAD\.MOV(?:\.U32)?) \w+, (?:U?RZ, U?RZ, )?{_NUM}|HFMA2\.MMA \w+, -RZ, RZ, {_NUM}, {_NUM})$")
 _PREDICATED_BRANCH = re.compile(r"^(?:@|BRA(?:\.U)? !?U?P\d, )")
 
 
@@ -147,7 +156,7 @@ def count(body: str, trips: int, elems: int):
         if set(fs) & {"block_scale", "block_scale_code", "table_scale", "encode_factor", "global_scale", "sat_e4m3", "ue4m3_value",
                           "rcp_rn"} or any("fp8" in f for f, _ in ins[k][2]):
             return ROLES[4]
-        if (fs[:2] == ["mul_rn", "encode_block"]) or any(f.startswith(("e2m1_", "rne_sat", "grid_", "floor_mag", "add_rz", "sr_word", "philox")) for f in fs):
+        if fs[:2] in (["mul_rn", "encode_block"], ["mul_rn", "encode_words"]) or any(f.startswith(ENCODE_FUNCS) for f in fs):
             return ROLES[5]
         if fs and fs[0] == "encode_block" and "word" in src[ins[k][2][0][0]][ins[k][2][0][1] - 1]:
             return ROLES[6]
@@ -193,8 +202,8 @@ def count(body: str, trips: int, elems: int):
                     k += 1
             else:
                 j, slow = k + 1, False
-                while j < target and j not in label_at:
-                    if "CALL" in ins[j][1] or rare(j):
+                while j < target and j not in label_at:  # rare: a constant move does not decide
+                    if "CALL" in ins[j][1] or (rare(j) and not _CONST_MOVE.match(ins[j][1])):
                         slow = True
                         break
                     if "BRA" in ins[j][1]:

@@ -236,13 +236,20 @@ __device__ __forceinline__ void zero_scale_paddings(const ScalePads& p, i64 m_ro
     zero_scale_padding(p.col_scale, p.col_stride, p.col_scale_rows, k_cols, m_rows / BLOCK, first, step);
 }
 
+// The sign words of a block's values (nibble_signs: bit 4i + 3 of signs[i / 8] is the sign of v[i]).
+NVFP4_HD void block_signs(const float (&v)[BLOCK], u32 (&signs)[2]) {
+    signs[0] = nibble_signs(v);
+    signs[1] = nibble_signs(v + BLOCK / 2);
+}
+
 // The 16 codes of block (r, cb) of the copy from its values v and encode factor f (§5.3), packed in two
 // words (element i is nibble i % 8 of word i / 8, little-endian bytes: byte j = code[2j] | code[2j+1] << 4,
 // §5.4); amax_b >= every |v[i]| (the amax the scale came from), (r, cb) only place the SR draws. has_nan: some
-// v[i] is NaN. NUMERICS: §5.4, §5.7, §0.5.
+// v[i] is NaN. signs: v's sign words (block_signs, or the same bits from the loaded words). NUMERICS: §5.4, §5.7,
+// §0.5.
 template <bool SR>
 NVFP4_HD void encode_words(const QuantArgs& a, float f, float amax_b, i64 r, i64 cb, bool has_nan,
-                           const float (&v)[BLOCK], u32 (&word)[2]) {
+                           const float (&v)[BLOCK], const u32 (&signs)[2], u32 (&word)[2]) {
     constexpr int PER_WORD = 32 / ELEM_BITS;  // 8 codes per 32-bit word
     word[0] = word[1] = 0u;
     float y[BLOCK];
@@ -250,8 +257,8 @@ NVFP4_HD void encode_words(const QuantArgs& a, float f, float amax_b, i64 r, i64
         // Every |y| = RN(|v| f) <= RN(amax_b f) < ELEM_LINES_BOUND (RN is monotone): the lines need no clamp.
 #pragma unroll
         for (int e = 0; e < BLOCK; ++e) y[e] = mul_rn(fabsf(v[e]), f);  // NUMERICS: §5.4 |y| = |RN(x * f)|
-        word[0] = e2m1_rn_word_bounded(y, v);  // NUMERICS: §0.5 e2m1_rn_not_nan, §5.4 packing
-        word[1] = e2m1_rn_word_bounded(y + PER_WORD, v + PER_WORD);
+        word[0] = e2m1_rn_word_bounded(y, signs[0]);  // NUMERICS: §0.5 e2m1_rn_not_nan, §5.4 packing
+        word[1] = e2m1_rn_word_bounded(y + PER_WORD, signs[1]);
         return;
     }
 #pragma unroll
@@ -301,8 +308,9 @@ template <bool SR>
 NVFP4_HD void encode_block(const QuantArgs& a, GlobalScale g, i64 r, i64 cb, float amax_b, bool has_nan,
                            const float (&v)[BLOCK]) {
     const BlockScale s = block_scale(amax_b, g);
-    u32 word[2];
-    encode_words<SR>(a, s.f, amax_b, r, cb, has_nan, v, word);
+    u32 signs[2], word[2];
+    block_signs(v, signs);
+    encode_words<SR>(a, s.f, amax_b, r, cb, has_nan, v, signs, word);
     store_block(a.data + r * (a.cols / 2) + cb * (BLOCK / 2), a.scale + r * a.scale_stride + cb, word, s.code);
 }
 
@@ -442,6 +450,35 @@ NVFP4_HD void column_values(const u32 (&words)[BLOCK], int half, float (&v)[BLOC
         } else {
             v[i] = f16_to_f32((u16)(half == 0 ? words[i] : words[i] >> 16));
         }
+    }
+}
+
+// The sign words (block_signs) of both columns of a 16-bit colwise item, from its words as loaded: signs[e] for
+// column e (the low halves, then the high halves). Codes word q holds rows 8q .. 8q + 7: its even rows' and its
+// odd rows' sign masks (sign_masks_16), 10 instructions for a codes word of each column instead of 16 funnel
+// shifts.
+NVFP4_HD void column_signs_16(const u32 (&words)[BLOCK], u32 (&signs)[2][2]) {
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+        const u32* w = words + 8 * q;
+        u32 even_lo, even_hi, odd_lo, odd_hi;
+        sign_masks_16(w[0], w[2], w[4], w[6], even_lo, even_hi);
+        sign_masks_16(w[1], w[3], w[5], w[7], odd_lo, odd_hi);
+        signs[0][q] = nibble_signs_of_masks(even_lo, odd_lo);
+        signs[1][q] = nibble_signs_of_masks(even_hi, odd_hi);
+    }
+}
+
+// The sign words (block_signs) of a rowwise block of 16-bit elements from its words as loaded: word j holds elements
+// 2j (low half) and 2j + 1 (high half), so codes word q's masks come from words 4q .. 4q + 3 (5 instructions each).
+template <int DT>
+NVFP4_HD void row_signs_16(const Raw<DT>& raw, u32 (&signs)[2]) {
+    static_assert(DT != IN_F32, "16-bit inputs: two elements a word");
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+        u32 even, odd;
+        sign_masks_16(raw.w[4 * q], raw.w[4 * q + 1], raw.w[4 * q + 2], raw.w[4 * q + 3], even, odd);
+        signs[q] = nibble_signs_of_masks(even, odd);
     }
 }
 
@@ -732,7 +769,11 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
 
         if (do_col && col_in) {
             float col_amax[2];  // 16-bit inputs without RHT: both columns' chains at once (pair_amax_nan)
-            if constexpr (DT != IN_F32 && !Modes<DT>::rht_colwise) pair_amax_nan<DT>(words, col_amax);
+            u32 col_signs[2][2];  // and both columns' sign words from the loaded words
+            if constexpr (DT != IN_F32 && !Modes<DT>::rht_colwise) {
+                pair_amax_nan<DT>(words, col_amax);
+                column_signs_16(words, col_signs);
+            }
             // Column k = k0 + PER_WORD * cw + e, m-block m0 / 16 + mb: block (k, m0 / 16 + mb) of X^T,
             // codes at col.data + k * (M/2) + (m0 / 16 + mb) * 8, scale at col.scale + k * stride + m0 / 16 + mb.
             u8* data = col.data + k0 * (m_rows / 2) + m0 / 2 + col_off;
@@ -750,13 +791,22 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
                     const AmaxNan an = block_amax_nan(h);
                     const float amax_b = k2d ? u2f(tile_amax[mb][t2]) : an.amax;
                     s = table_scale(amax_b, g_col, factor[1]);
-                    encode_words<kSr>(col, s.f, amax_b, k, cb, an.has_nan, h, word);
+                    u32 signs[2];
+                    block_signs(h, signs);
+                    encode_words<kSr>(col, s.f, amax_b, k, cb, an.has_nan, h, signs, word);
                 } else {
                     // NUMERICS: §0.1 16-bit inputs: the same value and NaN flag as block_amax_nan(v)
                     const AmaxNan an = DT == IN_F32 ? block_amax_nan(v) : amax_nan_of(col_amax[e], v);
                     const float amax_b = k2d ? u2f(tile_amax[mb][t2]) : an.amax;
                     s = table_scale(amax_b, g_col, factor[1]);
-                    encode_words<kSr>(col, s.f, amax_b, k, cb, an.has_nan, v, word);
+                    u32 signs[2];
+                    if constexpr (DT == IN_F32) {
+                        block_signs(v, signs);
+                    } else {
+                        signs[0] = col_signs[e][0];
+                        signs[1] = col_signs[e][1];
+                    }
+                    encode_words<kSr>(col, s.f, amax_b, k, cb, an.has_nan, v, signs, word);
                 }
                 store_block(data, scale, word, s.code);
                 data += m_rows / 2;  // the next column: the next row of X^T
@@ -787,17 +837,20 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
                 float v[BLOCK];
                 widen<DT>(raw, v);
                 AmaxNan an;
+                u32 signs[2];
                 if constexpr (DT == IN_F32) {
                     an = block_amax_nan(v);
+                    block_signs(v, signs);
                 } else {  // NUMERICS: §0.1 the same value and NaN flag as block_amax_nan(v), from the packed words
                     float half_amax[2];
                     pair_amax_nan<DT>(raw.w, half_amax);
                     an = amax_nan_of(fmax_nan(half_amax[0], half_amax[1]), v);
+                    row_signs_16<DT>(raw, signs);
                 }
                 const float amax_b = k2d ? u2f(tile_amax[r / BLOCK][cb]) : an.amax;
                 const BlockScale s = table_scale(amax_b, g_row, factor[0]);
                 u32 word[2];
-                encode_words<kSr>(row, s.f, amax_b, m0 + r, k0 / BLOCK + cb, an.has_nan, v, word);
+                encode_words<kSr>(row, s.f, amax_b, m0 + r, k0 / BLOCK + cb, an.has_nan, v, signs, word);
                 store_block(data, scale, word, s.code);
                 data += row_off_step;
                 scale += row_soff_step;

@@ -367,23 +367,68 @@ NVFP4_HD u32 funnel4(u32 lo, u32 hi) {
 }
 
 constexpr int WORD_CODES = 32 / ELEM_BITS;  // 8 codes per 32-bit word
+constexpr u32 NIBBLE_SIGNS = 0x88888888u;   // bit 3 of every nibble: the sign bits of a word of codes
 static_assert(ELEM_BITS == 4 && ELEM_SIGN == 8u, "the word encode packs 4-bit codes with the sign in bit 3");
 
-// The E2M1 word encode of e2m1_rn_word / e2m1_rn_word_bounded (both below): magnitude i from a[i] (BOUNDED: a[i]
+// A word's sign bits: bit 4i + 3 is the sign bit of s[i] (its fp32 bit 31), i < 8: bit 31 funnel-shifted in,
+// element 7 first (one SHF per element). Bits outside NIBBLE_SIGNS are arbitrary (the packers mask them).
+NVFP4_HD u32 nibble_signs(const float* s) {
+    u32 signs = 0u;
+#pragma unroll
+    for (int i = WORD_CODES - 1; i >= 0; --i) signs = funnel4(f2u(s[i]), signs);
+    return signs;
+}
+
+// PTX prmt.b32 (default mode) on the host and the device: byte n of the result is byte (sel >> 4n) & 7 of the
+// 8 bytes (b:a), a in bytes 0-3; with bit 3 of that selector nibble set, that byte's top bit replicated over all
+// 8 bits (0x00 or 0xFF).
+NVFP4_HD u32 byte_perm_sx(u32 a, u32 b, u32 sel) {
+#if defined(__CUDA_ARCH__)
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+#else
+    const unsigned long long src = ((unsigned long long)b << 32) | a;
+    u32 r = 0u;
+    for (int n = 0; n < 4; ++n) {
+        const u32 nib = (sel >> (4 * n)) & 0xFu;
+        u32 byte = (u32)(src >> (8 * (nib & 7u))) & 0xFFu;
+        if (nib & 8u) byte = (byte & 0x80u) ? 0xFFu : 0x00u;
+        r |= byte << (8 * n);
+    }
+    return r;
+#endif
+}
+
+// Sign masks of four words x[0..3] of two 16-bit elements each (bf16 or f16: a half's top bit is its sign):
+// byte j of low (high) is 0xFF iff the low (high) half of x[j] is negative, else 0x00. Four byte permutes: the
+// halves' top bytes (bytes 1 and 3) of x[0], x[1] and of x[2], x[3] gathered, then replicated in order.
+NVFP4_HD void sign_masks_16(u32 x0, u32 x1, u32 x2, u32 x3, u32& low, u32& high) {
+    constexpr u32 TOP_BYTES = 0x7351u;  // (a.1, b.1, a.3, b.3) of (b:a)
+    const u32 p01 = byte_perm_sx(x0, x1, TOP_BYTES), p23 = byte_perm_sx(x2, x3, TOP_BYTES);
+    low = byte_perm_sx(p01, p23, 0xDC98u);   // bytes 0, 1, 4, 5 of (p23:p01), sign-replicated
+    high = byte_perm_sx(p01, p23, 0xFEBAu);  // bytes 2, 3, 6, 7
+}
+
+// A word's sign bits (as nibble_signs) from sign masks (sign_masks_16): byte j of a codes word holds elements
+// 2j (bit 3, from byte j of even) and 2j + 1 (bit 7, from byte j of odd). One LOP3.
+NVFP4_HD u32 nibble_signs_of_masks(u32 even, u32 odd) {
+    constexpr u32 LOW_NIBBLES = 0x0F0F0F0Fu;
+    return (even & LOW_NIBBLES) | (odd & ~LOW_NIBBLES);
+}
+
+// The word encode of e2m1_rn_word / e2m1_rn_word_bounded (both below): magnitude i from a[i] (BOUNDED: a[i]
 // is |y_i| < ELEM_LINES_BOUND already; else a[i] = y_i, clamped here to |y_i| <= maxv as e2m1_rn_mag_lines), sign
-// i the sign bit of s[i]. Magnitudes: the biased codes summed as (bits << 4i) mod 2^32 and the bias
-// sum(bits(2^23) << 4i) subtracted once (the shifted codes do not overlap, so the sum is their OR); signs: bit 31 of
-// s[i] funnel-shifted to bit 4i + 3 (element 7 first), one SHF per element and one mask per word.
+// i bit 4i + 3 of signs (nibble_signs). Magnitudes: the biased codes summed as (bits << 4i) mod 2^32 and the bias
+// sum(bits(2^23) << 4i) subtracted once (the shifted codes do not overlap, so the sum is their OR).
 template <bool BOUNDED>
-NVFP4_HD u32 e2m1_lines_word(const float* a, const float* s) {
-    constexpr u32 NIBBLE_SIGNS = 0x88888888u;  // bit 3 of every nibble
-    u32 mags = 0u, signs = 0u, bias = 0u;
+NVFP4_HD u32 e2m1_lines_word(const float* a, u32 signs) {
+    u32 mags = 0u, bias = 0u;
 #pragma unroll
     for (int i = WORD_CODES - 1; i >= 0; --i) {
         const float mag = BOUNDED ? a[i] : fmin_nn(fabsf(a[i]), ELEM_MAX);
         mags += min_lines_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS, false>(mag) << (ELEM_BITS * i);
         bias += GRID_MAGIC_BITS << (ELEM_BITS * i);  // a constant: folded by the compiler
-        signs = funnel4(f2u(s[i]), signs);
     }
     return (mags - bias) | (signs & NIBBLE_SIGNS);
 }
@@ -406,7 +451,7 @@ NVFP4_HD u32 e2m1_rn_word(const float* y) {
     for (int i = 0; i < WORD_CODES; ++i) word |= e2m1_rn_not_nan(y[i]) << (ELEM_BITS * i);
     return word;
 #else
-    return e2m1_lines_word<false>(y, y);
+    return e2m1_lines_word<false>(y, nibble_signs(y));
 #endif
 }
 
@@ -416,17 +461,17 @@ NVFP4_HD u32 e2m1_rn_word(const float* y) {
 constexpr float ELEM_LINES_BOUND =
     ELEM_MAX + 0.5f * (float)(1 << ((1 << ELEM_EXP_BITS) - 1 - ELEM_BIAS - ELEM_MAN_BITS));
 
-// NUMERICS: §0.5 e2m1_rn_not_nan of the values y_i with |y_i| = a[i] < ELEM_LINES_BOUND and the sign of x[i]
-// (y_i = RN(x_i f) with f > 0: |y_i| = RN(|x_i| f) and sign(y_i) = sign(x_i)), packed as e2m1_rn_word: the same
-// codes without the clamp (one instruction less per element).
-NVFP4_HD u32 e2m1_rn_word_bounded(const float* a, const float* x) {
+// NUMERICS: §0.5 e2m1_rn_not_nan of the values y_i with |y_i| = a[i] < ELEM_LINES_BOUND and the sign bit 4i + 3 of
+// signs (nibble_signs of the inputs x_i: y_i = RN(x_i f) with f > 0 has |y_i| = RN(|x_i| f) and the sign of x_i),
+// packed as e2m1_rn_word: the same codes without the clamp (one instruction less per element).
+NVFP4_HD u32 e2m1_rn_word_bounded(const float* a, u32 signs) {
 #if NVFP4_HW_E2M1
     u32 word = 0u;
 #pragma unroll
-    for (int i = 0; i < WORD_CODES; ++i) word |= e2m1_rn_not_nan(copysignf(a[i], x[i])) << (ELEM_BITS * i);
-    return word;
+    for (int i = 0; i < WORD_CODES; ++i) word |= e2m1_rn_not_nan(a[i]) << (ELEM_BITS * i);  // a[i] >= 0: magnitude codes
+    return word | (signs & NIBBLE_SIGNS);
 #else
-    return e2m1_lines_word<true>(a, x);
+    return e2m1_lines_word<true>(a, signs);
 #endif
 }
 
@@ -476,7 +521,6 @@ static_assert(SR_BITS == 8 && (GRID_MAGIC_BITS & 0x00FFFFFFu) == 0u, "sr_byte_ma
 // as §5.4 (equal to OR_i e2m1_sr_not_nan(y[i], r_i) << 4i): t = RN(a + u * step(a)) as e2m1_sr_not_nan, its floor
 // code by min_lines_biased (rounding down), magnitudes summed and signs funnel-shifted as in e2m1_rn_word.
 NVFP4_HD u32 e2m1_sr_word(const float* y, const u32* rnd) {
-    constexpr u32 NIBBLE_SIGNS = 0x88888888u;
     const float two23 = pow2f(FP32_MAN_BITS);
     u32 mags = 0u, signs = 0u, bias = 0u;
 #pragma unroll

@@ -143,3 +143,19 @@ def test_rht16_host_replay_matches_reference_on_every_path(rht_replay, tmp_path)
         f"{bad.numel()} of {chunks.shape[0]} chunks differ; first chunk {int(bad[0])} "
         f"(path {RHT_PATHS[int(rec['path'][bad[0]])]}): {chunks[bad[0]].tolist()}"
     )
+
+
+def test_sign_words_from_loaded_16_bit_words_match_the_widened_values(tmp_path):
+    """The quantize kernel's sign words of 16-bit inputs, gathered from the words as loaded by byte permutes
+    (nvfp4.cu row_signs_16 / column_signs_16, nvfp4.cuh sign_masks_16 with byte_perm_sx's host emulation of PRMT),
+    equal the funnel-shifted signs of the widened values (block_signs) for every pattern of the 16 sign bits of a
+    codes word, bf16 and f16, other bits random. docs/numerics.md §5.4 (code sign bit = the input's sign)."""
+    # nvfp4.cu's kernels still build for the device: their PTX needs sm_80+ (as the variants' host replay).
+    exe = build_host_program("nvfp4_sign_words.cpp", tmp_path / "sign_words", _compile.defines_for(QuantConfig("nvfp4")),
+                             extra=("-arch=sm_90",))
+    out = tmp_path / "out.bin"
+    proc = subprocess.run([str(exe), str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    row_bad, col_bad, words = np.frombuffer(out.read_bytes(), dtype="<u8").tolist()
+    assert words == 2 * 6 * (1 << 16)
+    assert (row_bad, col_bad) == (0, 0), f"sign bits that differ: rowwise {row_bad}, colwise {col_bad} of {words} words"

@@ -3,7 +3,7 @@
 // 2^32 fp32 bit patterns. Patterns 8j .. 8j+7 fill one word, rotated by j so that every lane sees every
 // low-bit residue; NaN lanes are masked (the kernels fix NaN codes afterwards, §0.5). Every word whose 8
 // patterns are all below ELEM_LINES_BOUND in magnitude (and not NaN) also goes through e2m1_rn_word_bounded
-// (|y| and y's sign, the kernels' unclamped path). Writes to argv[1]: the mismatch count, the bounded path's
+// (|y| and nibble_signs(y), the kernels' unclamped path). Writes to argv[1]: the mismatch count, the bounded path's
 // mismatch and word counts (3 x u64), then the runs of the per-element code over the patterns in increasing
 // order (a NaN pattern counts as code 0xFF): (first pattern, code) pairs, for the test to check every
 // run's ends against reference.nvfp4.e2m1_rn. Built by test_nvfp4_encode_exhaustive.py.
@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
             mismatches += (nvfp4::e2m1_rn_word(y) & care) != want;
             if (bounded) {
                 ++bounded_words;
-                bounded_mismatches += nvfp4::e2m1_rn_word_bounded(a, y) != want;
+                bounded_mismatches += nvfp4::e2m1_rn_word_bounded(a, nvfp4::nibble_signs(y)) != want;
             }
         }
     }
