@@ -408,8 +408,10 @@ struct ColItem {
 };
 
 NVFP4_HD ColItem col_item(unsigned thread) {
-    const unsigned lane = thread % WARP;
-    return {(int)(thread / WARP * COL_WORDS_PER_WARP + lane / TILE_MBLOCKS), (int)(lane % TILE_MBLOCKS)};
+    // cw = COL_WORDS_PER_WARP * (thread / WARP) + (thread % WARP) / TILE_MBLOCKS and mb = thread % TILE_MBLOCKS, which
+    // is thread / TILE_MBLOCKS and thread % TILE_MBLOCKS as a warp holds COL_WORDS_PER_WARP whole m-block groups.
+    static_assert(COL_WORDS_PER_WARP * TILE_MBLOCKS == WARP, "a warp's lanes cover its word columns' m-blocks");
+    return {(int)(thread / TILE_MBLOCKS), (int)(thread % TILE_MBLOCKS)};
 }
 
 // Whether the item lies in the tile's valid extent.
@@ -427,26 +429,28 @@ NVFP4_HD void col_item_words(const u32* tile, ColItem c, u32 (&words)[BLOCK]) {
     for (int i = 0; i < BLOCK; ++i) words[i] = base[i * TILE_PITCH];
 }
 
-// Element `half` of a pair of bf16 words as the high half of an fp32 pattern (low half zero): one
-// byte permute with a selector chosen by `half` (the colwise loop's half is a run-time value).
+// Element `half` of a pair of bf16 words as the high half of an fp32 pattern (low half zero). KNOWN_HALF: the
+// caller's loop over the halves is unrolled, so `half` is a constant: a shift (IMAD on the FMA pipe) or a mask;
+// else one byte permute with a selector chosen by the run-time `half`.
+template <bool KNOWN_HALF>
 NVFP4_HD u32 bf16_half(u32 w, int half) {
 #if defined(__CUDA_ARCH__)
-    return __byte_perm(w, 0u, half == 0 ? 0x1044u : 0x3244u);  // bytes (w1 w0 0 0) or (w3 w2 0 0)
-#else
-    return half == 0 ? w << 16 : w & 0xFFFF0000u;
+    if constexpr (!KNOWN_HALF) return __byte_perm(w, 0u, half == 0 ? 0x1044u : 0x3244u);  // (w1 w0 0 0) or (w3 w2 0 0)
 #endif
+    return half == 0 ? w << 16 : w & 0xFFFF0000u;
 }
 
 // Column `half` of a colwise item, widened to fp32: words[i] is the item's word of tile row
 // 16 mb + i; fp32 (half 0) takes it whole, 16-bit inputs its low (half 0) or high (half 1) element.
-template <int DT>
+// KNOWN_HALF: `half` is a compile-time constant at the call (bf16_half).
+template <int DT, bool KNOWN_HALF = false>
 NVFP4_HD void column_values(const u32 (&words)[BLOCK], int half, float (&v)[BLOCK]) {
 #pragma unroll
     for (int i = 0; i < BLOCK; ++i) {
         if constexpr (DT == IN_F32) {
             v[i] = u2f(words[i]);
         } else if constexpr (DT == IN_BF16) {
-            v[i] = u2f(bf16_half(words[i], half));  // exact: a bf16 is an fp32's high half
+            v[i] = u2f(bf16_half<KNOWN_HALF>(words[i], half));  // exact: a bf16 is an fp32's high half
         } else {
             v[i] = f16_to_f32((u16)(half == 0 ? words[i] : words[i] >> 16));
         }
@@ -781,7 +785,7 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
 #pragma unroll(COL_UNROLL)
             for (int e = 0; e < T::PER_WORD; ++e) {
                 float v[BLOCK];
-                column_values<DT>(words, e, v);
+                column_values<DT, COL_UNROLL == T::PER_WORD>(words, e, v);
                 const i64 k = k0 + cw * T::PER_WORD + e, cb = m0 / BLOCK + mb;  // SR positions (§5.7)
                 u32 word[2];
                 BlockScale s;

@@ -338,11 +338,14 @@ NVFP4_HD float line_onto_magic(float a, float pow2, float c) {
 // too, so floor(g(a)) = min_e floor(g_e(a)); in the top binade g(a) < 2^(MAN+1) + (emax - emin) * 2^MAN, so the
 // floor stays on the grid: a in [4, 8) gives the codes of 4 and 6). Every rounded line is a positive finite fp32
 // (a is finite and >= 0), whose bit patterns order as the values do, so the minimum is taken on the bits: E2M1's
-// three lines are one 3-input integer minimum on sm_90 (VIMNMX3) instead of two FMNMX.
-template <int EXP, int MAN, int BIAS, bool ROUND_DOWN>
+// three lines are one 3-input integer minimum on sm_90 (VIMNMX3) instead of two FMNMX. EXTRA (a small EVEN integer:
+// an odd one would turn ties to the even code into ties to the odd one) is added to every line's constant: the result
+// is the bits of 2^23 + EXTRA + code, each line still one rounding onto the integers of [2^23, 2^24).
+template <int EXP, int MAN, int BIAS, bool ROUND_DOWN, int EXTRA = 0>
 NVFP4_HD u32 min_lines_biased(float a) {
     constexpr int EMIN = 1 - BIAS, EMAX = (1 << EXP) - 1 - BIAS;
-    const float magic = u2f(GRID_MAGIC_BITS);
+    static_assert(EXTRA >= 0 && EXTRA < 256 && EXTRA % 2 == 0, "a small even integer above 2^23");
+    const float magic = add_rn(u2f(GRID_MAGIC_BITS), (float)EXTRA);  // exact
     u32 m = f2u(line_onto_magic<ROUND_DOWN>(a, pow2f(MAN - EMIN), magic));  // e = emin: also the subnormal line
 #pragma unroll
     for (int e = EMIN + 1; e <= EMAX; ++e) {
@@ -419,18 +422,31 @@ NVFP4_HD u32 nibble_signs_of_masks(u32 even, u32 odd) {
 
 // The word encode of e2m1_rn_word / e2m1_rn_word_bounded (both below): magnitude i from a[i] (BOUNDED: a[i]
 // is |y_i| < ELEM_LINES_BOUND already; else a[i] = y_i, clamped here to |y_i| <= maxv as e2m1_rn_mag_lines), sign
-// i bit 4i + 3 of signs (nibble_signs). Magnitudes: the biased codes summed as (bits << 4i) mod 2^32 and the bias
-// sum(bits(2^23) << 4i) subtracted once (the shifted codes do not overlap, so the sum is their OR).
+// i bit 4i + 3 of signs (nibble_signs). Magnitudes: the biased codes summed as (bits << 4i) mod 2^32 (the shifted
+// codes do not overlap, so the sum is their OR), the bias sum(bits(2^23) << 4i) cancelled inside the sum: its
+// negative mod 2^32 is LINES_UNBIAS << 4 LINES_UNBIAS_CODE, which the lines of code LINES_UNBIAS_CODE add to their
+// constants (min_lines_biased's EXTRA, even: no add of its own).
+NVFP4_HD constexpr u32 lines_word_bias() {
+    u32 bias = 0u;
+    for (int i = 0; i < WORD_CODES; ++i) bias += GRID_MAGIC_BITS << (ELEM_BITS * i);
+    return bias;  // 0xFB000000
+}
+constexpr int LINES_UNBIAS_CODE = 5;
+constexpr int LINES_UNBIAS = (int)((0u - lines_word_bias()) >> (ELEM_BITS * LINES_UNBIAS_CODE));  // 0x50
+static_assert((u32)LINES_UNBIAS << (ELEM_BITS * LINES_UNBIAS_CODE) == 0u - lines_word_bias(),
+              "the word bias cancels in one code's lines");
+
 template <bool BOUNDED>
 NVFP4_HD u32 e2m1_lines_word(const float* a, u32 signs) {
-    u32 mags = 0u, bias = 0u;
+    u32 mags = 0u;
 #pragma unroll
     for (int i = WORD_CODES - 1; i >= 0; --i) {
         const float mag = BOUNDED ? a[i] : fmin_nn(fabsf(a[i]), ELEM_MAX);
-        mags += min_lines_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS, false>(mag) << (ELEM_BITS * i);
-        bias += GRID_MAGIC_BITS << (ELEM_BITS * i);  // a constant: folded by the compiler
+        const u32 m = i == LINES_UNBIAS_CODE ? min_lines_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS, false, LINES_UNBIAS>(mag)
+                                             : min_lines_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS, false>(mag);
+        mags += m << (ELEM_BITS * i);
     }
-    return (mags - bias) | (signs & NIBBLE_SIGNS);
+    return mags | (signs & NIBBLE_SIGNS);
 }
 
 // True on the sm_100a families, whose hardware E2M1 cast the word encodes use (e2m1_rn_not_nan per element).
@@ -575,8 +591,10 @@ struct BlockScale {
     float f;   // encode factor
 };
 
-// NUMERICS: §5.2 m = RN(S_enc * fl(1/6)); d = fmin(RN(A_b * m), FLT_MAX); s_blk = sat_e4m3(d).
-NVFP4_HD u32 block_scale_code(float amax_b, GlobalScale g) { return sat_e4m3(fmin_nn(mul_rn(amax_b, g.m), flt_max())); }
+// NUMERICS: §5.2 m = RN(S_enc * fl(1/6)); d = fmin(RN(A_b * m), FLT_MAX); s_blk = sat_e4m3(d). The fmin is implied:
+// RN(A_b * m) is >= 0 and not NaN (A_b >= 0 NaN-ignored, m finite > 0), and sat_e4m3(+inf) = sat_e4m3(FLT_MAX) = 0x7E
+// (§0.5 table), so sat_e4m3 of the product is the same code.
+NVFP4_HD u32 block_scale_code(float amax_b, GlobalScale g) { return sat_e4m3(mul_rn(amax_b, g.m)); }
 
 // NUMERICS: §5.3 f = fmin(RN(1 / RN(float(s_blk) * S_dec)), FLT_MAX); s_blk = 0 -> f = FLT_MAX.
 NVFP4_HD float encode_factor(u32 code, GlobalScale g) {
