@@ -649,6 +649,24 @@ __device__ __forceinline__ BlockScale table_scale(float amax_b, GlobalScale g, c
     return s;
 }
 
+// Unsigned 32-bit division by a divisor k >= 1 fixed for a kernel: m = floor(2^32 / k) (2^32 - 1 for k = 1) once,
+// then q = umulhi(d, m) is the quotient or one below it (d m / 2^32 > d / k - 1 for d < 2^32), fixed by one compare:
+// a multiply-high and 4 short instructions instead of the generic division's reciprocal (I2F, MUFU.RCP, F2I) in the
+// drawing thread's chain at every step's end.
+struct DivBy {
+    u32 k, m;
+    __device__ explicit DivBy(u32 divisor)
+        : k(divisor), m(divisor == 1u ? 0xFFFFFFFFu : (u32)((1ull << 32) / divisor)) {}
+    __device__ void divmod(u32 d, u32& q, u32& r) const {
+        q = __umulhi(d, m);
+        r = d - q * k;
+        if (r >= k) {
+            ++q;
+            r -= k;
+        }
+    }
+};
+
 // Quantize the rowwise copy (row.data non-null) and/or the columnwise copy (col.data non-null) of
 // X [M, K], one tile per CTA and loop step (see "the quantize tile" above for the maps and layout).
 // Addressing: what depends on the thread only (its load chunk, rowwise block, colwise item) is a byte
@@ -693,9 +711,12 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     const u32 tiles_k = (u32)ceil_div(k_cols, T::COLS), n_tiles = (u32)ceil_div(m_rows, TILE_M) * tiles_k;
     if (blockIdx.x >= n_tiles) return;  // (the launch caps the grid at n_tiles: no CTA returns here)
     __shared__ int2 next_tile[2];       // (tile row, tile column) of the next step's tile; row -1: none
+    const DivBy by_tiles_k(tiles_k);    // thread 0 divides a drawn tile by tiles_k once a step
     // Tile d as (tile row, tile column), row -1 past the last tile (in the loop: thread 0 alone).
     auto tile_at = [&](u32 d) {
-        return d < n_tiles ? make_int2((int)(d / tiles_k), (int)(d % tiles_k)) : make_int2(-1, 0);  // one thread
+        u32 q, r;
+        by_tiles_k.divmod(d, q, r);
+        return d < n_tiles ? make_int2((int)q, (int)r) : make_int2(-1, 0);  // one thread
     };
     int2 tile_mk = tile_at(blockIdx.x);
     if (threadIdx.x == 0) next_tile[0] = tile_at(gridDim.x + atomicAdd(drawn, 1u));  // one thread
