@@ -197,10 +197,13 @@ def _variant_launches(config: QuantConfig, sfx: str, m: int, k: int, rowwise: bo
 
 def tile_count(m: int, k: int, dtype: torch.dtype) -> int:
     """Tiles of the quantize (and RHT amax) kernels over X [m, k]: TILE_M rows x TILE_BYTES of a row each. The
-    quantize kernel numbers them in 32 bits (nvfp4.cu tile_count, quantize_tiles): at most 2^31 - 1, i.e. X below ~2^44
-    elements."""
+    quantize kernel numbers them, and X's rows and columns, in 32 bits (nvfp4.cu tile_count, quantize_tiles): at most
+    2^31 - 1 tiles (X below ~2^44 elements) and m, k below 2^32."""
     n = _cdiv(m, TILE_M) * _cdiv(k, TILE_BYTES // dtype.itemsize)
-    if n >= 1 << 31:  # (unreachable with today's memory sizes: kept so the kernel's assumption is checked)
+    # (unreachable with today's memory sizes: kept so the kernel's assumptions are checked)
+    if m >= 1 << 32 or k >= 1 << 32:
+        raise SpecViolation(f"native.nvfp4: X [{m}, {k}]; the quantize kernel indexes rows and columns in 32 bits")
+    if n >= 1 << 31:
         raise SpecViolation(f"native.nvfp4: X [{m}, {k}] has {n} quantize tiles; the kernel numbers them in 31 bits")
     return n
 

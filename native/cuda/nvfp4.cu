@@ -703,12 +703,15 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     const int t2 = cw / T::TILE_WORD_COLS;  // its 16-column tile (2-D)
     const bool do_row = row.data != nullptr, do_col = col.data != nullptr;
 
+    // Row and column indices of X, and tile indices, fit 32 bits (native/nvfp4.py checks M, K < 2^32 and
+    // n_tiles < 2^31 before the launch): an address is a base plus a 32-bit index times a 64-bit extent (one wide
+    // multiply-add and one multiply for its high half), no 64-bit index arithmetic.
+    const u32 m32 = (u32)m_rows, k32 = (u32)k_cols;
+    const u64 x_row_bytes = (u64)k_cols * ELEM_BYTES, half_k = (u64)k_cols / 2, half_m = (u64)m_rows / 2;
     const LoadItem ld = load_item(threadIdx.x);
-    const i64 load_off = ((i64)ld.m * k_cols + ld.q * T::CHUNK_ELEMS) * ELEM_BYTES;
     const i64 load_step = (i64)LOAD_ROW_STEP * k_cols * ELEM_BYTES;
     const int load_w = load_word(ld);
-    // Tile indices fit 32 bits (native/nvfp4.py checks n_tiles < 2^31 before the launch).
-    const u32 tiles_k = (u32)ceil_div(k_cols, T::COLS), n_tiles = (u32)ceil_div(m_rows, TILE_M) * tiles_k;
+    const u32 tiles_k = ceil_div(k32, (u32)T::COLS), n_tiles = ceil_div(m32, (u32)TILE_M) * tiles_k;
     if (blockIdx.x >= n_tiles) return;  // (the launch caps the grid at n_tiles: no CTA returns here)
     __shared__ int2 next_tile[2];       // (tile row, tile column) of the next step's tile; row -1: none
     const DivBy by_tiles_k(tiles_k);    // thread 0 divides a drawn tile by tiles_k once a step
@@ -722,11 +725,11 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     if (threadIdx.x == 0) next_tile[0] = tile_at(gridDim.x + atomicAdd(drawn, 1u));  // one thread
     // Start the copies of tile tmk (tile row, tile column) into tiles[buf].
     auto load = [&](int buf, int2 tmk) {
-        const i64 m0 = (i64)tmk.x * TILE_M, k0 = (i64)tmk.y * T::COLS;
-        const int rows = (int)(m_rows - m0 < TILE_M ? m_rows - m0 : TILE_M);
-        const int cols = (int)(k_cols - k0 < T::COLS ? k_cols - k0 : T::COLS);
-        load_tile_async<DT>(static_cast<const char*>(x) + (m0 * k_cols + k0) * ELEM_BYTES + load_off, load_step, ld, rows,
-                            cols, tiles[buf] + load_w);
+        const u32 m0 = (u32)tmk.x * TILE_M, k0 = (u32)tmk.y * T::COLS;
+        const int rows = (int)min(m32 - m0, (u32)TILE_M), cols = (int)min(k32 - k0, (u32)T::COLS);
+        const char* src = static_cast<const char*>(x) + (u64)(m0 + ld.m) * x_row_bytes +
+                          (u64)(k0 + ld.q * T::CHUNK_ELEMS) * ELEM_BYTES;  // the item's first chunk
+        load_tile_async<DT>(src, load_step, ld, rows, cols, tiles[buf] + load_w);
         if (k2d && threadIdx.x < TILE_MBLOCKS * T::ROW_BLOCKS)
             tile_amaxes[buf][threadIdx.x / T::ROW_BLOCKS][threadIdx.x % T::ROW_BLOCKS] = 0u;
     };
@@ -739,19 +742,16 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
         factor[c / SCALE_CODES][c % SCALE_CODES] = encode_factor(c % SCALE_CODES, c < SCALE_CODES ? g_row : g_col);
 
     const int row_r = threadIdx.x / T::ROW_BLOCKS, row_cb = threadIdx.x % T::ROW_BLOCKS;  // rows row_r + j * ROW_STEP
-    const i64 row_off = (i64)row_r * (k_cols / 2) + row_cb * (BLOCK / 2), row_off_step = (i64)ROW_STEP * (k_cols / 2);
-    const i64 row_soff = (i64)row_r * row.scale_stride + row_cb, row_soff_step = (i64)ROW_STEP * row.scale_stride;
-    const i64 col_off = (i64)cw * T::PER_WORD * (m_rows / 2) + mb * (BLOCK / 2);  // column cw * PER_WORD, m-block mb
-    const i64 col_soff = (i64)cw * T::PER_WORD * col.scale_stride + mb;
+    const i64 row_off_step = (i64)ROW_STEP * (k_cols / 2), row_soff_step = (i64)ROW_STEP * row.scale_stride;
 
     int buf = 0;
     for (int step = 0; tile_mk.x >= 0; ++step, buf ^= 1) {
+        const u32 m0 = (u32)tile_mk.x * TILE_M, k0 = (u32)tile_mk.y * T::COLS;
         TilePos p;
-        p.m0 = (i64)tile_mk.x * TILE_M;
-        p.k0 = (i64)tile_mk.y * T::COLS;
-        p.rows = (int)(m_rows - p.m0 < TILE_M ? m_rows - p.m0 : TILE_M);
-        p.cols = (int)(k_cols - p.k0 < T::COLS ? k_cols - p.k0 : T::COLS);
-        const i64 m0 = p.m0, k0 = p.k0;
+        p.m0 = m0;
+        p.k0 = k0;
+        p.rows = (int)min(m32 - m0, (u32)TILE_M);
+        p.cols = (int)min(k32 - k0, (u32)T::COLS);
         const int rows = p.rows, cols = p.cols;
         copy_async_wait_all();
         __syncthreads();  // this tile is in tiles[buf], the next one's position in next_tile[step % 2]; every
@@ -799,15 +799,16 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
                 pair_amax_nan<DT>(words, col_amax);
                 column_signs_16(words, col_signs);
             }
-            // Column k = k0 + PER_WORD * cw + e, m-block m0 / 16 + mb: block (k, m0 / 16 + mb) of X^T,
+            // Column k = kc + e (kc = k0 + PER_WORD * cw), m-block m0 / 16 + mb: block (k, m0 / 16 + mb) of X^T,
             // codes at col.data + k * (M/2) + (m0 / 16 + mb) * 8, scale at col.scale + k * stride + m0 / 16 + mb.
-            u8* data = col.data + k0 * (m_rows / 2) + m0 / 2 + col_off;
-            u8* scale = col.scale + k0 * col.scale_stride + m0 / BLOCK + col_soff;
+            const u32 kc = k0 + cw * T::PER_WORD;
+            u8* data = col.data + (u64)kc * half_m + (m0 / 2 + mb * (BLOCK / 2));
+            u8* scale = col.scale + (u64)kc * (u64)col.scale_stride + (m0 / BLOCK + mb);
 #pragma unroll(COL_UNROLL)
             for (int e = 0; e < T::PER_WORD; ++e) {
                 float v[BLOCK];
                 column_values<DT, COL_UNROLL == T::PER_WORD>(words, e, v);
-                const i64 k = k0 + cw * T::PER_WORD + e, cb = m0 / BLOCK + mb;  // SR positions (§5.7)
+                const i64 k = kc + e, cb = m0 / BLOCK + mb;  // SR positions (§5.7)
                 u32 word[2];
                 BlockScale s;
                 if constexpr (Modes<DT>::rht_colwise) {
@@ -842,8 +843,9 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
         if (do_row) {
             // Row m0 + r, block k0 / 16 + cb: codes at row.data + (m0 + r) * (K/2) + (k0 / 16 + cb) * 8,
             // scale at row.scale + (m0 + r) * stride + k0 / 16 + cb.
-            u8* data = row.data + m0 * (k_cols / 2) + k0 / 2 + row_off;
-            u8* scale = row.scale + m0 * row.scale_stride + k0 / BLOCK + row_soff;
+            const u32 r0 = m0 + row_r;
+            u8* data = row.data + (u64)r0 * half_k + (k0 / 2 + row_cb * (BLOCK / 2));
+            u8* scale = row.scale + (u64)r0 * (u64)row.scale_stride + (k0 / BLOCK + row_cb);
 #pragma unroll(ROW_UNROLL)
             for (int j = 0; j < T::ROW_ITEMS; ++j) {
                 const int r = row_r + j * ROW_STEP, cb = row_cb;
@@ -875,7 +877,7 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
                 const float amax_b = k2d ? u2f(tile_amax[r / BLOCK][cb]) : an.amax;
                 const BlockScale s = table_scale(amax_b, g_row, factor[0]);
                 u32 word[2];
-                encode_words<kSr>(row, s.f, amax_b, m0 + r, k0 / BLOCK + cb, an.has_nan, v, signs, word);
+                encode_words<kSr>(row, s.f, amax_b, (i64)m0 + r, k0 / BLOCK + cb, an.has_nan, v, signs, word);
                 store_block(data, scale, word, s.code);
                 data += row_off_step;
                 scale += row_soff_step;

@@ -240,3 +240,17 @@ def test_native_imports_contract_types_and_rules_never_golden_numerics():
                 for a in node.names:
                     ok = node.module in allowed_modules or (node.module, a.name) in allowed_names
                     assert ok, f"{path.name}: from {node.module} import {a.name}"
+
+
+def test_nvfp4_tile_count_checks_the_kernels_32_bit_indices():
+    """native.nvfp4.tile_count: the quantize kernel's tiles (128 rows x 128 bytes of a row) and the 32-bit row, column
+    and tile indices it assumes (nvfp4.cu quantize_tiles) - refused with a SpecViolation naming the limit."""
+    assert native_nvfp4.tile_count(8192, 8192, torch.bfloat16) == 64 * 128
+    assert native_nvfp4.tile_count(130, 80, torch.float32) == 2 * 3
+    assert native_nvfp4.tile_count((1 << 32) - 16, 16, torch.bfloat16) == (1 << 25)
+    with pytest.raises(reference.SpecViolation, match="rows and columns in 32 bits"):
+        native_nvfp4.tile_count(1 << 32, 16, torch.bfloat16)
+    with pytest.raises(reference.SpecViolation, match="rows and columns in 32 bits"):
+        native_nvfp4.tile_count(16, 1 << 32, torch.float32)
+    with pytest.raises(reference.SpecViolation, match="31 bits"):
+        native_nvfp4.tile_count(1 << 31, 1 << 14, torch.float32)
