@@ -768,7 +768,13 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
         // The colwise item's 16 words: word column cw of tile rows 16 mb .. 16 mb + 15.
         const bool col_in = col_item_in<DT>(item, p);
         u32 words[BLOCK];
-        if ((do_col || k2d) && col_in) col_item_words(tile, item, words);
+        // 16-bit inputs without RHT: both columns' NaN-propagating amax chains at once (pair_amax_nan), for the
+        // colwise blocks and the 2-D tile amax
+        float col_amax[2];
+        if ((do_col || k2d) && col_in) {
+            col_item_words(tile, item, words);
+            if constexpr (DT != IN_F32 && !Modes<DT>::rht_colwise) pair_amax_nan<DT>(words, col_amax);
+        }
         if (k2d) {
             // NUMERICS: §5.5 2-D - the amax of each 16x16 tile, as §0.1 (fmax over |v| from +0, NaN
             // ignored): the item's column amaxes, then a max over the warp's 4 word columns (one
@@ -779,9 +785,18 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
             if (col_in) {
 #pragma unroll
                 for (int e = 0; e < T::PER_WORD; ++e) {
-                    float v[BLOCK];
-                    column_values<DT>(words, e, v);
-                    a = fmax_nn(a, block_amax(v));
+                    float c;
+                    if constexpr (DT != IN_F32) {
+                        c = col_amax[e];  // block_amax of column e unless it holds a NaN
+                    } else {
+                        c = u2f(0x7FC00000u);
+                    }
+                    if (is_nan(c)) {  // fp32, or a column holding a NaN: the NaN-ignoring chain; slow path
+                        float v[BLOCK];
+                        column_values<DT>(words, e, v);
+                        c = block_amax(v);
+                    }
+                    a = fmax_nn(a, c);
                 }
             }
             u32 bits = f2u(a);
@@ -793,12 +808,8 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
         }
 
         if (do_col && col_in) {
-            float col_amax[2];  // 16-bit inputs without RHT: both columns' chains at once (pair_amax_nan)
-            u32 col_signs[2][2];  // and both columns' sign words from the loaded words
-            if constexpr (DT != IN_F32 && !Modes<DT>::rht_colwise) {
-                pair_amax_nan<DT>(words, col_amax);
-                column_signs_16(words, col_signs);
-            }
+            u32 col_signs[2][2];  // 16-bit inputs without RHT: both columns' sign words from the loaded words
+            if constexpr (DT != IN_F32 && !Modes<DT>::rht_colwise) column_signs_16(words, col_signs);
             // Column k = kc + e (kc = k0 + PER_WORD * cw), m-block m0 / 16 + mb: block (k, m0 / 16 + mb) of X^T,
             // codes at col.data + k * (M/2) + (m0 / 16 + mb) * 8, scale at col.scale + k * stride + m0 / 16 + mb.
             const u32 kc = k0 + cw * T::PER_WORD;
