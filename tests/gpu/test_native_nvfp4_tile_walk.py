@@ -4,8 +4,9 @@ Source: docs/numerics.md §5 (NVFP4); docs/design.md §4.2. native.nvfp4 launche
 quantize_ctas_per_sm), each starting at tile blockIdx.x and drawing every later tile from a per-call counter
 (gridDim.x + atomicAdd), with the next tile's copies in flight in the other shared buffer. Here the quantize launch
 gets 1 .. 23 CTAs over 4 x 11 (bf16) or 4 x 21 (fp32) tiles with partial last rows and columns, for 1-D, 2-D and
-RHT + SR builds and each copy alone; the default grid over more tiles than it has CTAs, partial edges included; and
-repeated in-place planned calls (the counter zeroed per call).
+RHT + SR builds and each copy alone; the default grid over more tiles than it has CTAs, partial edges included;
+repeated in-place planned calls (the counter zeroed per call); and a 17 GB X whose codes lie past 2^32 bytes (the
+kernel's 32-bit indices times 64-bit extents).
 """
 
 from __future__ import annotations
@@ -111,3 +112,34 @@ def test_planned_calls_in_place_draw_every_tile_each_time(given):
         torch.cuda.synchronize()
         fields = {f"{o}_{f}": getattr(q, f"{o}_{f}") for o in ("rowwise", "colwise") for f in ("data", "scale", "amax")}
         assert_fields_equal(golden, fields, *WIDE, f"{cfg.id} call {i} given={given}")
+
+
+HUGE = ((1 << 18) + 16, 1 << 15)  # 2^33 + 2^19 bf16 elements: byte offsets past 2^32 in X and in both copies' codes
+
+
+def test_offsets_past_4_gib_match_small_quantizations():
+    """The kernel indexes rows, columns and tiles in 32 bits and forms each address as a 32-bit index times a 64-bit
+    extent (docs/design.md §4.2): over X [2^18 + 16, 2^15] bf16 (17 GB; the codes of both copies 4.3 GB each, so the
+    last rows' codes lie past 2^32 bytes), the first and the last 16 rows' rowwise codes and scales, and their colwise
+    m-blocks (columns of X^T), equal a quantization of those 16 rows alone with the same given amax: a block depends
+    only on its 16 elements and A_g (docs/numerics.md §5.2-§5.4)."""
+    import native
+
+    m, k = HUGE
+    free, _ = torch.cuda.mem_get_info()
+    if free < 40 << 30:
+        pytest.skip(f"needs ~30 GiB of free GPU memory, {free >> 30} GiB free")
+    cfg = CONFIGS["1x16"]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=torch.Generator("cuda").manual_seed(5))
+    lo, hi = torch.aminmax(x)  # (no 17 GB temporary of |x|)
+    amax = torch.maximum(-lo, hi).float().reshape(1)
+    q = native.quantize(x, cfg, rowwise=True, colwise=True, amax=amax)
+    for r0 in (0, m - 16):
+        part = native.quantize(x[r0 : r0 + 16].contiguous(), cfg, rowwise=True, colwise=True, amax=amax)
+        where = f"rows {r0}..{r0 + 15} of {m}"
+        assert torch.equal(q.rowwise_data[r0 : r0 + 16], part.rowwise_data), where
+        assert torch.equal(q.rowwise_scale[r0 : r0 + 16, : k // 16], part.rowwise_scale[:16, : k // 16]), where
+        assert torch.equal(q.colwise_data[:, r0 // 2 : r0 // 2 + 8], part.colwise_data), where
+        assert torch.equal(q.colwise_scale[:k, r0 // 16], part.colwise_scale[:k, 0]), where
+    del q, x
+    torch.cuda.empty_cache()
