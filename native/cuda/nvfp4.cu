@@ -785,13 +785,13 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
             if (col_in) {
 #pragma unroll
                 for (int e = 0; e < T::PER_WORD; ++e) {
-                    float c;
+                    float c = 0.0f;
+                    bool fp32_chain = true;  // fp32 inputs: the NaN-ignoring chain over the column's values
                     if constexpr (DT != IN_F32) {
-                        c = col_amax[e];  // block_amax of column e unless it holds a NaN
-                    } else {
-                        c = u2f(0x7FC00000u);
+                        c = col_amax[e];          // 16-bit: block_amax of column e unless it holds a NaN
+                        fp32_chain = is_nan(c);  // (then the chain; slow path)
                     }
-                    if (is_nan(c)) {  // fp32, or a column holding a NaN: the NaN-ignoring chain; slow path
+                    if (fp32_chain) {
                         float v[BLOCK];
                         column_values<DT>(words, e, v);
                         c = block_amax(v);

@@ -339,7 +339,8 @@ NVFP4_HD float line_onto_magic(float a, float pow2, float c) {
 // floor stays on the grid: a in [4, 8) gives the codes of 4 and 6). Every rounded line is a positive finite fp32
 // (a is finite and >= 0), whose bit patterns order as the values do, so the minimum is taken on the bits: E2M1's
 // three lines are one 3-input integer minimum on sm_90 (VIMNMX3) instead of two FMNMX. EXTRA (a small EVEN integer:
-// an odd one would turn ties to the even code into ties to the odd one) is added to every line's constant: the result
+// an odd one would turn ties to the even code into ties to the odd one; NUMERICS: §0.5 e2m1_rn ties to the even
+// code, and floor is unaffected) is added to every line's constant: the result
 // is the bits of 2^23 + EXTRA + code, each line still one rounding onto the integers of [2^23, 2^24).
 template <int EXP, int MAN, int BIAS, bool ROUND_DOWN, int EXTRA = 0>
 NVFP4_HD u32 min_lines_biased(float a) {
