@@ -669,9 +669,9 @@ struct DivBy {
 
 // Quantize the rowwise copy (row.data non-null) and/or the columnwise copy (col.data non-null) of
 // X [M, K], one tile per CTA and loop step (see "the quantize tile" above for the maps and layout).
-// Addressing: what depends on the thread only (its load chunk, rowwise block, colwise item) is a byte
-// offset computed once; what depends on the tile is a base computed once per tile; both in 64 bits (a
-// row index times an extent can pass 2^32).
+// Addressing: every load and store address is a base plus a 32-bit row or column index of X (the tile's plus the
+// thread's: its load chunk, rowwise block, colwise item) times a 64-bit extent (a row index times an extent can
+// pass 2^32): one wide multiply-add per address and tile, no per-thread 64-bit offsets kept across the loop.
 // Tile order: a CTA's first tile is blockIdx.x, each later one is drawn from a per-call counter (*drawn, zeroed
 // before the launch): tile gridDim.x + atomicAdd(drawn, 1), so the CTAs of an SM, which the warp schedulers do not
 // serve evenly, finish together instead of one running alone at the end with a quarter of the warps (static
