@@ -112,6 +112,22 @@ def test_stochastic_rounding_needs_a_seed():
         quantize(torch.ones(16, 16), QuantConfig("nvfp4", stochastic=True), rng=(1, -1))
 
 
+def test_sr_seed_coercion_is_by_value_and_checks_every_call():
+    """SRSeed.coerce memoizes (int, int) pairs (issue #18 per-call cost): the same value for equal pairs and for the
+    other accepted forms, out-of-range pairs refused on every call (a cached miss would hide the second), and a
+    non-int pair (a bool, a float) converted by int() as before."""
+    from reference.types import SRSeed
+
+    a, b = SRSeed.coerce((7, 3)), SRSeed.coerce((7, 3))
+    assert a == b == SRSeed(7, 3) == SRSeed.coerce((7.0, 3)) and SRSeed.coerce(7) == SRSeed(7, 0)
+    assert SRSeed.coerce((True, 3)) == SRSeed(1, 3)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="SRSeed.stream"):
+            SRSeed.coerce((1, 1 << 32))
+        with pytest.raises(ValueError, match="SRSeed.seed"):
+            SRSeed.coerce((-1, 0))
+
+
 def test_dequantize_argument_errors():
     q = quantize(torch.ones(32, 32), ALL["mxfp8-1x32"])
     with pytest.raises(ValueError, match="no colwise copy"):
