@@ -437,15 +437,21 @@ constexpr int LINES_UNBIAS = (int)((0u - lines_word_bias()) >> (ELEM_BITS * LINE
 static_assert((u32)LINES_UNBIAS << (ELEM_BITS * LINES_UNBIAS_CODE) == 0u - lines_word_bias(),
               "the word bias cancels in one code's lines");
 
+// Code i of a word (i < 8) of magnitude a, biased for the word sums (sum over i of lines_code_in_word(a_i, i) << 4i
+// is the packed codes mod 2^32): min_lines_biased, code LINES_UNBIAS_CODE with the extra that cancels the bias.
+template <bool ROUND_DOWN>
+NVFP4_HD u32 lines_code_in_word(float a, int i) {
+    return i == LINES_UNBIAS_CODE ? min_lines_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS, ROUND_DOWN, LINES_UNBIAS>(a)
+                                  : min_lines_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS, ROUND_DOWN>(a);
+}
+
 template <bool BOUNDED>
 NVFP4_HD u32 e2m1_lines_word(const float* a, u32 signs) {
     u32 mags = 0u;
 #pragma unroll
     for (int i = WORD_CODES - 1; i >= 0; --i) {
         const float mag = BOUNDED ? a[i] : fmin_nn(fabsf(a[i]), ELEM_MAX);
-        const u32 m = i == LINES_UNBIAS_CODE ? min_lines_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS, false, LINES_UNBIAS>(mag)
-                                             : min_lines_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS, false>(mag);
-        mags += m << (ELEM_BITS * i);
+        mags += lines_code_in_word<false>(mag, i) << (ELEM_BITS * i);
     }
     return mags | (signs & NIBBLE_SIGNS);
 }
@@ -536,10 +542,11 @@ static_assert(SR_BITS == 8 && (GRID_MAGIC_BITS & 0x00FFFFFFu) == 0u, "sr_byte_ma
 
 // NUMERICS: §5.7 e2m1_sr_not_nan of y[0..7] with the random byte of element i = byte i % 4 of rnd[i / 4], packed
 // as §5.4 (equal to OR_i e2m1_sr_not_nan(y[i], r_i) << 4i): t = RN(a + u * step(a)) as e2m1_sr_not_nan, its floor
-// code by min_lines_biased (rounding down), magnitudes summed and signs funnel-shifted as in e2m1_rn_word.
+// code by min_lines_biased (rounding down), magnitudes summed (lines_code_in_word) and signs (nibble_signs) as in
+// e2m1_rn_word.
 NVFP4_HD u32 e2m1_sr_word(const float* y, const u32* rnd) {
     const float two23 = pow2f(FP32_MAN_BITS);
-    u32 mags = 0u, signs = 0u, bias = 0u;
+    u32 mags = 0u;
 #pragma unroll
     for (int i = WORD_CODES - 1; i >= 0; --i) {
         const float a = fmin_nn(fabsf(y[i]), ELEM_MAX);  // |y| > 6 and inf -> 6, as e2m1_sr_not_nan
@@ -547,11 +554,9 @@ NVFP4_HD u32 e2m1_sr_word(const float* y, const u32* rnd) {
         const float step_r = u2f(g.d + ((u32)(1 - ELEM_BIAS - ELEM_MAN_BITS - SR_BITS + FP32_EXP_BIAS) << FP32_MAN_BITS));
         const float r_f = add_rn(u2f(sr_byte_magic(rnd[i / 4], i % 4)), -two23);
         const float t = fma_rn(r_f, step_r, a);  // NUMERICS: §5.7 t = RN(a + u * step(a)), one rounding
-        mags += min_lines_biased<ELEM_EXP_BITS, ELEM_MAN_BITS, ELEM_BIAS, true>(t) << (ELEM_BITS * i);
-        bias += GRID_MAGIC_BITS << (ELEM_BITS * i);  // a constant: folded by the compiler
-        signs = funnel4(f2u(y[i]), signs);
+        mags += lines_code_in_word<true>(t, i) << (ELEM_BITS * i);
     }
-    return (mags - bias) | (signs & NIBBLE_SIGNS);
+    return mags | (nibble_signs(y) & NIBBLE_SIGNS);
 }
 
 // ---- E4M3 saturating cast (block scale) ------------------------------------------------------
