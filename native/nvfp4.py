@@ -11,8 +11,10 @@ Passes per call (the copy modes RHT / SR / 2-D are compile-time, from defines_fo
 1. amax(X) (the rowwise copy's A_g; also the columnwise one's without RHT), a grid-stride kernel
    with a thread per GROUP 16-element blocks; or, when the columnwise copy uses RHT, one pass over
    the quantize tiles giving both amax(X) and the post-RHT amax (the RHT is recomputed in pass 2,
-   not stored). Both write one zeroed [3] buffer (slot 0 the rowwise A_g, slot 1 the columnwise; slot 2
-   is pass 2's tile counter) and the scales' zero padding;
+   not stored): one wave of CTAs (`RHT_AMAX_CTAS_PER_SM` per SM), a warp per 16-row m-block of a tile, each
+   lane reading its word column's 16 rows straight from X (no shared memory, no barrier). Both write one
+   zeroed [3] buffer (slot 0 the rowwise A_g, slot 1 the columnwise; slot 2 is pass 2's tile counter) and
+   the scales' zero padding;
 2. one tiled kernel quantizes the requested copies: one wave of resident CTAs (`quantize_ctas_per_sm` per
    SM), each walking 128-row tiles of X (its first tile by block index, each later one drawn from the zeroed
    counter, so the CTAs of an SM finish together), reads each tile once into shared memory (double-buffered: the
@@ -96,6 +98,7 @@ def scheme_defines(config: QuantConfig) -> dict[str, int | float | str]:
         "NVFP4_RHT_SIGN_MASK": RHT_SIGN_MASK,
         "NVFP4_RHT_SCALE": RHT_SCALE,
         "NVFP4_QUANT_MIN_BLOCKS": quantize_ctas_per_sm(config),
+        "NVFP4_RHT_AMAX_MIN_BLOCKS": RHT_AMAX_CTAS_PER_SM,
     }
 
 
@@ -106,6 +109,12 @@ def quantize_ctas_per_sm(config: QuantConfig) -> int:
     §4.2); SR builds need 80 anyway (their Philox path spills at 64)."""
     del config  # every config: RN, SR, RHT, 2-D
     return 3
+
+
+# Resident post-RHT amax CTAs per SM (nvfp4.cu nvfp4_rht_amax's __launch_bounds__ minimum) and its grid per SM: 3
+# (80 registers, no spill; at 64 registers for 4 the kernel spills). A grid of 6 / 12 / 24 / 62 CTAs per SM was
+# slower back to back on an H200 (RHT + SR call 283 -> 285 / 288 / 293 / 310 us; docs/design.md §4.2).
+RHT_AMAX_CTAS_PER_SM = 3
 
 
 def nvcc_check_configs(scheme: str) -> tuple[QuantConfig, ...]:
@@ -218,6 +227,15 @@ def _quantize_blocks(config: QuantConfig, index: int | None) -> int:
     return sm_count(index) * quantize_ctas_per_sm(config)
 
 
+@functools.cache
+def _rht_amax_blocks(index: int | None) -> int:
+    """The post-RHT amax kernel's grid cap on CUDA device `index`: one wave of resident CTAs, each walking every
+    gridDim-th tile. MAX_BLOCKS without a device (CPU-only tests of the launch arguments)."""
+    if index is None or not torch.cuda.is_available():
+        return MAX_BLOCKS
+    return sm_count(index) * RHT_AMAX_CTAS_PER_SM
+
+
 def _no_pads() -> list:
     """The amax kernel's scale-padding arguments when it pads nothing (null scales, 0 rows / strides)."""
     return [None, _i64(0), _i64(0), None, _i64(0), _i64(0)]
@@ -276,7 +294,8 @@ def quantize_with(
         # NUMERICS: §5.6 - the columnwise A_g is the amax of the bf16 RHT output; the same pass
         # gives amax(X), the rowwise copy's A_g.
         launch("nvfp4_rht_amax", n_tiles, [x2d, _i64(m), _i64(k), a_c, a_x, *pads],
-               max_blocks=REDUCE_BLOCKS, units_per_block=1)  # fmt: skip
+               max_blocks=_rht_amax_blocks(device_index(dev) if dev.type == "cuda" else None),
+               units_per_block=1)  # fmt: skip
     else:
         launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // blk), [x2d, _i64(m), _i64(k), a_x, a_c, *pads],
                max_blocks=REDUCE_BLOCKS)  # fmt: skip
@@ -503,7 +522,8 @@ class QuantizePlan(QuantizePlanBase):
         elif colwise and config.rht:
             # NUMERICS: §5.6 - one pass gives the post-RHT amax (colwise A_g) and amax(X) (rowwise A_g).
             steps += self._launch("nvfp4_rht_amax", n_tiles, [x, _i64(m), _i64(k), Patched(a_c, torch.float32),
-                                  Patched(a_x, torch.float32), *pads], max_blocks=REDUCE_BLOCKS, units_per_block=1)
+                                  Patched(a_x, torch.float32), *pads], max_blocks=_rht_amax_blocks(self.index),
+                                  units_per_block=1)  # fmt: skip
         else:
             steps += self._launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // blk),
                                   [x, _i64(m), _i64(k), Patched(a_x, torch.float32), Patched(a_c, torch.float32), *pads],

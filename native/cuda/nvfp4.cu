@@ -87,14 +87,6 @@ NVFP4_HD void widen(const Raw<DT>& raw, float (&v)[BLOCK]) {
     for (int i = 0; i < BLOCK; ++i) v[i] = element_value<DT>(DT == IN_F32 ? raw.w[i] : raw.w[i / 2] >> (16 * (i % 2)));
 }
 
-// NUMERICS: §0.1 amax - fmax over |v| from +0; NaN ignored, +inf kept.
-NVFP4_HD float block_amax(const float (&v)[BLOCK]) {
-    float a = 0.0f;
-#pragma unroll
-    for (int i = 0; i < BLOCK; ++i) a = fmax_nn(a, fabsf(v[i]));
-    return a;
-}
-
 // A block's amax (§0.1, as block_amax) and whether the block holds a NaN: one NaN-propagating max
 // chain gives both when the block has no NaN (the common case); a block with one redoes the amax.
 struct AmaxNan {
@@ -369,22 +361,6 @@ struct TilePos {
     int rows, cols;
 };
 
-template <int DT>
-NVFP4_HD TilePos tile_pos(i64 t, i64 m_rows, i64 k_cols) {
-    const i64 tiles_k = ceil_div(k_cols, Tile<DT>::COLS);
-    TilePos p;
-    p.m0 = t / tiles_k * TILE_M;
-    p.k0 = t % tiles_k * Tile<DT>::COLS;
-    p.rows = (int)(m_rows - p.m0 < TILE_M ? m_rows - p.m0 : TILE_M);
-    p.cols = (int)(k_cols - p.k0 < Tile<DT>::COLS ? k_cols - p.k0 : Tile<DT>::COLS);
-    return p;
-}
-
-template <int DT>
-NVFP4_HD i64 tile_count(i64 m_rows, i64 k_cols) {
-    return ceil_div(m_rows, TILE_M) * ceil_div(k_cols, Tile<DT>::COLS);
-}
-
 // Shared-memory word index of word w (0 .. TILE_WORDS-1) of tile row m.
 NVFP4_HD int tile_word(int m, int w) {
     return m * TILE_PITCH + ((w / CHUNK_WORDS) ^ (m / BLOCK)) * CHUNK_WORDS + w % CHUNK_WORDS;
@@ -583,37 +559,6 @@ NVFP4_HD bool load_in(LoadItem l, int j, int rows, int cols) {
     return l.m + j * LOAD_ROW_STEP < rows && l.q * Tile<DT>::CHUNK_ELEMS < cols;
 }
 
-// src points at the item's first chunk in X, step is the bytes between its chunks, dst = tile + load_word(l).
-template <int DT>
-__device__ __forceinline__ void load_tile_from(const char* __restrict__ src, i64 step, LoadItem l, int rows, int cols,
-                                               u32* dst) {
-    using T = Tile<DT>;
-    uint4 v[LOAD_ITEMS];
-    if (rows == TILE_M && cols == T::COLS) {  // a whole tile (all but the bottom and right edges): no guards
-#pragma unroll
-        for (int j = 0; j < LOAD_ITEMS; ++j) v[j] = *reinterpret_cast<const uint4*>(src + j * step);  // all in flight
-#pragma unroll
-        for (int j = 0; j < LOAD_ITEMS; ++j) *reinterpret_cast<uint4*>(dst + j * LOAD_ROW_STEP * TILE_PITCH) = v[j];
-        return;
-    }
-#pragma unroll
-    for (int j = 0; j < LOAD_ITEMS; ++j)  // all loads first: LOAD_ITEMS vectors in flight
-        if (load_in<DT>(l, j, rows, cols)) v[j] = *reinterpret_cast<const uint4*>(src + j * step);  // edge tile
-#pragma unroll
-    for (int j = 0; j < LOAD_ITEMS; ++j)
-        if (load_in<DT>(l, j, rows, cols)) *reinterpret_cast<uint4*>(dst + j * LOAD_ROW_STEP * TILE_PITCH) = v[j];  // edge tile
-}
-
-// Load tile (m0, k0) of X (the load map above).
-template <int DT>
-__device__ __forceinline__ void load_tile(const void* __restrict__ x, i64 k_cols, i64 m0, i64 k0, int rows, int cols,
-                                          u32* tile) {
-    constexpr int ELEM_BYTES = DT == IN_F32 ? 4 : 2;
-    const LoadItem l = load_item(threadIdx.x);
-    const char* src = static_cast<const char*>(x) + ((m0 + l.m) * k_cols + k0 + l.q * Tile<DT>::CHUNK_ELEMS) * ELEM_BYTES;
-    load_tile_from<DT>(src, (i64)LOAD_ROW_STEP * k_cols * ELEM_BYTES, l, rows, cols, tile + load_word(l));
-}
-
 // One 16-byte cp.async (sm_80+) from global src to shared dst, cached in L2 only: the copy lands in shared
 // memory without passing through registers, so a CTA can have the next tile in flight while it encodes one.
 // Visible to the CTA after copy_async_wait_all and a __syncthreads.
@@ -625,7 +570,9 @@ __device__ __forceinline__ void copy_async16(u32* dst, const char* src) {
 // Wait until this thread's cp.async copies have landed (cp.async.wait_all: commit, then wait for every group).
 __device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// As load_tile_from, the chunks copied with cp.async (the same shared words written, nothing else).
+// Start the copies of the load item's chunks of a tile (cp.async, the load map above): src points at the item's
+// first chunk in X, step is the bytes between its chunks, dst = tile + load_word(l); only the chunks in the tile's
+// valid extent (rows x cols) are copied.
 template <int DT>
 __device__ __forceinline__ void load_tile_async(const char* __restrict__ src, i64 step, LoadItem l, int rows, int cols,
                                                 u32* dst) {
@@ -923,38 +870,51 @@ NVFP4_INSTANTIATE(f32, IN_F32)
 NVFP4_INSTANTIATE(bf16, IN_BF16)
 NVFP4_INSTANTIATE(f16, IN_F16)
 
-// Resident RHT-amax CTAs per SM (<= 128 registers a thread): at 80 registers (3 CTAs) ptxas spills
-// the tile loads on sm_90.
-#define NVFP4_RHT_AMAX_MIN_BLOCKS 2
+// NVFP4_RHT_AMAX_MIN_BLOCKS (native/nvfp4.py RHT_AMAX_CTAS_PER_SM): resident RHT-amax CTAs per SM that the register
+// allocation must allow.
+#if !defined(NVFP4_RHT_AMAX_MIN_BLOCKS)
+#error "nvfp4.cu needs NVFP4_RHT_AMAX_MIN_BLOCKS (native/nvfp4.py scheme_defines)"
+#endif
 
-// Post-RHT amax of the columnwise copy (bf16 X [M, K]) into *out_rht, and amax(X) into *out_plain
-// (the rowwise copy's A_g, read in the same pass). NUMERICS: §5.6, §0.1. The tiles of X are read as
-// in the quantize kernel (coalesced 16-byte loads into shared memory, a grid-stride loop over the
-// tiles) and each thread transforms the two columns of its colwise item, 16 rows each.
+// Post-RHT amax of the columnwise copy (bf16 X [M, K]) into *out_rht, and amax(X) into *out_plain (the rowwise
+// copy's A_g, read in the same pass). NUMERICS: §5.6, §0.1. CTAs walk the quantize tiles (128 rows x 64 columns;
+// tile t, t + gridDim.x, ...) and warp w takes m-block w of each: lane l holds word column l (two bf16 columns) of
+// the m-block's 16 rows, read straight from X (each load instruction of a warp reads one whole 128-byte row piece),
+// i.e. both columns' RHT chunks. No shared memory and no barrier: the warps of a CTA do not wait for each other.
+// Per column: max |v| (NaN-propagating) from the packed words (pair_amax_nan) and its smallest non-zero exponent
+// (bf16_pair_low_exponents) choose the RHT path (rht_path_of, as rht_path) and give amax(X) unless a NaN; then the
+// amax of the transformed column (rht16_amax).
 extern "C" __global__ void __launch_bounds__(NVFP4_THREADS, NVFP4_RHT_AMAX_MIN_BLOCKS)
     nvfp4_rht_amax(const void* x, i64 m_rows, i64 k_cols, u32* out_rht, u32* out_plain, NVFP4_PAD_PARAMS) {
     using T = Tile<IN_BF16>;
-    __shared__ __align__(16) u32 tile[TILE_M * TILE_PITCH];
-    const ColItem item = col_item(threadIdx.x);
+    static_assert(NVFP4_THREADS / WARP == TILE_MBLOCKS && T::COLS == 2 * WARP, "a warp per m-block, a lane per word");
+    // Rows, word columns and tiles in 32 bits (native/nvfp4.py tile_count: M, K < 2^32, n_tiles < 2^31).
+    const u32 m32 = (u32)m_rows, k32 = (u32)k_cols, lane = threadIdx.x % WARP, mb = threadIdx.x / WARP;
+    const u32 row_words = k32 / 2;  // 32-bit words (bf16 pairs) of a row of X
+    const u32 tiles_k = ceil_div(k32, (u32)T::COLS), n_tiles = ceil_div(m32, (u32)TILE_M) * tiles_k;
+    const DivBy by_tiles_k(tiles_k);
+    const u32* xw = static_cast<const u32*>(x);
     float a_rht = 0.0f, a_plain = 0.0f;
-    const i64 n_tiles = tile_count<IN_BF16>(m_rows, k_cols);
-    for (i64 t = blockIdx.x; t < n_tiles; t += gridDim.x) {
-        const TilePos p = tile_pos<IN_BF16>(t, m_rows, k_cols);
-        load_tile<IN_BF16>(x, k_cols, p.m0, p.k0, p.rows, p.cols, tile);
-        __syncthreads();
-        if (col_item_in<IN_BF16>(item, p)) {
-#pragma unroll 1
-            for (int e = 0; e < T::PER_WORD; ++e) {
-                u32 words[BLOCK];  // read again for each column: fewer registers live across rht16
-                col_item_words(tile, item, words);
-                float v[BLOCK], h[BLOCK];
-                column_values<IN_BF16>(words, e, v);
-                a_plain = fmax_nn(a_plain, block_amax(v));  // first: v is dead inside rht16 then
-                rht16(v, h);
-                a_rht = fmax_nn(a_rht, block_amax(h));
-            }
+    for (u32 t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+        u32 tm, tk;
+        by_tiles_k.divmod(t, tm, tk);
+        const u32 r0 = tm * TILE_M + mb * BLOCK, wc = tk * WARP + lane;  // the lane's first row and word column
+        if (r0 >= m32 || wc >= row_words) continue;  // bottom or right edge: M and K are multiples of 16
+        const u32* src = xw + (u64)r0 * row_words + wc;
+        u32 words[BLOCK];
+#pragma unroll
+        for (int i = 0; i < BLOCK; ++i) words[i] = src[(u64)i * row_words];  // all in flight
+        float hi[2];
+        u32 e_lo[2];
+        pair_amax_nan<IN_BF16>(words, hi);
+        bf16_pair_low_exponents(words, e_lo);
+#pragma unroll
+        for (int e = 0; e < T::PER_WORD; ++e) {
+            float v[BLOCK];
+            column_values<IN_BF16, true>(words, e, v);
+            a_plain = fmax_nn(a_plain, amax_nan_of(hi[e], v).amax);  // NUMERICS: §0.1 - block_amax(v)
+            a_rht = fmax_nn(a_rht, rht16_amax(v, rht_path_of(hi[e], e_lo[e])));
         }
-        __syncthreads();  // the next tile overwrites the shared tile
     }
     zero_scale_paddings(NVFP4_PADS, m_rows, k_cols);
     amax_commit(a_rht, out_rht);

@@ -172,6 +172,14 @@ NVFP4_HD float fmax_nan(float a, float b) {
 #endif
 }
 
+// NUMERICS: §0.1 amax - fmax over |v| from +0; NaN ignored, +inf kept.
+NVFP4_HD float block_amax(const float (&v)[BLOCK]) {
+    float a = 0.0f;
+#pragma unroll
+    for (int i = 0; i < BLOCK; ++i) a = fmax_nn(a, fabsf(v[i]));
+    return a;
+}
+
 // 2^k as fp32 for a normal exponent k (exact).
 NVFP4_HD float pow2f(int k) { return u2f((u32)(k + FP32_EXP_BIAS) << FP32_MAN_BITS); }
 
@@ -693,8 +701,10 @@ constexpr int FP64_SIG_BITS = 53;
 // 2^(e_max - bias + 3), i.e. below 2^P q when e_max - e_min <= P - 8 - 4: 12 in fp32, 41 in fp64.
 constexpr u32 RHT_FP32_EXACT_SPREAD = FP32_SIG_BITS - BF16_SIG_BITS - 4;
 constexpr u32 RHT_FP64_EXACT_SPREAD = FP64_SIG_BITS - BF16_SIG_BITS - 4;
-// Largest exponent field for which the fp32 partial sums stay finite (< 2^(e_max - bias + 3) <= 2^127).
-constexpr u32 RHT_FP32_MAX_EXP_FIELD = 2 * FP32_EXP_BIAS - 3;
+// Largest exponent field for which the fp32 partial sums stay finite, scaled by 1/4 or not (rht16_amax sums
+// the unscaled terms): below 16 * 2^(e_max - bias + 1) = 2^(e_max - bias + 5) <= 2^128, and an exact sum below
+// 2^128 is finite.
+constexpr u32 RHT_FP32_MAX_EXP_FIELD = 2 * FP32_EXP_BIAS - 4;
 constexpr u32 FP32_INF_BITS = FP32_EXP_MASK << FP32_MAN_BITS;
 
 // How a chunk's 16 sums are taken. Where every partial sum is exact, the order cannot change a sum,
@@ -707,6 +717,18 @@ enum RhtPath {
     RHT_FP64_ORDERED,    // anything else: the fp64 sums in the contract's order
 };
 
+// The path of a chunk from hi = max |v| (NaN when a v is NaN) and e_lo, the exponent field of its smallest non-zero
+// |v| (unused when every v is zero).
+NVFP4_HD RhtPath rht_path_of(float hi, u32 e_lo) {
+    const u32 hi_bits = f2u(hi);
+    if (!(hi_bits < FP32_INF_BITS)) return RHT_FP64_BUTTERFLY;  // an inf or NaN term (a NaN hi compares false)
+    if (hi_bits == 0u) return RHT_FP32_BUTTERFLY;              // all zero
+    const u32 e_hi = hi_bits >> FP32_MAN_BITS;
+    e_lo = e_lo < 1u ? 1u : e_lo;  // subnormals: quantum 2^(1 - bias - 7), like exponent field 1
+    if (e_hi - e_lo <= RHT_FP32_EXACT_SPREAD && e_hi <= RHT_FP32_MAX_EXP_FIELD) return RHT_FP32_BUTTERFLY;
+    return e_hi - e_lo <= RHT_FP64_EXACT_SPREAD ? RHT_FP64_BUTTERFLY : RHT_FP64_ORDERED;
+}
+
 NVFP4_HD RhtPath rht_path(const float (&v)[BLOCK]) {
     float hi = 0.0f;  // max |v|, NaN when a v is NaN
     u32 lo = ~0u;     // min over v of bits(|v|) - 1: the smallest non-zero magnitude's bits - 1 (zeros wrap)
@@ -716,14 +738,33 @@ NVFP4_HD RhtPath rht_path(const float (&v)[BLOCK]) {
         const u32 b = (f2u(v[i]) & ~FP32_SIGN_BIT) - 1u;
         lo = b < lo ? b : lo;
     }
-    const u32 hi_bits = f2u(hi);
-    if (!(hi_bits < FP32_INF_BITS)) return RHT_FP64_BUTTERFLY;  // an inf or NaN term (a NaN hi compares false)
-    if (hi_bits == 0u) return RHT_FP32_BUTTERFLY;              // all zero
-    const u32 e_hi = hi_bits >> FP32_MAN_BITS;
-    u32 e_lo = (lo + 1u) >> FP32_MAN_BITS;
-    e_lo = e_lo < 1u ? 1u : e_lo;  // subnormals: quantum 2^(1 - bias - 7), like exponent field 1
-    if (e_hi - e_lo <= RHT_FP32_EXACT_SPREAD && e_hi <= RHT_FP32_MAX_EXP_FIELD) return RHT_FP32_BUTTERFLY;
-    return e_hi - e_lo <= RHT_FP64_EXACT_SPREAD ? RHT_FP64_BUTTERFLY : RHT_FP64_ORDERED;
+    return rht_path_of(hi, (lo + 1u) >> FP32_MAN_BITS);
+}
+
+// rht_path_of's e_lo for both columns of a bf16 colwise item (words[i]: row i, column 0 in the low half, column 1 in
+// the high half): e_lo[h] for column h. Per half, (bits(|v|) | 0x8000) - 1 is 0x8000 + bits(|v|) - 1 for a non-zero
+// |v| and 0x7FFF for a zero (the 0x8000 keeps the subtraction inside the half), which as signed 16-bit numbers
+// orders the non-zero magnitudes as they are and every zero above them: a packed signed minimum over the words (two
+// halves and three operands an instruction on sm_90: VIMNMX3.S16x2) gives each column's smallest non-zero bits - 1
+// + 0x8000. A bf16's exponent field is its bits >> 7, the field of its fp32 widening.
+NVFP4_HD void bf16_pair_low_exponents(const u32 (&words)[BLOCK], u32 (&e_lo)[2]) {
+    u32 m = 0x7FFF7FFFu;  // two zero halves
+#pragma unroll
+    for (int i = 0; i < BLOCK; ++i) {
+        const u32 y = ((words[i] & 0x7FFF7FFFu) | 0x80008000u) - 0x00010001u;
+#if defined(__CUDA_ARCH__)
+        m = __vmins2(m, y);
+#else
+        u32 r = 0u;
+        for (int h = 0; h < 2; ++h) {
+            const int a = (short)(m >> (16 * h)), b = (short)(y >> (16 * h));
+            r |= (u32)(u16)(a < b ? a : b) << (16 * h);
+        }
+        m = r;
+#endif
+    }
+    e_lo[0] = (((m & 0xFFFFu) ^ 0x8000u) + 1u) >> (BF16_SIG_BITS - 1);
+    e_lo[1] = (((m >> 16) ^ 0x8000u) + 1u) >> (BF16_SIG_BITS - 1);
 }
 
 // The butterfly in T (float or double) over x[i] = v_i * sigma_i / 4. The terms are made with
@@ -778,6 +819,43 @@ NVFP4_HD void rht16(const float (&v)[BLOCK], float (&out)[BLOCK]) {
         }
         out[j] = round_bf16(d2f_rn(s));
     }
+}
+
+// block_amax(rht16(v)) (NUMERICS: §5.6, §0.1 - the amax of the chunk's bf16 RHT outputs) for the post-RHT amax
+// pass, given path = rht_path(v). On the fp32 path the butterfly runs on the unscaled signed terms sigma_i v_i (the
+// signs fold into the first stage's adds; RHT_FP32_MAX_EXP_FIELD keeps these sums finite): every sum is exact, so
+// out_j = RN_bf16(s_j / 4) with s_j the exact unscaled sum, and RN_bf16 is monotone and odd, so
+// max_j |out_j| = RN_bf16(max_j |s_j| / 4), the quarter exact (a power of two on an exact sum: its terms are
+// multiples of 2^-133, far above fp32's quantum 2^-149). A zero sum's sign cannot matter under |.|. The other paths
+// (a spread above 12, inf or NaN, huge values) take rht16 itself.
+NVFP4_HD float rht16_amax(const float (&v)[BLOCK], RhtPath path) {
+    if (path != RHT_FP32_BUTTERFLY) {
+        float h[BLOCK];
+        rht16(v, h);  // slow path
+        return block_amax(h);
+    }
+    float x[BLOCK];
+#pragma unroll
+    for (int i = 0; i < BLOCK; i += 2) {
+        const float a = rht_sign_negative(i) ? -v[i] : v[i], b = rht_sign_negative(i + 1) ? -v[i + 1] : v[i + 1];
+        x[i] = add_rn(a, b);
+        x[i + 1] = add_rn(a, -b);
+    }
+#pragma unroll
+    for (int h = 2; h < BLOCK / 2; h <<= 1) {
+#pragma unroll
+        for (int i = 0; i < BLOCK; ++i) {
+            if (i & h) continue;
+            const float a = x[i], b = x[i + h];
+            x[i] = add_rn(a, b);
+            x[i + h] = add_rn(a, -b);
+        }
+    }
+    // The last stage's pair a + b, a - b: the larger magnitude is |a| + |b| (exact, as every sum here).
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < BLOCK / 2; ++i) m = fmax_nn(m, add_rn(fabsf(x[i]), fabsf(x[i + BLOCK / 2])));
+    return round_bf16(mul_rn(m, NVFP4_RHT_SCALE));
 }
 
 }  // namespace nvfp4

@@ -122,16 +122,23 @@ def _rht_chunks() -> torch.Tensor:
     return torch.cat([x, specials, crafted, -crafted]).to(torch.bfloat16)
 
 
-def test_rht16_host_replay_matches_reference_on_every_path(rht_replay, tmp_path):
-    """docs/numerics.md §5.6: rht16 (all three paths: exact fp32 / fp64 butterflies, ordered fp64 sums)
-    equals reference.hadamard on the same chunks, bit for bit (NaN: any NaN)."""
-    chunks = _rht_chunks()
+def _rht_replay(rht_replay, tmp_path, chunks: torch.Tensor) -> np.ndarray:
+    """The host replay's record per chunk (nvfp4_rht.cpp): outputs, rht_path, the packed words' path, rht16_amax."""
     src, dst = tmp_path / "in.bin", tmp_path / "out.bin"
     src.write_bytes(fp32.bits(chunks.to(torch.float32)).numpy().astype(np.uint32).tobytes())
     proc = subprocess.run([str(rht_replay), str(src), str(dst)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    rec = np.frombuffer(dst.read_bytes(), dtype=[("h", "<u4", (16,)), ("path", "u1")])
+    rec = np.frombuffer(dst.read_bytes(), dtype=[("h", "<u4", (16,)), ("path", "u1"), ("packed_path", "u1"),
+                                                 ("amax", "<u4")])  # fmt: skip
     assert rec.shape[0] == chunks.shape[0]
+    return rec
+
+
+def test_rht16_host_replay_matches_reference_on_every_path(rht_replay, tmp_path):
+    """docs/numerics.md §5.6: rht16 (all three paths: exact fp32 / fp64 butterflies, ordered fp64 sums)
+    equals reference.hadamard on the same chunks, bit for bit (NaN: any NaN)."""
+    chunks = _rht_chunks()
+    rec = _rht_replay(rht_replay, tmp_path, chunks)
     paths = np.bincount(rec["path"], minlength=len(RHT_PATHS))
     assert all(paths[i] > 0 for i in RHT_PATHS), f"paths taken: { {name: int(paths[i]) for i, name in RHT_PATHS.items()} }"
     host = torch.from_numpy(rec["h"].astype(np.int64)).to(torch.int32).view(torch.float32)
@@ -142,6 +149,34 @@ def test_rht16_host_replay_matches_reference_on_every_path(rht_replay, tmp_path)
     assert bad.numel() == 0, (
         f"{bad.numel()} of {chunks.shape[0]} chunks differ; first chunk {int(bad[0])} "
         f"(path {RHT_PATHS[int(rec['path'][bad[0]])]}): {chunks[bad[0]].tolist()}"
+    )
+
+
+def test_post_rht_amax_pieces_match_rht16_and_the_reference(rht_replay, tmp_path):
+    """docs/numerics.md §5.6, §0.1: the post-RHT amax pass's pieces on the host. rht16_amax(v) (the fp32 path's
+    unscaled butterfly, rounded once) is the NaN-ignoring amax of the reference's bf16 RHT outputs of the chunk, and
+    the path chosen from the packed words (bf16_pair_low_exponents, each chunk in the low or the high halves) is
+    rht_path's, on every path. Chunk pairs include a zero chunk beside a non-zero one and subnormals beside zeros."""
+    chunks = _rht_chunks()
+    extra = torch.zeros(6, 16, dtype=torch.bfloat16)
+    extra[1, 3] = 2.0**-133  # the smallest subnormal beside a zero chunk (its pair)
+    extra[2, :8] = -(2.0**-133)
+    extra[3] = 2.0**-126
+    extra[4, 0], extra[5, 15] = 3.0e38, 2.0**-100  # an overflowing chunk beside a tiny one
+    chunks = torch.cat([chunks, extra])
+    rec = _rht_replay(rht_replay, tmp_path, chunks)
+    assert np.array_equal(rec["packed_path"], rec["path"]), (
+        f"{int((rec['packed_path'] != rec['path']).sum())} chunks take another path from the packed words; first "
+        f"{int(np.argmax(rec['packed_path'] != rec['path']))}")
+    want = hadamard.rht_rows(chunks.t().contiguous()).t().to(torch.float32)
+    want_amax = torch.where(torch.isnan(want), 0.0, want.abs()).amax(dim=1)  # §0.1: NaN ignored
+    got = torch.from_numpy(rec["amax"].astype(np.int64)).to(torch.int32).view(torch.float32)
+    bad = (fp32.bits(got) != fp32.bits(want_amax)).nonzero().flatten()
+    paths = np.bincount(rec["path"], minlength=len(RHT_PATHS))
+    assert all(paths[i] > 0 for i in RHT_PATHS)
+    assert bad.numel() == 0, (
+        f"{bad.numel()} of {chunks.shape[0]} chunk amaxes differ; first chunk {int(bad[0])} "
+        f"(path {RHT_PATHS[int(rec['path'][bad[0]])]}): {float(got[bad[0]])} vs {float(want_amax[bad[0]])}"
     )
 
 
