@@ -715,12 +715,14 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
         // The colwise item's 16 words: word column cw of tile rows 16 mb .. 16 mb + 15.
         const bool col_in = col_item_in<DT>(item, p);
         u32 words[BLOCK];
-        // 16-bit inputs without RHT: both columns' NaN-propagating amax chains at once (pair_amax_nan), for the
-        // colwise blocks and the 2-D tile amax
+        // 16-bit inputs: both columns' NaN-propagating amax chains at once (pair_amax_nan), for the colwise blocks and
+        // the 2-D tile amax, or with RHT for the columns' RHT paths with their smallest non-zero exponents
         float col_amax[2];
+        u32 col_elo[2];
         if ((do_col || k2d) && col_in) {
             col_item_words(tile, item, words);
-            if constexpr (DT != IN_F32 && !Modes<DT>::rht_colwise) pair_amax_nan<DT>(words, col_amax);
+            if constexpr (DT != IN_F32) pair_amax_nan<DT>(words, col_amax);
+            if constexpr (Modes<DT>::rht_colwise) bf16_pair_low_exponents(words, col_elo);
         }
         if (k2d) {
             // NUMERICS: §5.5 2-D - the amax of each 16x16 tile, as §0.1 (fmax over |v| from +0, NaN
@@ -771,7 +773,8 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
                 BlockScale s;
                 if constexpr (Modes<DT>::rht_colwise) {
                     float h[BLOCK];
-                    rht16(v, h);  // NUMERICS: §5.6 - the colwise block is the RHT chunk of column k
+                    const RhtPath path = rht_path_of(e == 0 ? col_amax[0] : col_amax[1], e == 0 ? col_elo[0] : col_elo[1]);
+                    rht16(v, h, path);  // NUMERICS: §5.6 - the colwise block is the RHT chunk of column k
                     const AmaxNan an = block_amax_nan(h);
                     const float amax_b = k2d ? u2f(tile_amax[mb][t2]) : an.amax;
                     s = table_scale(amax_b, g_col, factor[1]);

@@ -789,8 +789,8 @@ NVFP4_HD void rht_butterfly(const float (&v)[BLOCK], T (&x)[BLOCK]) {
     }
 }
 
-NVFP4_HD void rht16(const float (&v)[BLOCK], float (&out)[BLOCK]) {
-    const RhtPath path = rht_path(v);
+// rht16 given path = rht_path(v) (the quantize kernel's comes from the packed words: rht_path_of).
+NVFP4_HD void rht16(const float (&v)[BLOCK], float (&out)[BLOCK], RhtPath path) {
     if (path == RHT_FP32_BUTTERFLY) {
         float x[BLOCK];
         rht_butterfly(v, x);
@@ -820,6 +820,8 @@ NVFP4_HD void rht16(const float (&v)[BLOCK], float (&out)[BLOCK]) {
         out[j] = round_bf16(d2f_rn(s));
     }
 }
+
+NVFP4_HD void rht16(const float (&v)[BLOCK], float (&out)[BLOCK]) { rht16(v, out, rht_path(v)); }
 
 // block_amax(rht16(v)) (NUMERICS: §5.6, §0.1 - the amax of the chunk's bf16 RHT outputs) for the post-RHT amax
 // pass, given path = rht_path(v). On the fp32 path the butterfly runs on the unscaled signed terms sigma_i v_i (the
