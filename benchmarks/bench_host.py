@@ -7,14 +7,16 @@ Usage:
 Issue #18 item 2: <= 15 us per native quantize call; <= torch._scaled_mm's host cost per native GEMM call. One
 process, one GPU, bf16 input [size, size] (rowwise + colwise), GEMMs TN [size]^3 with bf16 output. Each row is
 timed as issue_us (benchmarks/timing.py): host-clock microseconds per call over --iters calls issued back to back
-without waiting for the GPU, the median of --runs runs, after a warm-up (the first call compiles). "before" runs
+without waiting for the GPU, the median of --runs runs, after a warm-up (the first call compiles). Each run first
+queues a spin kernel longer than its issuing (issue_us's hold), so the GPU runs none of the calls meanwhile and a
+call whose GPU work outlasts its host work (SR's Philox on a tile, several small kernels) still shows its host
+cost, not the GPU's; --iters calls' launches must fit the driver's launch queue. "before" runs
 with `native.use_plans(False)` (every call takes the full path: the spec checks, then the launcher), "after" with
 the plans on (docs/design.md §4.1). The GEMM goal is torch._scaled_mm's issue_us on fp8 tensorwise operands of the
 same shapes, measured in the same run. "out_us" (quantize rows) is the in-place call `native.quantize(...,
 out=q)` into the outputs of an earlier planned call (docs/design.md §4.1): no allocation, the same kernels; a
 separate column with its own result ("out"), since a caller must opt in to overwriting q. For GEMM rows it is
-`native.gemm(..., out=y)` into a caller's [size, size] bf16 tensor (TE's general_gemm takes `out`). At the default sizes the GPU work of a call is a few microseconds, so
-issue_us is the host cost. --dry-run needs no GPU: it checks every row's call on the CPU reference and prints the
+`native.gemm(..., out=y)` into a caller's [size, size] bf16 tensor (TE's general_gemm takes `out`). --dry-run needs no GPU: it checks every row's call on the CPU reference and prints the
 table with placeholder timings (tests/unit/test_native_plan_bench.py). Exit code: 0; 1 with --check-goals when a
 goal is missed; 2 without a GPU.
 """
@@ -114,8 +116,9 @@ def table(records: list[dict]) -> str:
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="See the module docstring for the method.")
     ap.add_argument("--size", type=int, default=256, help="quantize input [size, size], GEMMs [size]^3 (default 256)")
-    ap.add_argument("--iters", type=int, default=500, help="calls per timed run (default 500)")
-    ap.add_argument("--runs", type=int, default=3, help="timed runs per row, median reported (default 3)")
+    ap.add_argument("--iters", type=int, default=100,
+                    help="calls per timed run (default 100: their launches must fit the driver's queue)")
+    ap.add_argument("--runs", type=int, default=5, help="timed runs per row, median reported (default 5)")
     ap.add_argument("--warmup", type=int, default=20, help="untimed calls before timing (default 20)")
     ap.add_argument("--only", default=None, help="run only rows whose name contains this substring")
     ap.add_argument("--out", default=None, help="also write the table as CSV to this file")
@@ -150,9 +153,18 @@ def dry_run(args) -> list[dict]:
 
 
 def measure(call, args) -> float:
+    """Median issue_us of `call` over args.runs runs, each with the GPU held (timing.issue_us hold_s) three times as
+    long as 5 calls after the warm-up took per call, synchronized (an upper bound of the host and the GPU side),
+    plus 2 ms: the host's cost alone, whatever the call's GPU work."""
     for _ in range(args.warmup):
         call()
-    return statistics.median(issue_us(call, args.iters, args.runs))
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize()
+    per_call = (time.perf_counter() - t0) / 5
+    return statistics.median(issue_us(call, args.iters, args.runs, hold_s=3 * per_call * args.iters + 2e-3))
 
 
 def before_after(call, args) -> tuple[float, float]:

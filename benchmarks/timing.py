@@ -7,7 +7,9 @@
 - host_ms: host clock around synchronize -> call -> synchronize (all Python overhead included);
 - kernel_ms: the call's GPU activity (kernels, memsets, copies) from CUPTI via torch.profiler;
 - issue_us: host clock per call over calls issued back to back without waiting for the GPU: the
-  call's CPU-side cost (Python, checks, launches), hidden whenever the GPU is the slower side.
+  call's CPU-side cost (Python, checks, launches), hidden whenever the GPU is the slower side; with a hold (a
+  spin kernel queued first) the GPU runs none of the calls while they are issued, so a call whose GPU work is
+  longer than its host work still shows its host cost.
 Each returns one value per timed call (or run); the scripts report medians.
 """
 
@@ -59,15 +61,35 @@ def host_ms(fn, iters: int) -> list[float]:
     return out
 
 
-def issue_us(fn, iters: int, runs: int = 3) -> list[float]:
-    """Host-clock microseconds per call of `iters` calls issued back to back (GPU idle before, not waited on)."""
+# Cycles per second assumed for torch.cuda._sleep's spin (above the boost clock of an H100 / H200, 1.98 GHz, so a
+# hold lasts at least as long as asked).
+SPIN_HZ = 2.5e9
+
+
+def issue_us(fn, iters: int, runs: int = 3, hold_s: float | None = None) -> list[float]:
+    """Host-clock microseconds per call of `iters` calls issued back to back (GPU idle before, not waited on).
+
+    hold_s: first queue a spin kernel of at least that many seconds (torch.cuda._sleep), longer than the issuing,
+    so the GPU runs none of the calls while they are issued: the time is the host's alone even where a call's GPU
+    work is longer than its host work (without it the host waits for the GPU once the launch queue is full, and the
+    time is the GPU's). The launches of `iters` calls must fit the driver's queue; raises RuntimeError when the
+    spin had ended before the last call was issued (the GPU may have set the pace: hold longer)."""
     out = []
     for _ in range(runs):
         torch.cuda.synchronize()
+        held = None
+        if hold_s:
+            torch.cuda._sleep(int(hold_s * SPIN_HZ))
+            held = torch.cuda.Event()
+            held.record()  # complete once the spin has ended
         t0 = time.perf_counter()
         for _ in range(iters):
             fn()
-        out.append((time.perf_counter() - t0) * 1e6 / iters)
+        dt = time.perf_counter() - t0
+        if held is not None and held.query():
+            raise RuntimeError(f"issue_us: the GPU was idle before the last of {iters} calls was issued ({dt:.4f} s "
+                               f"of issuing, held {hold_s:.4f} s)")
+        out.append(dt * 1e6 / iters)
         torch.cuda.synchronize()
     return out
 

@@ -31,3 +31,17 @@ def test_bench_native_small_run(tmp_path, capsys):
     own = rows["nvfp4 1x16 row+col"]
     assert int(own["bytes"]) - int(own["bytes_1read"]) == 256 * 256 * 2  # the second read of X
     assert own["verify"] == "ok" and float(own["issue_us"]) > 0
+
+
+def test_issue_us_hold_times_the_host_not_the_gpu():
+    """timing.issue_us with a hold: calls whose GPU work (a 1 ms spin each) far outlasts their host work are timed
+    at their host cost (the spin queued first is still running when the last call is issued, which issue_us
+    checks), and a hold that ends before the last call is issued raises instead of returning a time."""
+    import torch
+    from timing import issue_us
+
+    spin = lambda: torch.cuda._sleep(2_000_000)  # noqa: E731 - >= 1 ms of GPU time a call at <= 2 GHz
+    held = issue_us(spin, 50, runs=1, hold_s=0.5)[0]
+    assert held < 200.0, f"{held:.1f} us a call with the GPU held: the GPU's pace (>= 1000 us), not the host's"
+    with pytest.raises(RuntimeError, match="GPU was idle"):
+        issue_us(lambda: torch.cuda._sleep(1), 200, runs=1, hold_s=1e-7)

@@ -19,7 +19,7 @@ import bench_host as bh  # noqa: E402
 
 def test_arguments_parse_and_bad_ones_are_refused():
     args = bh.parse([])
-    assert (args.size, args.iters, args.runs, args.warmup, args.only, args.dry_run) == (256, 500, 3, 20, None, False)
+    assert (args.size, args.iters, args.runs, args.warmup, args.only, args.dry_run) == (256, 100, 5, 20, None, False)
     args = bh.parse(["--size", "512", "--iters", "10", "--runs", "1", "--only", "nvfp4", "--dry-run", "--check-goals"])
     assert (args.size, args.iters, args.runs, args.only, args.dry_run, args.check_goals) == (512, 10, 1, "nvfp4",
                                                                                             True, True)
