@@ -825,7 +825,8 @@ NVFP4_HD void rht16(const float (&v)[BLOCK], float (&out)[BLOCK]) { rht16(v, out
 
 // block_amax(rht16(v)) (NUMERICS: §5.6, §0.1 - the amax of the chunk's bf16 RHT outputs) for the post-RHT amax
 // pass, given path = rht_path(v). On the fp32 path the butterfly runs on the unscaled signed terms sigma_i v_i (the
-// signs fold into the first stage's adds; RHT_FP32_MAX_EXP_FIELD keeps these sums finite): every sum is exact, so
+// signs fold into the first stage's adds, the last stage into the maximum; RHT_FP32_MAX_EXP_FIELD keeps these sums
+// finite): every sum is exact, so
 // out_j = RN_bf16(s_j / 4) with s_j the exact unscaled sum, and RN_bf16 is monotone and odd, so
 // max_j |out_j| = RN_bf16(max_j |s_j| / 4), the quarter exact (a power of two on an exact sum: its terms are
 // multiples of 2^-133, far above fp32's quantum 2^-149). A zero sum's sign cannot matter under |.|. The other paths
@@ -833,7 +834,7 @@ NVFP4_HD void rht16(const float (&v)[BLOCK], float (&out)[BLOCK]) { rht16(v, out
 NVFP4_HD float rht16_amax(const float (&v)[BLOCK], RhtPath path) {
     if (path != RHT_FP32_BUTTERFLY) {
         float h[BLOCK];
-        rht16(v, h);  // slow path
+        rht16(v, h, path);  // slow path
         return block_amax(h);
     }
     float x[BLOCK];
