@@ -767,6 +767,22 @@ NVFP4_HD void bf16_pair_low_exponents(const u32 (&words)[BLOCK], u32 (&e_lo)[2])
     e_lo[1] = (((m >> 16) ^ 0x8000u) + 1u) >> (BF16_SIG_BITS - 1);
 }
 
+// Stages h = FIRST, 2 FIRST, ... < END of the fast Walsh-Hadamard butterfly on x in place (x[i], x[i + h] <- a + b,
+// a - b for every i without bit h), each sum rounded in T.
+template <int FIRST, int END, typename T>
+NVFP4_HD void butterfly_stages(T (&x)[BLOCK]) {
+#pragma unroll
+    for (int h = FIRST; h < END; h <<= 1) {
+#pragma unroll
+        for (int i = 0; i < BLOCK; ++i) {
+            if (i & h) continue;
+            const T a = x[i], b = x[i + h];
+            x[i] = add_rn(a, b);
+            x[i + h] = add_rn(a, -b);
+        }
+    }
+}
+
 // The butterfly in T (float or double) over x[i] = v_i * sigma_i / 4. The terms are made with
 // fma(v, +-1/4, +0): exact, and a -0 term becomes +0; with no -0 term no partial sum is -0 (RN:
 // x + (-x) = +0, and a - b is -0 only for a = -0), as the ordered sum from +0 never is.
@@ -777,16 +793,7 @@ NVFP4_HD void rht_butterfly(const float (&v)[BLOCK], T (&x)[BLOCK]) {
         const T c = rht_sign_negative(i) ? -(T)NVFP4_RHT_SCALE : (T)NVFP4_RHT_SCALE;
         x[i] = fma_rn((T)v[i], c, (T)0);
     }
-#pragma unroll
-    for (int h = 1; h < BLOCK; h <<= 1) {
-#pragma unroll
-        for (int i = 0; i < BLOCK; ++i) {
-            if (i & h) continue;
-            const T a = x[i], b = x[i + h];
-            x[i] = add_rn(a, b);
-            x[i + h] = add_rn(a, -b);
-        }
-    }
+    butterfly_stages<1, BLOCK>(x);
 }
 
 // rht16 given path = rht_path(v) (the quantize kernel's comes from the packed words: rht_path_of).
@@ -844,16 +851,7 @@ NVFP4_HD float rht16_amax(const float (&v)[BLOCK], RhtPath path) {
         x[i] = add_rn(a, b);
         x[i + 1] = add_rn(a, -b);
     }
-#pragma unroll
-    for (int h = 2; h < BLOCK / 2; h <<= 1) {
-#pragma unroll
-        for (int i = 0; i < BLOCK; ++i) {
-            if (i & h) continue;
-            const float a = x[i], b = x[i + h];
-            x[i] = add_rn(a, b);
-            x[i + h] = add_rn(a, -b);
-        }
-    }
+    butterfly_stages<2, BLOCK / 2>(x);
     // The last stage's pair a + b, a - b: the larger magnitude is |a| + |b| (exact, as every sum here).
     float m = 0.0f;
 #pragma unroll
