@@ -796,15 +796,8 @@ NVFP4_HD void rht_butterfly(const float (&v)[BLOCK], T (&x)[BLOCK]) {
     butterfly_stages<1, BLOCK>(x);
 }
 
-// rht16 given path = rht_path(v) (the quantize kernel's comes from the packed words: rht_path_of).
-NVFP4_HD void rht16(const float (&v)[BLOCK], float (&out)[BLOCK], RhtPath path) {
-    if (path == RHT_FP32_BUTTERFLY) {
-        float x[BLOCK];
-        rht_butterfly(v, x);
-#pragma unroll
-        for (int j = 0; j < BLOCK; ++j) out[j] = round_bf16(x[j]);  // the exact sum: RN_fp32 is the identity
-        return;
-    }
+// rht16's fp64 paths (path RHT_FP64_BUTTERFLY or RHT_FP64_ORDERED: a spread above 12, an inf or NaN, huge values).
+NVFP4_HD void rht16_fp64(const float (&v)[BLOCK], float (&out)[BLOCK], RhtPath path) {
     if (path == RHT_FP64_BUTTERFLY) {
         double x[BLOCK];
         rht_butterfly(v, x);
@@ -826,6 +819,18 @@ NVFP4_HD void rht16(const float (&v)[BLOCK], float (&out)[BLOCK], RhtPath path) 
         }
         out[j] = round_bf16(d2f_rn(s));
     }
+}
+
+// rht16 given path = rht_path(v) (the quantize kernel's comes from the packed words: rht_path_of).
+NVFP4_HD void rht16(const float (&v)[BLOCK], float (&out)[BLOCK], RhtPath path) {
+    if (path == RHT_FP32_BUTTERFLY) {
+        float x[BLOCK];
+        rht_butterfly(v, x);
+#pragma unroll
+        for (int j = 0; j < BLOCK; ++j) out[j] = round_bf16(x[j]);  // the exact sum: RN_fp32 is the identity
+        return;
+    }
+    rht16_fp64(v, out, path);  // slow path
 }
 
 NVFP4_HD void rht16(const float (&v)[BLOCK], float (&out)[BLOCK]) { rht16(v, out, rht_path(v)); }
