@@ -525,8 +525,8 @@ __device__ __forceinline__ void amax_commit(float a, u32* out, u32* out2 = nullp
 // NVFP4_QUANT_MIN_BLOCKS (native/nvfp4.py quantize_ctas_per_sm): resident quantize CTAs per SM that the
 // register allocation must allow, 3 (<= 80 registers a thread, 24 warps per SM; SR's Philox path spills at 64).
 // native/nvfp4.py launches one wave of them, each walking its tiles with the
-// next tile's loads in flight (quantize_tiles). RN builds unroll a thread's blocks; SR and RHT builds encode
-// them one after another (unroll 1); no build spills (ptxas -v, sm_90 and sm_100a: benchmarks/sass_count.py
+// next tile's loads in flight (quantize_tiles). A thread's blocks are unrolled where that spills on neither
+// arch (quantize_tiles' COL_UNROLL / ROW_UNROLL), else encoded one after another; no build spills (ptxas -v, sm_90 and sm_100a: benchmarks/sass_count.py
 // prints it).
 #if !defined(NVFP4_QUANT_MIN_BLOCKS)
 #error "nvfp4.cu needs NVFP4_QUANT_MIN_BLOCKS (native/nvfp4.py scheme_defines)"
@@ -636,10 +636,11 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     using T = Tile<DT>;
     constexpr int ELEM_BYTES = DT == IN_F32 ? 4 : 2;
     constexpr int ROW_STEP = QUANT_THREADS / T::ROW_BLOCKS;  // tile rows between a thread's rowwise blocks
-    // The blocks of a thread's colwise item and its rowwise blocks: unrolled in RN builds (no spill at the
-    // register cap on sm_90 / sm_100a), one after another with SR or RHT (their Philox / fp64 paths spill).
-    constexpr int COL_UNROLL = kSr || Modes<DT>::rht_colwise ? 1 : T::PER_WORD;
-    constexpr int ROW_UNROLL = kSr ? 1 : T::ROW_ITEMS;
+    // The blocks of a thread's colwise item and its rowwise blocks: unrolled wherever that spills on neither sm_90
+    // nor sm_100a at the 80-register cap (ptxas -v), else one after another: the columns but for RHT + SR and f16 SR,
+    // the rows but for SR without RHT (bf16 RHT + SR unrolls its rows, not its columns).
+    constexpr int COL_UNROLL = kSr && (Modes<DT>::rht_colwise || DT == IN_F16) ? 1 : T::PER_WORD;
+    constexpr int ROW_UNROLL = kSr && !Modes<DT>::rht_colwise ? 1 : T::ROW_ITEMS;
     static_assert(!(k2d && Modes<DT>::rht_colwise), "RHT is never 2-D (§5.6): encode_words' amax_b bounds the RHT outputs");
     __shared__ __align__(16) u32 tiles[2][TILE_M * TILE_PITCH];  // double buffer: encode one, load the other
     __shared__ u32 tile_amaxes[2][TILE_MBLOCKS][T::ROW_BLOCKS];  // 2-D: fp32 bits of each 16x16 tile's amax
