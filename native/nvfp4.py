@@ -206,8 +206,8 @@ def _variant_launches(config: QuantConfig, sfx: str, m: int, k: int, rowwise: bo
 
 def tile_count(m: int, k: int, dtype: torch.dtype) -> int:
     """Tiles of the quantize (and RHT amax) kernels over X [m, k]: TILE_M rows x TILE_BYTES of a row each. The
-    quantize kernel numbers them, and X's rows and columns, in 32 bits (nvfp4.cu tile_count, quantize_tiles): at most
-    2^31 - 1 tiles (X below ~2^44 elements) and m, k below 2^32."""
+    kernels number them, and X's rows and columns, in 32 bits (nvfp4.cu quantize_tiles, nvfp4_rht_amax):
+    at most 2^31 - 1 tiles (X below ~2^44 elements) and m, k below 2^32."""
     n = _cdiv(m, TILE_M) * _cdiv(k, TILE_BYTES // dtype.itemsize)
     # (unreachable with today's memory sizes: kept so the kernel's assumptions are checked)
     if m >= 1 << 32 or k >= 1 << 32:
@@ -218,22 +218,14 @@ def tile_count(m: int, k: int, dtype: torch.dtype) -> int:
 
 
 @functools.cache
-def _quantize_blocks(config: QuantConfig, index: int | None) -> int:
-    """The quantize kernel's grid cap on CUDA device `index`: one wave of resident CTAs, each walking its tiles
-    with the next one's loads in flight (docs/design.md §4.2). MAX_BLOCKS without a device (CPU-only tests of the
-    launch arguments)."""
+def _wave_blocks(ctas_per_sm: int, index: int | None) -> int:
+    """The grid cap of a kernel launched as one wave of resident CTAs (`ctas_per_sm` a SM) on CUDA device `index`,
+    each walking its tiles: the quantize kernel (quantize_ctas_per_sm) and the post-RHT amax kernel
+    (RHT_AMAX_CTAS_PER_SM; docs/design.md §4.2). MAX_BLOCKS without a device (CPU-only tests of the launch
+    arguments)."""
     if index is None or not torch.cuda.is_available():
         return MAX_BLOCKS
-    return sm_count(index) * quantize_ctas_per_sm(config)
-
-
-@functools.cache
-def _rht_amax_blocks(index: int | None) -> int:
-    """The post-RHT amax kernel's grid cap on CUDA device `index`: one wave of resident CTAs, each walking every
-    gridDim-th tile. MAX_BLOCKS without a device (CPU-only tests of the launch arguments)."""
-    if index is None or not torch.cuda.is_available():
-        return MAX_BLOCKS
-    return sm_count(index) * RHT_AMAX_CTAS_PER_SM
+    return sm_count(index) * ctas_per_sm
 
 
 def _no_pads() -> list:
@@ -262,6 +254,7 @@ def quantize_with(
     out: dict = {}
 
     n_tiles = tile_count(m, k, x2d.dtype)  # quantize (and RHT amax) tiles
+    index = device_index(dev) if dev.type == "cuda" else None  # (None: CPU-only tests of the launches)
     # NUMERICS: §0.1 amax, combined with an integer max on the fp32 bits (all values >= +0). One
     # zeroed [3] buffer holds both copies' A_g (slot 0 rowwise, slot 1 columnwise; the outputs are
     # views of them) and the quantize kernel's tile counter (slot 2, zero before the launch).
@@ -294,7 +287,7 @@ def quantize_with(
         # NUMERICS: §5.6 - the columnwise A_g is the amax of the bf16 RHT output; the same pass
         # gives amax(X), the rowwise copy's A_g.
         launch("nvfp4_rht_amax", n_tiles, [x2d, _i64(m), _i64(k), a_c, a_x, *pads],
-               max_blocks=_rht_amax_blocks(device_index(dev) if dev.type == "cuda" else None),
+               max_blocks=_wave_blocks(RHT_AMAX_CTAS_PER_SM, index),
                units_per_block=1)  # fmt: skip
     else:
         launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // blk), [x2d, _i64(m), _i64(k), a_x, a_c, *pads],
@@ -303,7 +296,7 @@ def quantize_with(
     # The columnwise copy is X^T [K, M], read from the same shared-memory tiles of X (the kernel applies
     # the RHT in RHT builds); 2-D builds reduce the 16x16 tile amaxes (NUMERICS: §5.5) in the same kernel.
     launch(f"nvfp4_quantize_{sfx}", n_tiles, [x2d, _i64(m), _i64(k), seed_u64, *copies, drawn], units_per_block=1,
-           max_blocks=_quantize_blocks(config, device_index(dev) if dev.type == "cuda" else None))  # fmt: skip
+           max_blocks=_wave_blocks(quantize_ctas_per_sm(config), index))  # fmt: skip
     return out
 
 
@@ -522,7 +515,8 @@ class QuantizePlan(QuantizePlanBase):
         elif colwise and config.rht:
             # NUMERICS: §5.6 - one pass gives the post-RHT amax (colwise A_g) and amax(X) (rowwise A_g).
             steps += self._launch("nvfp4_rht_amax", n_tiles, [x, _i64(m), _i64(k), Patched(a_c, torch.float32),
-                                  Patched(a_x, torch.float32), *pads], max_blocks=_rht_amax_blocks(self.index),
+                                  Patched(a_x, torch.float32), *pads],
+                                  max_blocks=_wave_blocks(RHT_AMAX_CTAS_PER_SM, self.index),
                                   units_per_block=1)  # fmt: skip
         else:
             steps += self._launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // blk),
@@ -531,7 +525,7 @@ class QuantizePlan(QuantizePlanBase):
         seed = Patched("seed") if self.sr else np.uint64(0)
         steps += self._launch(f"nvfp4_quantize_{sfx}", n_tiles, [x, _i64(m), _i64(k), seed, *copies,
                               Patched("_drawn", torch.int32)], units_per_block=1,
-                              max_blocks=_quantize_blocks(config, self.index))  # fmt: skip
+                              max_blocks=_wave_blocks(quantize_ctas_per_sm(config), self.index))  # fmt: skip
         return buffers, steps
 
     def _variant(self, config, m, k, dtype, rowwise, colwise, given):
