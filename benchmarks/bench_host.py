@@ -16,8 +16,9 @@ the plans on (docs/design.md §4.1). The GEMM goal is torch._scaled_mm's issue_u
 same shapes, measured in the same run. "out_us" (quantize rows) is the in-place call `native.quantize(...,
 out=q)` into the outputs of an earlier planned call (docs/design.md §4.1): no allocation, the same kernels; a
 separate column with its own result ("out"), since a caller must opt in to overwriting q. For GEMM rows it is
-`native.gemm(..., out=y)` into a caller's [size, size] bf16 tensor (TE's general_gemm takes `out`). --dry-run needs no GPU: it checks every row's call on the CPU reference and prints the
-table with placeholder timings (tests/unit/test_native_plan_bench.py). Exit code: 0; 1 with --check-goals when a
+`native.gemm(..., out=y)` into a caller's [size, size] bf16 tensor (TE's general_gemm takes `out`). --dry-run needs
+no GPU: it checks every row's call on the CPU reference and prints the table with placeholder timings
+(tests/unit/test_native_plan_bench.py). Exit code: 0; 1 with --check-goals when a
 goal is missed; 2 without a GPU.
 """
 

@@ -526,8 +526,8 @@ __device__ __forceinline__ void amax_commit(float a, u32* out, u32* out2 = nullp
 // register allocation must allow, 3 (<= 80 registers a thread, 24 warps per SM; SR's Philox path spills at 64).
 // native/nvfp4.py launches one wave of them, each walking its tiles with the
 // next tile's loads in flight (quantize_tiles). A thread's blocks are unrolled where that spills on neither
-// arch (quantize_tiles' COL_UNROLL / ROW_UNROLL), else encoded one after another; no build spills (ptxas -v, sm_90 and sm_100a: benchmarks/sass_count.py
-// prints it).
+// arch (quantize_tiles' COL_UNROLL / ROW_UNROLL), else encoded one after another; no build spills (ptxas -v,
+// sm_90 and sm_100a: benchmarks/sass_count.py prints it).
 #if !defined(NVFP4_QUANT_MIN_BLOCKS)
 #error "nvfp4.cu needs NVFP4_QUANT_MIN_BLOCKS (native/nvfp4.py scheme_defines)"
 #endif
