@@ -1,7 +1,7 @@
 """Per-call host cost of native.quantize and native.gemm, with the call plans off (before) and on (after).
 
 Usage:
-    python benchmarks/bench_host.py [--size 256] [--iters 500] [--runs 3] [--only SUBSTRING] [--out FILE.csv]
+    python benchmarks/bench_host.py [--size 256] [--iters 100] [--runs 5] [--only SUBSTRING] [--out FILE.csv]
                                     [--check-goals] [--dry-run]
 
 Issue #18 item 2: <= 15 us per native quantize call; <= torch._scaled_mm's host cost per native GEMM call. One
@@ -20,6 +20,15 @@ separate column with its own result ("out"), since a caller must opt in to overw
 no GPU: it checks every row's call on the CPU reference and prints the table with placeholder timings
 (tests/unit/test_native_plan_bench.py). Exit code: 0; 1 with --check-goals when a
 goal is missed; 2 without a GPU.
+
+Where a quantize call's host time goes (docs/design.md §4.1, "What a call costs"): "alloc_us" is the plan's fresh
+output block alone (`OutputBlock.allocate` without its clear: one torch.empty, a view per further dtype, an
+as_strided view per QuantizedTensor field), "launch_us" the plan's launches alone into the outputs of an earlier
+call (its memset or clearing launch, then its kernels: what out= costs without its Python front), and "floor_us"
+their sum: what a fresh-output call costs in these two pieces before any argument is read; "floor" says "> goal"
+where the pieces alone exceed the goal. The first line gives cuLaunchKernel of an empty kernel (the driver's cost
+per launch on this host). Each GEMM row's goal is torch._scaled_mm measured in the same runs, alternating with the
+native call (so a drifting host moves both), next to the separate torch._scaled_mm row.
 """
 
 from __future__ import annotations
@@ -42,7 +51,9 @@ from reference import QuantConfig  # noqa: E402
 
 QUANTIZE_GOAL_US = 15.0  # issue 18 item 2: per native quantize call
 SEED = (0x5EED_0123_4567, 11)
-CSV_COLUMNS = ("kind", "name", "before_us", "after_us", "out_us", "goal_us", "result", "out_result")
+HOLD_RETRIES = 3  # a run whose issuing outlasted its hold is run again with a 4x longer hold, at most this often
+CSV_COLUMNS = ("kind", "name", "before_us", "after_us", "out_us", "goal_us", "result", "out_result", "alloc_us",
+               "launch_us", "floor_us", "floor")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -79,15 +90,21 @@ GEMM_ROWS = (
 TORCH_GEMM = "torch._scaled_mm fp8 tensorwise"
 
 
-def quant_call(q, row: QuantRow, x: torch.Tensor, **extra):
-    """A no-argument call of `q` (native.quantize or reference.quantize) for `row` on x (both copies); `extra`:
-    more keyword arguments (out=)."""
+def quant_args(row: QuantRow, x: torch.Tensor) -> dict:
+    """The per-call keyword arguments of `row` on x: rng (SR), state (fp8_delayed), amax (a given amax)."""
     from reference.per_tensor import AmaxHistory
 
     amax = x.abs().to(torch.float32).amax().reshape(1) if row.given_amax else None
     rng = SEED if row.config.stochastic else None
     state = AmaxHistory(row.config, device=x.device) if row.config.scheme == "fp8_delayed" else None
-    return lambda: q(x, row.config, rowwise=True, colwise=True, rng=rng, state=state, amax=amax, **extra)
+    return {"rng": rng, "state": state, "amax": amax}
+
+
+def quant_call(q, row: QuantRow, x: torch.Tensor, **extra):
+    """A no-argument call of `q` (native.quantize or reference.quantize) for `row` on x (both copies); `extra`:
+    more keyword arguments (out=)."""
+    kw = quant_args(row, x)
+    return lambda: q(x, row.config, rowwise=True, colwise=True, **kw, **extra)
 
 
 def result(after: float | None, goal: float | None) -> str:
@@ -97,9 +114,11 @@ def result(after: float | None, goal: float | None) -> str:
 
 
 def record(kind: str, name: str, before: float | None, after: float | None, goal: float | None,
-           out: float | None = None) -> dict:  # fmt: skip
+           out: float | None = None, alloc: float | None = None, launch: float | None = None) -> dict:  # fmt: skip
+    floor = None if alloc is None or launch is None else alloc + launch
     return {"kind": kind, "name": name, "before_us": before, "after_us": after, "out_us": out, "goal_us": goal,
-            "result": result(after, goal), "out_result": result(out, goal)}  # fmt: skip
+            "result": result(after, goal), "out_result": result(out, goal), "alloc_us": alloc, "launch_us": launch,
+            "floor_us": floor, "floor": "> goal" if floor is not None and goal is not None and floor > goal else ""}  # fmt: skip
 
 
 def _fmt(v) -> str:
@@ -107,10 +126,13 @@ def _fmt(v) -> str:
 
 
 def table(records: list[dict]) -> str:
-    lines = [f"{'kind':8} {'name':34} {'before_us':>10} {'after_us':>10} {'out_us':>8} {'goal_us':>8}  result  out"]
+    lines = [f"{'kind':8} {'name':34} {'before_us':>10} {'after_us':>10} {'out_us':>8} {'goal_us':>8}  result  out   "
+             f"{'alloc_us':>8} {'launch_us':>9} {'floor_us':>8}  floor"]  # fmt: skip
     for r in records:
         lines.append(f"{r['kind']:8} {r['name']:34} {_fmt(r['before_us']):>10} {_fmt(r['after_us']):>10} "
-                     f"{_fmt(r['out_us']):>8} {_fmt(r['goal_us']):>8}  {r['result']:6}  {r['out_result']}")  # fmt: skip
+                     f"{_fmt(r['out_us']):>8} {_fmt(r['goal_us']):>8}  {r['result']:6}  {r['out_result']:4}  "
+                     f"{_fmt(r['alloc_us']):>8} {_fmt(r['launch_us']):>9} {_fmt(r['floor_us']):>8}  "
+                     f"{r['floor']}".rstrip())  # fmt: skip
     return "\n".join(lines)
 
 
@@ -118,7 +140,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], epilog="See the module docstring for the method.")
     ap.add_argument("--size", type=int, default=256, help="quantize input [size, size], GEMMs [size]^3 (default 256)")
     ap.add_argument("--iters", type=int, default=100,
-                    help="calls per timed run (default 100: their launches must fit the driver's queue)")
+                    help="calls per timed run (default 100: their launches must fit the driver's queue)")  # fmt: skip
     ap.add_argument("--runs", type=int, default=5, help="timed runs per row, median reported (default 5)")
     ap.add_argument("--warmup", type=int, default=20, help="untimed calls before timing (default 20)")
     ap.add_argument("--only", default=None, help="run only rows whose name contains this substring")
@@ -144,7 +166,7 @@ def dry_run(args) -> list[dict]:
     for row in QUANT_ROWS:
         if wanted(args, row.name):
             quant_call(reference.quantize, row, x)()
-            out.append(record("quantize", row.name, 100.0, 10.0, QUANTIZE_GOAL_US, out=8.0))
+            out.append(record("quantize", row.name, 100.0, 10.0, QUANTIZE_GOAL_US, out=8.0, alloc=5.0, launch=4.0))
     gemms = [name for name, _, _ in GEMM_ROWS if wanted(args, name)]
     if gemms or wanted(args, TORCH_GEMM):
         out.append(record("gemm", TORCH_GEMM, 20.0, 20.0, None))
@@ -157,35 +179,83 @@ def measure(call, args) -> float:
     """Median issue_us of `call` over args.runs runs, each with the GPU held (timing.issue_us hold_s) three times as
     long as 5 calls after the warm-up took per call, synchronized (an upper bound of the host and the GPU side),
     plus 2 ms: the host's cost alone, whatever the call's GPU work."""
-    for _ in range(args.warmup):
-        call()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(5):
-        call()
-    torch.cuda.synchronize()
-    per_call = (time.perf_counter() - t0) / 5
-    return statistics.median(issue_us(call, args.iters, args.runs, hold_s=3 * per_call * args.iters + 2e-3))
+    return measure_alternating([call], args)[0]
 
 
-def before_after(call, args) -> tuple[float, float]:
+def measure_alternating(calls, args) -> list[float]:
+    """`measure` of each call, their runs alternating (run 1 of each call, then run 2, ...): calls compared with
+    one another see the same drift of the host."""
+    holds = []
+    for call in calls:
+        for _ in range(args.warmup):
+            call()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(5):
+            call()
+        torch.cuda.synchronize()
+        holds.append(3 * (time.perf_counter() - t0) / 5 * args.iters + 2e-3)
+    runs = [[] for _ in calls]
+    for _ in range(args.runs):
+        for i, call in enumerate(calls):
+            for attempt in range(HOLD_RETRIES + 1):
+                try:
+                    runs[i].extend(issue_us(call, args.iters, 1, hold_s=holds[i]))
+                    break
+                except RuntimeError:  # the host stalled past the hold (the GPU may have set the pace): hold longer
+                    if attempt == HOLD_RETRIES:
+                        raise
+                    holds[i] *= 4
+    return [statistics.median(got) for got in runs]
+
+
+def plan_pieces(row: QuantRow, x: torch.Tensor, q) -> list:
+    """The two pieces of the plan that allocated q (a planned call's result), as no-argument calls: a fresh output
+    block without its clear, and the plan's launches into q's outputs (see the module docstring)."""
+    from native.plan import STAMP
+    from reference.types import SRSeed
+
+    got = getattr(q, STAMP)
+    plan, kw = got.plan, quant_args(row, x)
+    seed = SRSeed.coerce(kw["rng"])
+    return [lambda: plan.block.allocate(x.device, plan.index, clear=False),
+            lambda: plan.run(x, seed, kw["amax"], kw["state"], into=got)]  # fmt: skip
+
+
+def launch_floor_us(args) -> float:
+    """issue_us of one cuLaunchKernel of an empty kernel (one CTA of 32 threads, no parameters) on torch's current
+    stream, through the binding every native launch uses (`native.launch.launch_kernel`)."""
+    import cupy
+
+    from native.launch import launch_kernel, raw_stream
+
+    index = torch.cuda.current_device()
+    with cupy.cuda.Device(index):
+        fn = cupy.RawKernel('extern "C" __global__ void empty_kernel() {}', "empty_kernel").kernel.ptr
+    launch, stream = launch_kernel(), raw_stream(index)
+    return measure(lambda: launch(fn, 1, 1, 1, 32, 1, 1, 0, stream, 0, 0), args)
+
+
+def measure_without_plans(call, args) -> float:
+    """`measure` with `native.use_plans(False)`: every call takes the full path (the "before" column)."""
     import native
 
     native.use_plans(False)
     try:
-        before = measure(call, args)
+        return measure(call, args)
     finally:
         native.use_plans(True)
-    return before, measure(call, args)
 
 
 def gpu_run(args) -> list[dict]:
     import native
+    from native.plan import STAMP
 
     dev = torch.device("cuda")
     g = torch.Generator().manual_seed(0)
     n = args.size
     x = (torch.randn(n, n, generator=g) * 3).to(torch.bfloat16).to(dev)
+    print(f"# cuLaunchKernel of an empty kernel: {launch_floor_us(args):.1f} us", flush=True)
     out = []
     for row in QUANT_ROWS:
         if not wanted(args, row.name):
@@ -195,14 +265,17 @@ def gpu_run(args) -> list[dict]:
             print(f"# skip {row.name}: {why}", flush=True)
             continue
         call = quant_call(native.quantize, row, x)
-        before, after = before_after(call, args)
-        into = quant_call(native.quantize, row, x, out=call())  # a planned call's outputs, written again per call
-        try:
-            in_place = measure(into, args)
-        except ValueError as e:  # (the call took the full path: its outputs are no plan's)
-            print(f"# {row.name}: no out= timing: {e}", flush=True)
-            in_place = None
-        out.append(record("quantize", row.name, before, after, QUANTIZE_GOAL_US, out=in_place))
+        before = measure_without_plans(call, args)
+        call()  # (plans on again: the signature's first call records its plan)
+        q = call()  # a planned call's outputs: out= writes them again per call
+        if getattr(q, STAMP, None) is None:  # (the call took the full path: its outputs are no plan's)
+            print(f"# {row.name}: the planned call took the full path: no out= or piece timings", flush=True)
+            out.append(record("quantize", row.name, before, measure(call, args), QUANTIZE_GOAL_US))
+        else:  # the fresh call, out= and the pieces, their runs alternating
+            after, in_place, alloc, launch = measure_alternating(
+                [call, quant_call(native.quantize, row, x, out=q), *plan_pieces(row, x, q)], args)  # fmt: skip
+            out.append(record("quantize", row.name, before, after, QUANTIZE_GOAL_US, out=in_place, alloc=alloc,
+                              launch=launch))  # fmt: skip
         print(table(out[-1:]).splitlines()[1], flush=True)
     gemms = [r for r in GEMM_ROWS if wanted(args, r[0])]
     if not gemms and not wanted(args, TORCH_GEMM):
@@ -212,7 +285,11 @@ def gpu_run(args) -> list[dict]:
     b = native.quantize((torch.randn(n, n, generator=g)).to(torch.bfloat16).to(dev), pt)
     a8, b8 = a.rowwise_data.view(torch.float8_e4m3fn), b.rowwise_data.view(torch.float8_e4m3fn)
     sa, sb = a.rowwise_scale.reshape(()), b.rowwise_scale.reshape(())
-    t = measure(lambda: torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16), args)
+
+    def torch_mm():
+        return torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+    t = measure(torch_mm, args)
     out.append(record("gemm", TORCH_GEMM, t, t, None))
     print(table(out[-1:]).splitlines()[1], flush=True)
     for name, a_cfg, b_cfg in gemms:
@@ -222,10 +299,12 @@ def gpu_run(args) -> list[dict]:
             continue
         qa = native.quantize(torch.randn(n, n, generator=g).to(torch.bfloat16).to(dev), a_cfg)
         qb = native.quantize(torch.randn(n, n, generator=g).to(torch.bfloat16).to(dev), b_cfg)
-        before, after = before_after(lambda qa=qa, qb=qb: native.gemm(qa, qb, layout="TN"), args)
+        before = measure_without_plans(lambda qa=qa, qb=qb: native.gemm(qa, qb, layout="TN"), args)
         into = torch.empty(n, n, dtype=torch.bfloat16, device=dev)  # the in-place call's output (planned)
-        in_place = measure(lambda qa=qa, qb=qb, y=into: native.gemm(qa, qb, layout="TN", out=y), args)
-        out.append(record("gemm", f"native.gemm {name} ({_method(a_cfg, dev)})", before, after, t, out=in_place))
+        goal, after, in_place = measure_alternating(
+            [torch_mm, lambda qa=qa, qb=qb: native.gemm(qa, qb, layout="TN"),
+             lambda qa=qa, qb=qb, y=into: native.gemm(qa, qb, layout="TN", out=y)], args)  # fmt: skip
+        out.append(record("gemm", f"native.gemm {name} ({_method(a_cfg, dev)})", before, after, goal, out=in_place))
         print(table(out[-1:]).splitlines()[1], flush=True)
     return out
 

@@ -279,17 +279,20 @@ class PreparedMatmul:
         # (attribute, its value buffer typed by the binding's table, the buffer's address): A_SCALE = b's scale.
         self.scale_attrs = tuple((attr, buf, buf.ctypes.data) for attr in (D.A_SCALE_POINTER, D.B_SCALE_POINTER)
                                  for buf in [np.zeros(1, dtype=np.dtype(lt.get_matmul_desc_attribute_dtype(attr)))])  # fmt: skip
+        self.scale_attr_names = (D.A_SCALE_POINTER, D.B_SCALE_POINTER)
 
     def __call__(self, a_data: int, a_scale: int, b_data: int, b_scale: int, out: int, stream: int) -> None:
         lt, plan = self._lt, self.plan
         lay_a, lay_b, lay_c = plan.layouts
+        attr_a, attr_b = self.scale_attr_names
         with _LOCK:
             pointers = plan.pointers
-            for (attr, buf, addr), value in zip(self.scale_attrs, (b_scale, a_scale), strict=True):
-                if pointers.get(attr) != value:  # as _set_pointer
-                    buf[0] = value
-                    lt.matmul_desc_set_attribute(plan.desc, attr, addr, buf.itemsize)
-                    pointers[attr] = value
+            if pointers.get(attr_a) != b_scale or pointers.get(attr_b) != a_scale:  # else both are set already
+                for (attr, buf, addr), value in zip(self.scale_attrs, (b_scale, a_scale), strict=True):
+                    if pointers.get(attr) != value:  # as _set_pointer
+                        buf[0] = value
+                        lt.matmul_desc_set_attribute(plan.desc, attr, addr, buf.itemsize)
+                        pointers[attr] = value
             try:
                 lt.matmul(self.handle, plan.desc, self.alpha_ptr, b_data, lay_a, a_data, lay_b, self.beta_ptr, out,
                           lay_c, out, lay_c, plan.heur.ptr, self.ws_ptr, WORKSPACE_BYTES, stream)  # fmt: skip

@@ -438,6 +438,7 @@ class GemmPlan:
             self.portable = _prepare_portable(av, bv, out_dtype, bias, c, self.index)
         self.matmul = _prepare_matmul(av, bv, resolved, out_dtype, bias, c, self.index)
         self.out_shape = (av.outer, bv.outer)
+        self._out_like = None  # the template of a fresh output (`_fresh_out`), made by the first one
         self.fields = tuple(name for spec in self.views for name in spec[:2])  # a_data, a_scale, b_data, b_scale
         self.consumed = tuple(spec[:3] for spec in self.views)  # each operand's consumed data, scale, amax fields
         if self.portable is not None:  # the parameter slot of each patched role (written straight into the block)
@@ -474,10 +475,18 @@ class GemmPlan:
             result = _dispatch(av, bv, self.resolved, out_dtype, bias, c, checked=True, portable=self.portable)
         return result if out is None else out.copy_(result)
 
+    def _fresh_out(self, out_dtype) -> torch.Tensor:
+        """A fresh contiguous [M, N] output of out_dtype (the plan key's): torch.empty_like of a cached template (one
+        element expanded to out_shape), which skips torch.empty's argument parsing (docs/design.md §4.1)."""
+        like = self._out_like
+        if like is None:
+            like = self._out_like = torch.empty(1, dtype=out_dtype, device=self.device).expand(self.out_shape)
+        return torch.empty_like(like)
+
     def _matmul(self, ts, a, b, out_dtype, bias, c, out=None) -> torch.Tensor:
         """The prepared cublasLtMatmul (`_prepare_matmul`): one output allocation (none with `out`), one call."""
         if out is None:
-            out = torch.empty(self.out_shape, dtype=out_dtype, device=self.device)
+            out = self._fresh_out(out_dtype)
         a_data, a_scale, b_data, b_scale = ts
         self.matmul(a_data.data_ptr(), a_scale.data_ptr(), b_data.data_ptr(), b_scale.data_ptr(), out.data_ptr(),
                     raw_stream(self.index))  # fmt: skip
@@ -489,7 +498,7 @@ class GemmPlan:
         temporaries are recorded on the stream)."""
         device = self.device
         if out is None:
-            out = torch.empty(self.out_shape, dtype=out_dtype, device=device)
+            out = self._fresh_out(out_dtype)
         a_data, a_scale, b_data, b_scale = ts
         prepared = self.portable
         buf, pointers = prepared.block()  # this thread's parameter block: the pointers go straight into their slots

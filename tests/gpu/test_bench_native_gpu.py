@@ -45,3 +45,25 @@ def test_issue_us_hold_times_the_host_not_the_gpu():
     assert held < 200.0, f"{held:.1f} us a call with the GPU held: the GPU's pace (>= 1000 us), not the host's"
     with pytest.raises(RuntimeError, match="GPU was idle"):
         issue_us(lambda: torch.cuda._sleep(1), 200, runs=1, hold_s=1e-7)
+
+
+def test_bench_host_small_run(tmp_path, capsys):
+    """benchmarks/bench_host.py end to end on the nvfp4 rows (few calls; no timing asserted): every quantize row has
+    its out= time and both pieces of a fresh call (floor = alloc + launch), the GEMM row its own torch._scaled_mm
+    goal measured alternately, and the empty kernel's launch cost is printed."""
+    import bench_host as bh
+
+    out = tmp_path / "host.csv"
+    assert bh.main(["--iters", "5", "--runs", "1", "--warmup", "2", "--only", "nvfp4", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "# cuLaunchKernel of an empty kernel: " in text
+    rows = list(csv.DictReader(out.open()))
+    quant = [r for r in rows if r["kind"] == "quantize"]
+    assert [r["name"] for r in quant] == [r.name for r in bh.QUANT_ROWS if "nvfp4" in r.name]
+    for r in quant:
+        alloc, launch, floor = float(r["alloc_us"]), float(r["launch_us"]), float(r["floor_us"])
+        assert alloc > 0 and launch > 0 and float(r["out_us"]) > 0 and floor == pytest.approx(alloc + launch), r
+        assert r["floor"] == ("> goal" if floor > bh.QUANTIZE_GOAL_US else ""), r
+    gemm = {r["name"]: r for r in rows if r["kind"] == "gemm"}
+    assert set(gemm) == {bh.TORCH_GEMM, "native.gemm nvfp4 (portable)"}
+    assert float(gemm["native.gemm nvfp4 (portable)"]["goal_us"]) > 0

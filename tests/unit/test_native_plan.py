@@ -89,7 +89,7 @@ def _cpu_memset(monkeypatch):
     """The block's memset on the host, and host blocks aligned as torch's CUDA allocator aligns them."""
     monkeypatch.setattr(plan_mod, "memset_zero", lambda ptr, n, index: ctypes.memset(ptr, 0, n))
 
-    def aligned_block(n, device):
+    def aligned_block(n, device, like):
         raw = torch.empty(n + ALIGN, dtype=torch.uint8, device=device)
         return raw[(-raw.data_ptr()) % ALIGN:][:n]
 
@@ -118,7 +118,7 @@ def test_output_block_layout_and_views(monkeypatch):
     raw = torch.full((4096,), 0xAB, dtype=torch.uint8)
     base_addr = (raw.data_ptr() + ALIGN - 1) // ALIGN * ALIGN
     aligned = raw[base_addr - raw.data_ptr():]
-    monkeypatch.setattr(plan_mod, "_raw_block", lambda n, device: aligned[:n])
+    monkeypatch.setattr(plan_mod, "_raw_block", lambda n, device, like: aligned[:n])
     base, views = block.allocate(torch.device("cpu"), 0)
     assert base == base_addr and sorted(views) == ["rowwise_amax", "rowwise_data", "rowwise_scale"]
     assert views["rowwise_amax"].shape == (1,) and views["rowwise_amax"].dtype == torch.float32
@@ -129,8 +129,20 @@ def test_output_block_layout_and_views(monkeypatch):
     assert int(views["rowwise_scale"].count_nonzero()) == 0 and float(views["rowwise_amax"]) == 0.0
     assert int((views["rowwise_data"] == 0xAB).sum()) == 15  # not zero-filled
     # A block that is not ALIGN-aligned is refused (the caller takes the full path).
-    monkeypatch.setattr(plan_mod, "_raw_block", lambda n, device: aligned[16:16 + n])
+    monkeypatch.setattr(plan_mod, "_raw_block", lambda n, device, like: aligned[16:16 + n])
     assert block.allocate(torch.device("cpu"), 0) is None
+
+
+def test_raw_block_is_a_fresh_contiguous_uint8_block_from_one_template_per_device():
+    like = {}
+    a, b = (plan_mod._raw_block(1000, torch.device("cpu"), like) for _ in range(2))
+    for t in (a, b):
+        assert (t.shape, t.stride(), t.dtype, t.device.type) == ((1000,), (1,), torch.uint8, "cpu")
+        assert t.storage_offset() == 0 and t.untyped_storage().nbytes() >= 1000
+    assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()  # fresh storage per call
+    assert list(like) == [torch.device("cpu")] and like[torch.device("cpu")].untyped_storage().nbytes() == 1
+    m = plan_mod._raw_block(1000, torch.device("meta"), like)
+    assert (m.shape, m.device.type, len(like)) == ((1000,), "meta", 2)
 
 
 def test_every_allocation_is_fresh(monkeypatch):
@@ -833,7 +845,7 @@ def test_a_planned_portable_gemm_launches_what_portable_launches(monkeypatch, cf
     outs = []
     for _ in range(2):
         out = plan.run(a, b, torch.bfloat16, bias, c)
-        assert out.shape == (64, 32) and out.dtype == torch.bfloat16
+        assert out.shape == (64, 32) and out.stride() == (32, 1) and out.dtype == torch.bfloat16
         (_, *geometry, stream, pointers, _), = fired
         fired.clear()
         assert tuple(geometry) == plan.portable.geometry and stream == 55
@@ -1130,7 +1142,8 @@ def test_a_planned_gemm_writes_into_out_or_refuses_it(monkeypatch, cfgs):
             (torch.zeros(64, 32, dtype=torch.bfloat16, device="meta"), "device is meta"),
             ("out", "takes a torch.Tensor, got str"))  # fmt: skip
     outs = [torch.zeros(64, 32, dtype=torch.bfloat16) for _ in range(3)]
-    monkeypatch.setattr(torch, "empty", mock.Mock(side_effect=AssertionError("allocated")))
+    for alloc in ("empty", "empty_like"):
+        monkeypatch.setattr(torch, alloc, mock.Mock(side_effect=AssertionError("allocated")))
     plan = g.GemmPlan(av, bv, "portable", torch.bfloat16, None, None)
     out_slot = [p.name for p in signature("block_scaled_gemm").params].index("out")
     for out in outs[:2]:

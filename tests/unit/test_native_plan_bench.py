@@ -7,6 +7,7 @@ CPU reference in --dry-run), that the goals are the issue's and that PASS / MISS
 from __future__ import annotations
 
 import csv
+import statistics
 import sys
 from pathlib import Path
 
@@ -49,6 +50,9 @@ def test_dry_run_builds_the_table(tmp_path, capsys):
     assert len(rows) == len(bh.QUANT_ROWS) + 1 + len(bh.GEMM_ROWS)
     assert {r["result"] for r in rows if r["kind"] == "quantize"} == {"PASS"}  # placeholder 10 us <= 15 us
     assert {(r["out_us"], r["out_result"]) for r in rows if r["kind"] == "quantize"} == {("8.0", "PASS")}
+    # The pieces of a fresh call: alloc + launch = floor, flagged only when above the goal.
+    assert {(r["alloc_us"], r["launch_us"], r["floor_us"], r["floor"]) for r in rows if r["kind"] == "quantize"} \
+        == {("5.0", "4.0", "9.0", "")}  # fmt: skip
     # GEMM rows: the in-place native.gemm(..., out=) column against _scaled_mm's goal; none for _scaled_mm itself.
     assert {(r["name"].startswith("native.gemm"), r["out_us"], r["out_result"]) for r in rows if r["kind"] == "gemm"} \
         == {(True, "16.0", "PASS"), (False, "", "n/a")}  # fmt: skip
@@ -58,5 +62,37 @@ def test_dry_run_builds_the_table(tmp_path, capsys):
     assert "mxfp8 1x32" in text and "fp8_block 1x128 " not in text
     miss = bh.record("quantize", "slow", 100.0, 16.0, bh.QUANTIZE_GOAL_US)
     assert miss["result"] == "MISS" and "MISS" in bh.table([miss])
+    over = bh.record("quantize", "pieces", 100.0, 30.0, bh.QUANTIZE_GOAL_US, out=14.0, alloc=9.5, launch=5.75)
+    assert (over["floor_us"], over["floor"]) == (15.25, "> goal") and "> goal" in bh.table([over])
+    under = bh.record("quantize", "pieces", 100.0, 30.0, bh.QUANTIZE_GOAL_US, out=14.0, alloc=9.5, launch=5.5)
+    assert (under["floor_us"], under["floor"]) == (15.0, "")
     both = bh.record("quantize", "in place", 100.0, 16.0, bh.QUANTIZE_GOAL_US, out=12.0)
     assert (both["result"], both["out_result"]) == ("MISS", "PASS") and "12.0" in bh.table([both])
+
+
+def test_measure_alternating_interleaves_runs_and_holds_longer_after_a_stall(monkeypatch):
+    """Runs alternate between the calls (a, b, a, b, ...); a run whose issuing outlasted its hold (issue_us raises)
+    is run again with a 4x longer hold, which later runs of that call keep; a call that stalls every time raises."""
+    log, stalls = [], {"b": 1}
+
+    def fake_issue_us(call, iters, runs, hold_s):
+        name = call()
+        log.append((name, hold_s))
+        if stalls.get(name, 0) > 0:
+            stalls[name] -= 1
+            raise RuntimeError("issue_us: the GPU was idle before the last call")
+        return [{"a": 1.0, "b": 2.0}[name] + len(log)]
+
+    monkeypatch.setattr(bh, "issue_us", fake_issue_us)
+    monkeypatch.setattr(bh.torch.cuda, "synchronize", lambda: None)
+    args = bh.parse(["--runs", "2", "--warmup", "0"])
+    a, b = bh.measure_alternating([lambda: "a", lambda: "b"], args)
+    assert [n for n, _ in log] == ["a", "b", "b", "a", "b"]
+    hold_a, hold_b = log[0][1], log[1][1]
+    assert log[2][1] == 4 * hold_b and log[4][1] == 4 * hold_b and log[3][1] == hold_a
+    assert (a, b) == (statistics.median([1.0 + 1, 1.0 + 4]), statistics.median([2.0 + 3, 2.0 + 5]))
+    log.clear()
+    stalls["b"] = bh.HOLD_RETRIES + 1
+    with pytest.raises(RuntimeError, match="GPU was idle"):
+        bh.measure_alternating([lambda: "b"], args)
+    assert len(log) == bh.HOLD_RETRIES + 1
