@@ -26,8 +26,8 @@ output block alone (`OutputBlock.allocate` without its clear: one torch.empty, a
 as_strided view per QuantizedTensor field), "launch_us" the plan's launches alone into the outputs of an earlier
 call (its memset or clearing launch, then its kernels: what out= costs without its Python front), and "floor_us"
 their sum: what a fresh-output call costs in these two pieces before any argument is read; "floor" says "> goal"
-where the pieces alone exceed the goal. The first line gives cuLaunchKernel of an empty kernel (the driver's cost
-per launch on this host). Each GEMM row's goal is torch._scaled_mm measured in the same runs, alternating with the
+where the pieces alone exceed the goal. A line after the first such row gives one cuLaunchKernel of that row's last
+kernel alone (the driver's cost of a launch on this host). Each GEMM row's goal is torch._scaled_mm measured in the same runs, alternating with the
 native call (so a drifting host moves both), next to the separate torch._scaled_mm row.
 """
 
@@ -222,18 +222,19 @@ def plan_pieces(row: QuantRow, x: torch.Tensor, q) -> list:
             lambda: plan.run(x, seed, kw["amax"], kw["state"], into=got)]  # fmt: skip
 
 
-def launch_floor_us(args) -> float:
-    """issue_us of one cuLaunchKernel of an empty kernel (one CTA of 32 threads, no parameters) on torch's current
-    stream, through the binding every native launch uses (`native.launch.launch_kernel`)."""
-    import cupy
+def bound_launch_us(q, args) -> tuple[str, float]:
+    """(kernel name, issue_us of one cuLaunchKernel) of the last kernel of the plan that allocated q, fired alone
+    through the binding every native launch uses (`native.launch.launch_kernel`) with the parameter block its out=
+    calls bound to q (`native.launch.BoundLaunch`: q's pointers, the last call's x and seed): the driver's cost of
+    a launch on this host. Its work is the last call's again (idempotent), or none where a tile counter is spent."""
+    from native.launch import BoundLaunch, launch_kernel, raw_stream
+    from native.plan import STAMP
 
-    from native.launch import launch_kernel, raw_stream
-
-    index = torch.cuda.current_device()
-    with cupy.cuda.Device(index):
-        fn = cupy.RawKernel('extern "C" __global__ void empty_kernel() {}', "empty_kernel").kernel.ptr
-    launch, stream = launch_kernel(), raw_stream(index)
-    return measure(lambda: launch(fn, 1, 1, 1, 32, 1, 1, 0, stream, 0, 0), args)
+    step = getattr(q, STAMP).steps[-1]
+    if not isinstance(step, BoundLaunch):
+        raise ValueError("bound_launch_us needs a result that an out= call has written (its launches bound)")
+    launch, stream = launch_kernel(), raw_stream(step.index)
+    return step.name, measure(lambda: launch(step._fn, *step.geometry, stream, step.pointers, 0), args)
 
 
 def measure_without_plans(call, args) -> float:
@@ -255,8 +256,7 @@ def gpu_run(args) -> list[dict]:
     g = torch.Generator().manual_seed(0)
     n = args.size
     x = (torch.randn(n, n, generator=g) * 3).to(torch.bfloat16).to(dev)
-    print(f"# cuLaunchKernel of an empty kernel: {launch_floor_us(args):.1f} us", flush=True)
-    out = []
+    out, launched = [], False
     for row in QUANT_ROWS:
         if not wanted(args, row.name):
             continue
@@ -276,6 +276,10 @@ def gpu_run(args) -> list[dict]:
                 [call, quant_call(native.quantize, row, x, out=q), *plan_pieces(row, x, q)], args)  # fmt: skip
             out.append(record("quantize", row.name, before, after, QUANTIZE_GOAL_US, out=in_place, alloc=alloc,
                               launch=launch))  # fmt: skip
+            if not launched:
+                name, t = bound_launch_us(q, args)
+                print(f"# one cuLaunchKernel ({row.name}'s {name}, parameters bound): {t:.1f} us", flush=True)
+                launched = True
         print(table(out[-1:]).splitlines()[1], flush=True)
     gemms = [r for r in GEMM_ROWS if wanted(args, r[0])]
     if not gemms and not wanted(args, TORCH_GEMM):
