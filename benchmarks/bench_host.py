@@ -22,13 +22,15 @@ no GPU: it checks every row's call on the CPU reference and prints the table wit
 goal is missed; 2 without a GPU.
 
 Where a quantize call's host time goes (docs/design.md §4.1, "What a call costs"): "alloc_us" is the plan's fresh
-output block alone (`OutputBlock.allocate` without its clear: one torch.empty, a view per further dtype, an
+output block alone (`OutputBlock.allocate` without its clear: one allocation, a view per further dtype, an
 as_strided view per QuantizedTensor field), "launch_us" the plan's launches alone into the outputs of an earlier
 call (its memset or clearing launch, then its kernels: what out= costs without its Python front), and "floor_us"
 their sum: what a fresh-output call costs in these two pieces before any argument is read; "floor" says "> goal"
-where the pieces alone exceed the goal. A line after the first such row gives one cuLaunchKernel of that row's last
-kernel alone (the driver's cost of a launch on this host). Each GEMM row's goal is torch._scaled_mm measured in the same runs, alternating with the
-native call (so a drifting host moves both), next to the separate torch._scaled_mm row.
+where the pieces alone exceed the goal. The fresh call, out= and the two pieces are timed with their runs
+alternating, so a host that drifts mid-row moves all four. A line after the first such row gives one cuLaunchKernel
+of that row's last kernel alone (the driver's cost of a launch on this host). Each GEMM row's goal is
+torch._scaled_mm timed in the same runs, alternating with the native calls, next to the separate torch._scaled_mm
+row.
 """
 
 from __future__ import annotations
@@ -116,9 +118,10 @@ def result(after: float | None, goal: float | None) -> str:
 def record(kind: str, name: str, before: float | None, after: float | None, goal: float | None,
            out: float | None = None, alloc: float | None = None, launch: float | None = None) -> dict:  # fmt: skip
     floor = None if alloc is None or launch is None else alloc + launch
+    over = floor is not None and goal is not None and floor > goal
     return {"kind": kind, "name": name, "before_us": before, "after_us": after, "out_us": out, "goal_us": goal,
             "result": result(after, goal), "out_result": result(out, goal), "alloc_us": alloc, "launch_us": launch,
-            "floor_us": floor, "floor": "> goal" if floor is not None and goal is not None and floor > goal else ""}  # fmt: skip
+            "floor_us": floor, "floor": "> goal" if over else ""}  # fmt: skip
 
 
 def _fmt(v) -> str:
