@@ -55,7 +55,7 @@ from reference.types import QuantizedTensor, SpecViolation, Unsupported
 from .kernels import Patched
 from .launch import PreparedLaunch, device_index, launch, raw_stream
 from .launchers import CublasLtMode, launcher
-from .plan import GEMM_PLANS, current_device
+from .plan import GEMM_PLANS, current_device, empty_from
 
 METHODS = ("auto", "cublaslt", "cublaslt_fast_accum", "portable")
 OUT_DTYPES = (torch.bfloat16, torch.float32)
@@ -438,7 +438,7 @@ class GemmPlan:
             self.portable = _prepare_portable(av, bv, out_dtype, bias, c, self.index)
         self.matmul = _prepare_matmul(av, bv, resolved, out_dtype, bias, c, self.index)
         self.out_shape = (av.outer, bv.outer)
-        self._out_like = None  # the template of a fresh output (`_fresh_out`), made by the first one
+        self._out_like: dict = {}  # the template of a fresh output (`empty_from`), made by the first one
         self.fields = tuple(name for spec in self.views for name in spec[:2])  # a_data, a_scale, b_data, b_scale
         self.consumed = tuple(spec[:3] for spec in self.views)  # each operand's consumed data, scale, amax fields
         if self.portable is not None:  # the parameter slot of each patched role (written straight into the block)
@@ -476,12 +476,8 @@ class GemmPlan:
         return result if out is None else out.copy_(result)
 
     def _fresh_out(self, out_dtype) -> torch.Tensor:
-        """A fresh contiguous [M, N] output of out_dtype (the plan key's): torch.empty_like of a cached template (one
-        element expanded to out_shape), which skips torch.empty's argument parsing (docs/design.md §4.1)."""
-        like = self._out_like
-        if like is None:
-            like = self._out_like = torch.empty(1, dtype=out_dtype, device=self.device).expand(self.out_shape)
-        return torch.empty_like(like)
+        """A fresh contiguous [M, N] output of out_dtype (the plan key's)."""
+        return empty_from(self._out_like, self.device, self.out_shape, out_dtype)
 
     def _matmul(self, ts, a, b, out_dtype, bias, c, out=None) -> torch.Tensor:
         """The prepared cublasLtMatmul (`_prepare_matmul`): one output allocation (none with `out`), one call."""
