@@ -614,6 +614,17 @@ struct DivBy {
     }
 };
 
+// The quantize tiles of X [M, K] (TILE_M rows x `cols` columns, row-major; native/nvfp4.py tile_count): tiles_k a
+// row of tiles, n_tiles in all, and tile t's (tile row, tile column) by one multiply-high (`at`). 32-bit counts:
+// tile_count refuses M or K >= 2^32 and n_tiles >= 2^31.
+struct TileGrid {
+    u32 tiles_k, n_tiles;
+    DivBy by_k;
+    __device__ TileGrid(u32 m32, u32 k32, u32 cols)
+        : tiles_k(ceil_div(k32, cols)), n_tiles(ceil_div(m32, (u32)TILE_M) * tiles_k), by_k(tiles_k) {}
+    __device__ void at(u32 t, u32& tile_row, u32& tile_col) const { by_k.divmod(t, tile_row, tile_col); }
+};
+
 // Quantize the rowwise copy (row.data non-null) and/or the columnwise copy (col.data non-null) of
 // X [M, K], one tile per CTA and loop step (see "the quantize tile" above for the maps and layout).
 // Addressing: every load and store address is a base plus a 32-bit row or column index of X (the tile's plus the
@@ -659,15 +670,14 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     const LoadItem ld = load_item(threadIdx.x);
     const i64 load_step = (i64)LOAD_ROW_STEP * k_cols * ELEM_BYTES;
     const int load_w = load_word(ld);
-    const u32 tiles_k = ceil_div(k32, (u32)T::COLS), n_tiles = ceil_div(m32, (u32)TILE_M) * tiles_k;
-    if (blockIdx.x >= n_tiles) return;  // (the launch caps the grid at n_tiles: no CTA returns here)
-    __shared__ int2 next_tile[2];       // (tile row, tile column) of the next step's tile; row -1: none
-    const DivBy by_tiles_k(tiles_k);    // thread 0 divides a drawn tile by tiles_k once a step
+    const TileGrid tile_grid(m32, k32, T::COLS);  // thread 0 divides a drawn tile by tiles_k once a step
+    if (blockIdx.x >= tile_grid.n_tiles) return;  // (the launch caps the grid at n_tiles: no CTA returns here)
+    __shared__ int2 next_tile[2];            // (tile row, tile column) of the next step's tile; row -1: none
     // Tile d as (tile row, tile column), row -1 past the last tile (in the loop: thread 0 alone).
     auto tile_at = [&](u32 d) {
         u32 q, r;
-        by_tiles_k.divmod(d, q, r);
-        return d < n_tiles ? make_int2((int)q, (int)r) : make_int2(-1, 0);  // one thread
+        tile_grid.at(d, q, r);
+        return d < tile_grid.n_tiles ? make_int2((int)q, (int)r) : make_int2(-1, 0);  // one thread
     };
     int2 tile_mk = tile_at(blockIdx.x);
     if (threadIdx.x == 0) next_tile[0] = tile_at(gridDim.x + atomicAdd(drawn, 1u));  // one thread
@@ -895,13 +905,12 @@ extern "C" __global__ void __launch_bounds__(NVFP4_THREADS, NVFP4_RHT_AMAX_MIN_B
     // Rows, word columns and tiles in 32 bits (native/nvfp4.py tile_count: M, K < 2^32, n_tiles < 2^31).
     const u32 m32 = (u32)m_rows, k32 = (u32)k_cols, lane = threadIdx.x % WARP, mb = threadIdx.x / WARP;
     const u32 row_words = k32 / 2;  // 32-bit words (bf16 pairs) of a row of X
-    const u32 tiles_k = ceil_div(k32, (u32)T::COLS), n_tiles = ceil_div(m32, (u32)TILE_M) * tiles_k;
-    const DivBy by_tiles_k(tiles_k);
+    const TileGrid tile_grid(m32, k32, T::COLS);
     const u32* xw = static_cast<const u32*>(x);
     float a_rht = 0.0f, a_plain = 0.0f;
-    for (u32 t = blockIdx.x; t < n_tiles; t += gridDim.x) {
+    for (u32 t = blockIdx.x; t < tile_grid.n_tiles; t += gridDim.x) {
         u32 tm, tk;
-        by_tiles_k.divmod(t, tm, tk);
+        tile_grid.at(t, tm, tk);
         const u32 r0 = tm * TILE_M + mb * BLOCK, wc = tk * WARP + lane;  // the lane's first row and word column
         if (r0 >= m32 || wc >= row_words) continue;  // bottom or right edge: M and K are multiples of 16
         const u32* src = xw + (u64)r0 * row_words + wc;
