@@ -1,21 +1,24 @@
-"""CUDA timing of one benchmark call, four ways; shared by benchmarks/bench_native.py and bench_gemm.py.
+"""CUDA timing of one benchmark call, five ways; shared by benchmarks/bench_native.py and bench_gemm.py.
 
 - event_ms: CUDA events around one call, the GPU idle before it (synchronize), so the interval
   includes the call's launch latency and whatever host work precedes its first kernel;
 - stream_ms: `iters` calls issued back to back between two events, divided by `iters`: the
   throughput a caller that keeps the GPU fed sees (host cost counts only where it exceeds GPU time);
 - host_ms: host clock around synchronize -> call -> synchronize (all Python overhead included);
-- kernel_ms: the call's GPU activity (kernels, memsets, copies) from CUPTI via torch.profiler;
+- kernel_time: the call's GPU activity (kernels, memsets, copies) from CUPTI via torch.profiler, over as many calls as
+  the other timings (mean, and the least and most of one call: a power-capped 8192^3 FP8 GEMM's kernel took 0.70 -
+  0.96 ms within 20 calls on an H200, so five calls' mean could come out above another run's back-to-back time);
 - issue_us: host clock per call over calls issued back to back without waiting for the GPU: the
   call's CPU-side cost (Python, checks, launches), hidden whenever the GPU is the slower side; with a hold (a
   spin kernel queued first) the GPU runs none of the calls while they are issued, so a call whose GPU work is
   longer than its host work still shows its host cost.
-Each returns one value per timed call (or run); the scripts report medians.
+The others return one value per timed call (or run); the scripts report medians.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -94,19 +97,46 @@ def issue_us(fn, iters: int, runs: int = 3, hold_s: float | None = None) -> list
     return out
 
 
-def kernel_ms(fn, calls: int = 5) -> float | None:
-    """Mean GPU activity per call (kernels + memsets + copies, from CUPTI via torch.profiler)."""
+@dataclass(frozen=True)
+class KernelTime:
+    """A call's GPU activity over profiled calls: the mean per call, and the least and most of one call (None where
+    the calls' activities do not split evenly into calls)."""
+
+    mean_ms: float
+    low_ms: float | None
+    high_ms: float | None
+
+
+def kernel_time(fn, calls: int = 20) -> KernelTime | None:
+    """KernelTime of `calls` calls issued back to back in one torch.profiler run (CUDA activity only); None (and a
+    printed reason) where the profiler fails or records no GPU activity. The profiler adds host time to each call
+    (about 80-90 us a native quantize call on an H200 host): calls that keep the GPU fed without it may not with it,
+    so the span of this run is no back-to-back time, and none is returned."""
     try:
         from torch.autograd import DeviceType
         from torch.profiler import ProfilerActivity, profile
 
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(calls):
                 fn()
             torch.cuda.synchronize()
-        total_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
+        ranges = sorted((e.time_range for e in prof.events() if e.device_type == DeviceType.CUDA),
+                        key=lambda r: r.start)  # fmt: skip
     except Exception as ex:  # the profiler is optional: report, do not fail the benchmark
-        print(f"# kernel_ms unavailable ({type(ex).__name__}: {str(ex).splitlines()[0][:100]})", flush=True)
+        print(f"# kernel_time unavailable ({type(ex).__name__}: {str(ex).splitlines()[0][:100]})", flush=True)
         return None
-    return total_us / 1e3 / calls if total_us > 0 else None
+    busy_us = sum(r.elapsed_us() for r in ranges)
+    if busy_us <= 0:
+        return None
+    each = per_call_ms([r.elapsed_us() for r in ranges], calls)
+    return KernelTime(mean_ms=busy_us / 1e3 / calls, low_ms=each and min(each), high_ms=each and max(each))
+
+
+def per_call_ms(durations_us: list[float], calls: int) -> list[float] | None:
+    """Each call's GPU activity in ms from the activities' durations in issue order, or None where they do not split
+    into `calls` equal runs (a call whose activities vary: then which activity belongs to which call is unknown)."""
+    if not durations_us or len(durations_us) % calls:
+        return None
+    per = len(durations_us) // calls
+    return [sum(durations_us[i:i + per]) / 1e3 for i in range(0, len(durations_us), per)]

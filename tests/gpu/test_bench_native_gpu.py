@@ -47,6 +47,33 @@ def test_issue_us_hold_times_the_host_not_the_gpu():
         issue_us(lambda: torch.cuda._sleep(1), 200, runs=1, hold_s=1e-7)
 
 
+def test_kernel_time_per_call_activity():
+    """timing.kernel_time: the mean GPU activity of a call of two kernels is their sum (idle time between calls does
+    not count), its least and most bracket the mean; calls whose kernel count varies get no least and most."""
+    import time
+
+    import torch
+    from timing import kernel_time
+
+    spin = lambda n: torch.cuda._sleep(n)  # noqa: E731 - 1e6 cycles: 0.4 - 1 ms at 1 - 2.5 GHz
+    spin(1_000_000)
+    one = kernel_time(lambda: spin(1_000_000), 10)
+
+    def pair_then_idle():
+        spin(1_000_000)
+        spin(2_000_000)
+        torch.cuda.synchronize()
+        time.sleep(0.002)  # GPU idle: not activity
+
+    pair = kernel_time(pair_then_idle, 10)
+    assert one is not None and pair is not None
+    assert pair.mean_ms == pytest.approx(3 * one.mean_ms, rel=0.15), (one, pair)
+    assert one.low_ms <= one.mean_ms <= one.high_ms and pair.low_ms <= pair.mean_ms <= pair.high_ms
+    calls = iter(range(10))
+    ragged = kernel_time(lambda: [spin(100_000) for _ in range(1 + next(calls) % 2)], 9)  # 1, 2, 1, ... kernels
+    assert ragged is not None and ragged.low_ms is None and ragged.high_ms is None
+
+
 def test_bench_host_small_run(tmp_path, capsys):
     """benchmarks/bench_host.py end to end on the nvfp4 rows (few calls; no timing asserted): every quantize row has
     its out= time and both pieces of a fresh call (floor = alloc + launch), the GEMM row its own torch._scaled_mm

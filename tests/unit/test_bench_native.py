@@ -86,9 +86,39 @@ def test_fp8_b2b_goal():
     assert "-" in bn.quant_line(rec)
 
 
+def test_per_call_ms_splits_activities_by_call():
+    from timing import per_call_ms
+
+    # three calls of two activities each (a memset and a kernel), in issue order
+    assert per_call_ms([1.0, 700.0, 1.0, 960.0, 2.0, 800.0], 3) == pytest.approx([0.701, 0.961, 0.802], rel=1e-12)
+    assert per_call_ms([1.0, 700.0, 960.0, 2.0, 800.0], 3) is None  # 5 activities: which belongs to which call?
+    assert per_call_ms([], 3) is None
+
+
+def test_time_call_alternates_stream_and_profiled_runs(monkeypatch):
+    """Each back-to-back run is followed by a profiled run; the kernel time is the median of the runs' means and its
+    range spans every run's least and most call."""
+    from timing import KernelTime
+
+    order, kts = [], iter([KernelTime(0.9, 0.8, 1.0), KernelTime(0.7, 0.6, 0.75), KernelTime(0.8, None, None)])
+    monkeypatch.setattr(bn.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bn, "stream_ms", lambda fn, iters, runs: order.append("stream") or [1.0 + len(order)])
+    monkeypatch.setattr(bn, "kernel_time", lambda fn, iters: order.append("profile") or next(kts))
+    for name in ("event_ms", "host_ms", "issue_us"):
+        monkeypatch.setattr(bn, name, lambda fn, iters: [5.0])
+    t = bn.time_call(lambda: None, iters=4, warmup=0, profile=True)
+    assert order == ["stream", "profile"] * bn.ALTERNATIONS
+    assert t.stream_ms == 4.0 and t.kernel_ms == 0.8  # medians of (2, 4, 6) and (0.9, 0.7, 0.8)
+    assert t.kernel_range == (0.6, 1.0)  # the third run's calls did not split evenly: no range from it
+    order.clear()
+    assert bn.time_call(lambda: None, iters=4, warmup=0, profile=False).kernel_ms is None
+    assert order == ["stream"] * bn.ALTERNATIONS
+
+
 def test_gemm_record_host_goal():
-    t = bn.Timing(stream_ms=2.0, event_ms=2.0, host_ms=2.0, kernel_ms=1.9, issue_us=80.0)
+    t = bn.Timing(stream_ms=2.0, event_ms=2.0, host_ms=2.0, kernel_ms=1.9, issue_us=80.0, kernel_range=(1.7, 2.25))
     nat = bn.gemm_record("native", 2 * 8192**3, t, torch_issue_us=70.0)
+    assert (nat["kernel_min_ms"], nat["kernel_max_ms"]) == (1.7, 2.25) and " 1.700-2.250 " in bn.gemm_line(nat)
     assert nat["tflops"] == pytest.approx(2 * 8192**3 / 2e-3 / 1e12, rel=1e-12)
     assert nat["ovh_us"] == pytest.approx(100.0, rel=1e-9) and nat["meets_host_goal"] is False
     assert "HOST OVER" in bn.gemm_line(nat)
