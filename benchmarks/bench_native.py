@@ -119,6 +119,11 @@ class Timing:
     first_s: float = 0.0
     kernel_range: tuple[float, float] | None = None
 
+    @property
+    def ovh_us(self) -> float | None:
+        """What back-to-back calls add to kernel-only time, per call: stream_ms - kernel_ms in microseconds."""
+        return None if self.kernel_ms is None else (self.stream_ms - self.kernel_ms) * 1e3
+
 
 # --------------------------------------------------------------------------------------------
 # copy bandwidth and bytes moved (the timing itself: benchmarks/timing.py)
@@ -170,7 +175,7 @@ def quant_record(row: Row, shape: str, in_bytes: int, out_bytes: int, t: Timing,
         "name": row.name, "config": row.config.id, "shape": shape, "in_dtype": "bfloat16", "bytes_1read": one,
         "bytes": contract, "first_s": round(t.first_s, 4), "stream_ms": t.stream_ms, "event_ms": t.event_ms,
         "host_ms": t.host_ms, "kernel_ms": t.kernel_ms, **_kernel_range(t), "issue_us": t.issue_us,
-        "ovh_us": None if t.kernel_ms is None else (t.stream_ms - t.kernel_ms) * 1e3,
+        "ovh_us": t.ovh_us,
         "gbps": contract / (t.stream_ms * 1e-3) / 1e9, "frac_1read": frac(one, t.stream_ms), "frac": fr,
         "frac_event": frac(contract, t.event_ms), "frac_kernel": fk, "b2b_over_kernel": b2b, "copy_gbps": bw_gbps,
         "goal": row.goal, "meets_goal": None if row.goal is None else fr >= row.goal,
@@ -217,7 +222,7 @@ def gemm_record(name: str, flop: int, t: Timing, torch_issue_us: float | None) -
     return {
         "name": name, "stream_ms": t.stream_ms, "tflops": flop / (t.stream_ms * 1e-3) / 1e12, "kernel_ms": t.kernel_ms,
         **_kernel_range(t),
-        "ovh_us": None if t.kernel_ms is None else (t.stream_ms - t.kernel_ms) * 1e3, "issue_us": t.issue_us,
+        "ovh_us": t.ovh_us, "issue_us": t.issue_us,
         "meets_host_goal": None if torch_issue_us is None else t.issue_us <= torch_issue_us,
     }  # fmt: skip
 

@@ -130,7 +130,8 @@ def kernel_time(fn, calls: int = 20) -> KernelTime | None:
     if busy_us <= 0:
         return None
     each = per_call_ms([r.elapsed_us() for r in ranges], calls)
-    return KernelTime(mean_ms=busy_us / 1e3 / calls, low_ms=each and min(each), high_ms=each and max(each))
+    low, high = (None, None) if each is None else (min(each), max(each))
+    return KernelTime(mean_ms=busy_us / 1e3 / calls, low_ms=low, high_ms=high)
 
 
 def per_call_ms(durations_us: list[float], calls: int) -> list[float] | None:

@@ -5,8 +5,8 @@ quantize_ctas_per_sm), each starting at tile blockIdx.x and drawing every later 
 (gridDim.x + atomicAdd), with the next tile's copies in flight in the other shared buffer. Here the quantize launch
 gets 1 .. 23 CTAs over 4 x 11 (bf16) or 4 x 21 (fp32) tiles with partial last rows and columns, for 1-D, 2-D and
 RHT + SR builds and each copy alone (the post-RHT amax kernel, which walks the same tiles, as few CTAs); the
-default grid over more tiles than it has CTAs, partial edges included; repeated in-place planned calls (the counter zeroed per call); and a 17 GB X whose codes lie past 2^32 bytes (the
-kernel's 32-bit indices times 64-bit extents).
+default grid over more tiles than it has CTAs, partial edges included; repeated in-place planned calls (the counter
+zeroed per call); and a 17 GB X whose codes lie past 2^32 bytes (the kernel's 32-bit indices times 64-bit extents).
 """
 
 from __future__ import annotations
