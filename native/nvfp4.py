@@ -13,17 +13,15 @@ Passes per call (the copy modes RHT / SR / 2-D are compile-time, from defines_fo
    the quantize tiles giving both amax(X) and the post-RHT amax (the RHT is recomputed in pass 2,
    not stored): one wave of CTAs (`RHT_AMAX_CTAS_PER_SM` per SM), a warp per 16-row m-block of a tile, each
    lane reading its word column's 16 rows straight from X (no shared memory, no barrier). Both write one
-   zeroed [3] buffer (slot 0 the rowwise A_g, slot 1 the columnwise; slot 2 is pass 2's tile counter) and
-   the scales' zero padding;
+   zeroed [3] buffer (slot 0 the rowwise A_g, slot 1 the columnwise; slot 2 is pass 2's tile counter);
 2. one tiled kernel quantizes the requested copies: one wave of resident CTAs (`quantize_ctas_per_sm` per
    SM), each walking 128-row tiles of X (its first tile by block index, each later one drawn from the zeroed
    counter, so the CTAs of an SM finish together), reads each tile once into shared memory (double-buffered: the
    next tile's copies are in flight while it encodes one) and encodes its rowwise blocks and its column
    segments (the blocks of X^T) from there; 2-D builds reduce the 16x16 tile amaxes from the same tile
-   (no separate pass). It writes the codes and the scale of every block; with pass 1, every output byte is written, so the
-   outputs come from torch.empty.
-A given amax (TE's quantize_with_amax, §5.1; never with RHT) replaces pass 1: X is read once, by pass 2,
-and the scales come from torch.zeros (their padding is what pass 1 would have zeroed).
+   (no separate pass). It writes the codes and the scale of every block and the scales' zero padding: every
+   output byte, so the outputs come from torch.empty.
+A given amax (TE's quantize_with_amax, §5.1; never with RHT) replaces pass 1: X is read once, by pass 2.
 
 The §5.10 variants (4over6, row-scaled) take their own simple kernels (`quantize_variant_with`): amax(X), or
 one amax per row of each copy (a CTA per group of rows, `row_amax_units`), then one thread per block (per 16x16
@@ -228,11 +226,6 @@ def _wave_blocks(ctas_per_sm: int, index: int | None) -> int:
     return sm_count(index) * ctas_per_sm
 
 
-def _no_pads() -> list:
-    """The amax kernel's scale-padding arguments when it pads nothing (null scales, 0 rows / strides)."""
-    return [None, _i64(0), _i64(0), None, _i64(0), _i64(0)]
-
-
 def quantize_with(
     launch: Launcher, x2d: torch.Tensor, config: QuantConfig, *, rowwise: bool, colwise: bool, seed: SRSeed | None,
     given: torch.Tensor | None = None,
@@ -262,20 +255,19 @@ def quantize_with(
     a_x, a_c, drawn = bits[0:1], bits[1:2], bits[2:3].view(torch.int32)
 
     # Every output comes from torch.empty: the quantize kernel writes the codes and the scales of
-    # every block, the amax kernel (first) the scales' zero padding. A copy that is not requested
-    # gets null pointers (the kernels skip it).
-    copies, pads = [], []
+    # every block and the scales' zero padding. A copy that is not requested gets null pointers (the
+    # kernels skip it).
+    copies, scale_rows = [], []
     for on, orientation, a_g, stream in ((rowwise, "rowwise", a_x, stream_row), (colwise, "colwise", a_c, stream_col)):
         if not on:
             copies += [None, None, _i64(0), None, np.uint32(0)]
-            pads += [None, _i64(0), _i64(0)]
+            scale_rows.append(_i64(0))
             continue
         g = copy_geometry(config, orientation, m, k)
         data = torch.empty(g.data_shape, dtype=torch.uint8, device=dev)
-        # A given amax skips the amax kernel, which zeroes the scale padding: the scales start zeroed.
-        scale = (torch.empty if given is None else torch.zeros)(g.scale_padded_shape, dtype=torch.uint8, device=dev)
+        scale = torch.empty(g.scale_padded_shape, dtype=torch.uint8, device=dev)
         copies += [data, scale, _i64(scale.shape[1]), a_g, stream]
-        pads += [scale, _i64(scale.shape[1]), _i64(scale.shape[0])]
+        scale_rows.append(_i64(scale.shape[0]))  # its padded rows: the quantize kernel zeroes the padding (§5.9)
         out.update({f"{orientation}_data": data, f"{orientation}_scale": scale, f"{orientation}_amax": a_g})
 
     if given is not None:
@@ -286,17 +278,17 @@ def quantize_with(
     elif colwise and config.rht:
         # NUMERICS: §5.6 - the columnwise A_g is the amax of the bf16 RHT output; the same pass
         # gives amax(X), the rowwise copy's A_g.
-        launch("nvfp4_rht_amax", n_tiles, [x2d, _i64(m), _i64(k), a_c, a_x, *pads],
+        launch("nvfp4_rht_amax", n_tiles, [x2d, _i64(m), _i64(k), a_c, a_x],
                max_blocks=_wave_blocks(RHT_AMAX_CTAS_PER_SM, index),
                units_per_block=1)  # fmt: skip
     else:
-        launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // blk), [x2d, _i64(m), _i64(k), a_x, a_c, *pads],
+        launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // blk), [x2d, _i64(m), _i64(k), a_x, a_c],
                max_blocks=REDUCE_BLOCKS)  # fmt: skip
 
     # The columnwise copy is X^T [K, M], read from the same shared-memory tiles of X (the kernel applies
     # the RHT in RHT builds); 2-D builds reduce the 16x16 tile amaxes (NUMERICS: §5.5) in the same kernel.
-    launch(f"nvfp4_quantize_{sfx}", n_tiles, [x2d, _i64(m), _i64(k), seed_u64, *copies, drawn], units_per_block=1,
-           max_blocks=_wave_blocks(quantize_ctas_per_sm(config), index))  # fmt: skip
+    launch(f"nvfp4_quantize_{sfx}", n_tiles, [x2d, _i64(m), _i64(k), seed_u64, *copies, drawn, *scale_rows],
+           units_per_block=1, max_blocks=_wave_blocks(quantize_ctas_per_sm(config), index))  # fmt: skip
     return out
 
 
@@ -343,7 +335,7 @@ def quantize_variant_with(launch: Launcher, x2d: torch.Tensor, config: QuantConf
         # NUMERICS: §0.1 / §5.1 - A_g = amax(X), NaN ignored, into both slots (the copies' amaxes).
         bits = torch.zeros(2, dtype=torch.float32, device=dev)
         launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // config.block), [x2d, _i64(m), _i64(k), bits[0:1],
-               bits[1:2], *_no_pads()], max_blocks=REDUCE_BLOCKS)  # fmt: skip
+               bits[1:2]], max_blocks=REDUCE_BLOCKS)  # fmt: skip
     copies: list = []
     for slot, (on, orientation) in enumerate(((rowwise, "rowwise"), (colwise, "colwise"))):
         if not on:
@@ -473,7 +465,7 @@ class QuantizePlan(QuantizePlanBase):
         else:
             buffers, steps = self._plain(config, m, k, dtype, rowwise, colwise, given)
         self.block = block = OutputBlock(buffers)
-        if given:  # NUMERICS: §5.1 - one launch puts the given amax in both A_g slots and clears the scales
+        if given:  # NUMERICS: §5.1 - one launch puts the given amax in both A_g slots and clears the tile counter
             steps, self.clears = [fill_given(block, self._given_slots, index), *steps], True
         self.steps = tuple(Step(s, block) for s in steps)
 
@@ -493,19 +485,19 @@ class QuantizePlan(QuantizePlanBase):
         bits = Buffer("_bits", (2,), torch.float32, zero=not given, parts=((a_x, 0, 1), (a_c, 1, 1)), field=False)
         self._given_slots = (a_x, a_c)
         buffers = [bits]
-        copies, pads = [], []
+        copies, scale_rows = [], []
         for on, o, a_g, stream in ((rowwise, "rowwise", a_x, "row_stream"), (colwise, "colwise", a_c, "col_stream")):
             if not on:
                 copies += [None, None, _i64(0), None, np.uint32(0)]
-                pads += [None, _i64(0), _i64(0)]
+                scale_rows.append(_i64(0))
                 continue
             g = copy_geometry(config, o, m, k)
             buffers += [Buffer(f"{o}_data", g.data_shape, torch.uint8),
-                        Buffer(f"{o}_scale", g.scale_padded_shape, torch.uint8, zero=given)]  # fmt: skip
-            scale, rows, ld = Patched(f"{o}_scale", torch.uint8), _i64(g.scale_padded_shape[0]), _i64(g.scale_padded_shape[1])
-            copies += [Patched(f"{o}_data", torch.uint8), scale, ld, Patched(a_g, torch.float32),
+                        Buffer(f"{o}_scale", g.scale_padded_shape, torch.uint8)]  # fmt: skip
+            copies += [Patched(f"{o}_data", torch.uint8), Patched(f"{o}_scale", torch.uint8),
+                       _i64(g.scale_padded_shape[1]), Patched(a_g, torch.float32),
                        Patched(stream) if self.sr else np.uint32(0)]  # fmt: skip
-            pads += [scale, ld, rows]
+            scale_rows.append(_i64(g.scale_padded_shape[0]))  # its padded rows: the quantize kernel zeroes the padding
         # The quantize kernel's tile counter (zeroed per call, by the block's memset or fill_given).
         buffers.append(Buffer("_drawn", (1,), torch.int32, zero=True, field=False))
         n_tiles = tile_count(m, k, dtype)
@@ -515,16 +507,16 @@ class QuantizePlan(QuantizePlanBase):
         elif colwise and config.rht:
             # NUMERICS: §5.6 - one pass gives the post-RHT amax (colwise A_g) and amax(X) (rowwise A_g).
             steps += self._launch("nvfp4_rht_amax", n_tiles, [x, _i64(m), _i64(k), Patched(a_c, torch.float32),
-                                  Patched(a_x, torch.float32), *pads],
+                                  Patched(a_x, torch.float32)],
                                   max_blocks=_wave_blocks(RHT_AMAX_CTAS_PER_SM, self.index),
                                   units_per_block=1)  # fmt: skip
         else:
             steps += self._launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // blk),
-                                  [x, _i64(m), _i64(k), Patched(a_x, torch.float32), Patched(a_c, torch.float32), *pads],
+                                  [x, _i64(m), _i64(k), Patched(a_x, torch.float32), Patched(a_c, torch.float32)],
                                   max_blocks=REDUCE_BLOCKS)  # fmt: skip
         seed = Patched("seed") if self.sr else np.uint64(0)
         steps += self._launch(f"nvfp4_quantize_{sfx}", n_tiles, [x, _i64(m), _i64(k), seed, *copies,
-                              Patched("_drawn", torch.int32)], units_per_block=1,
+                              Patched("_drawn", torch.int32), *scale_rows], units_per_block=1,
                               max_blocks=_wave_blocks(quantize_ctas_per_sm(config), self.index))  # fmt: skip
         return buffers, steps
 
@@ -540,7 +532,7 @@ class QuantizePlan(QuantizePlanBase):
         if not config.row_scaled and not given:
             steps += self._launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // config.block),
                                   [x, _i64(m), _i64(k), Patched(slot_names[0], torch.float32),
-                                   Patched(slot_names[1], torch.float32), *_no_pads()], max_blocks=REDUCE_BLOCKS)  # fmt: skip
+                                   Patched(slot_names[1], torch.float32)], max_blocks=REDUCE_BLOCKS)  # fmt: skip
         copies: list = []
         for slot, (on, o) in enumerate(((rowwise, "rowwise"), (colwise, "colwise"))):
             if not on:

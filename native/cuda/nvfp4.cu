@@ -14,9 +14,9 @@
 // are reduced from the same tile. Copy modes (RHT, SR, 2-D tiles) are compile-time, from
 // defines_for(config), so each kernel carries only its own path.
 //
-// The post-RHT amax kernel reads the same tiles as the quantize kernel. The amax kernels, which run
-// first in every call, also write the zero padding of the scale tensors (the outputs come from
-// torch.empty). A block is encoded without the per-element NaN rule and fixed afterwards when its
+// The post-RHT amax kernel reads the same tiles as the quantize kernel. The quantize kernel also writes
+// the zero padding of the scale tensors (the outputs come from torch.empty, with or without an amax
+// pass before it). A block is encoded without the per-element NaN rule and fixed afterwards when its
 // NaN-propagating amax says it holds a NaN (docs/numerics.md §0.5: NaN -> +6).
 //
 // The rounding code (encode_block, encode_words and the nvfp4.cuh rules they call) is __host__
@@ -199,33 +199,13 @@ struct QuantArgs {
 // its valid [rows, nb] region: columns nb .. scale_stride-1 of rows 0 .. rows-1, then rows
 // rows .. scale_rows-1 whole. Grid-stride loops (first = this thread's index, step = the grid's
 // threads); nothing to do when the shape needs no padding. NUMERICS: §5.9 (padding is zero). The
-// amax kernels, which run first in every call, do this: the quantize kernel writes only the blocks.
+// quantize kernel does this beside the blocks it writes (a given amax runs no amax kernel before it).
 NVFP4_HD void zero_scale_padding(u8* scale, i64 scale_stride, i64 scale_rows, i64 rows, i64 nb, i64 first, i64 step) {
     if (scale == nullptr) return;
     for (i64 r = first; r < rows && nb < scale_stride; r += step)
         for (i64 c = nb; c < scale_stride; ++c) scale[r * scale_stride + c] = 0;
     u8* bottom = scale + rows * scale_stride;
     for (i64 i = first; i < (scale_rows - rows) * scale_stride; i += step) bottom[i] = 0;
-}
-
-// The scale tensors of both copies of X [M, K] (rowwise [M, K/16] valid, colwise [K, M/16]).
-struct ScalePads {
-    u8* row_scale;
-    i64 row_stride, row_scale_rows;
-    u8* col_scale;
-    i64 col_stride, col_scale_rows;
-};
-
-// The kernel parameters that make a ScalePads (scale pointer, row stride, padded row count per copy).
-#define NVFP4_PAD_PARAMS \
-    u8 *row_scale, i64 row_stride, i64 row_scale_rows, u8 *col_scale, i64 col_stride, i64 col_scale_rows
-#define NVFP4_PADS {row_scale, row_stride, row_scale_rows, col_scale, col_stride, col_scale_rows}
-
-// Both copies' padding, this thread's share of the grid-stride loops.
-__device__ __forceinline__ void zero_scale_paddings(const ScalePads& p, i64 m_rows, i64 k_cols) {
-    const i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x, step = (i64)gridDim.x * blockDim.x;
-    zero_scale_padding(p.row_scale, p.row_stride, p.row_scale_rows, m_rows, k_cols / BLOCK, first, step);
-    zero_scale_padding(p.col_scale, p.col_stride, p.col_scale_rows, k_cols, m_rows / BLOCK, first, step);
 }
 
 // The sign words of a block's values (nibble_signs: bit 4i + 3 of signs[i / 8] is the sign of v[i]).
@@ -646,7 +626,8 @@ struct TileGrid {
 // those of the one-buffer walk.
 template <int DT>
 __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m_rows, i64 k_cols, const QuantArgs& row,
-                                               const QuantArgs& col, u32* __restrict__ drawn) {
+                                               const QuantArgs& col, u32* __restrict__ drawn, i64 row_scale_rows,
+                                               i64 col_scale_rows) {
     using T = Tile<DT>;
     constexpr int ELEM_BYTES = DT == IN_F32 ? 4 : 2;
     constexpr int ROW_STEP = QUANT_THREADS / T::ROW_BLOCKS;  // tile rows between a thread's rowwise blocks
@@ -860,6 +841,16 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
         }
         if (threadIdx.x == 0 && tile_mk.x >= 0) next_tile[(step + 1) & 1] = tile_at(gridDim.x + ticket);  // one thread
     }
+    // NUMERICS: §5.9 - the scales' zero padding, this thread's share of the grid-stride loops (every CTA of the grid
+    // reaches here: the launch caps it at n_tiles). None unless X's bottom or right edge leaves some (a copy not
+    // requested has 0 rows and stride: the test passes, zero_scale_padding returns on its null scale).
+    const bool padded = row_scale_rows != m_rows || row.scale_stride * BLOCK != k_cols || col_scale_rows != k_cols ||
+                        col.scale_stride * BLOCK != m_rows;
+    if (padded) {  // edge tile
+        const i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x, step = (i64)gridDim.x * blockDim.x;
+        zero_scale_padding(row.scale, row.scale_stride, row_scale_rows, m_rows, k_cols / BLOCK, first, step);  // edge tile
+        zero_scale_padding(col.scale, col.scale_stride, col_scale_rows, k_cols, m_rows / BLOCK, first, step);  // edge tile
+    }
 }
 
 // Per input dtype: amax(X) (units of GROUP blocks) into both copies' A_g slots (out2 may be null),
@@ -867,20 +858,19 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
 // arguments are then unused).
 #define NVFP4_INSTANTIATE(SUFFIX, DT)                                                                            \
     extern "C" __global__ void __launch_bounds__(NVFP4_THREADS)                                                  \
-        nvfp4_amax_##SUFFIX(const void* x, i64 m_rows, i64 k_cols, u32* out, u32* out2, NVFP4_PAD_PARAMS) {     \
+        nvfp4_amax_##SUFFIX(const void* x, i64 m_rows, i64 k_cols, u32* out, u32* out2) {                       \
         const i64 n_blocks = m_rows * k_cols / BLOCK;                                                            \
         float a = 0.0f;                                                                                          \
         NVFP4_GRID_STRIDE(u, contiguous_units(n_blocks)) a = fmax_nn(a, amax_unit<DT>(x, n_blocks, u));         \
-        zero_scale_paddings(NVFP4_PADS, m_rows, k_cols);                                                         \
         amax_commit(a, out, out2);                                                                               \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(NVFP4_THREADS, NVFP4_QUANT_MIN_BLOCKS) nvfp4_quantize_##SUFFIX( \
         const void* x, i64 m_rows, i64 k_cols, u64 seed, u8* row_data, u8* row_scale, i64 row_scale_stride,     \
         const float* row_amax, u32 row_stream, u8* col_data, u8* col_scale, i64 col_scale_stride,               \
-        const float* col_amax, u32 col_stream, u32* drawn) {                                                     \
+        const float* col_amax, u32 col_stream, u32* drawn, i64 row_scale_rows, i64 col_scale_rows) {             \
         const QuantArgs row = {k_cols, row_amax, seed, row_stream, row_data, row_scale, row_scale_stride};      \
         const QuantArgs col = {m_rows, col_amax, seed, col_stream, col_data, col_scale, col_scale_stride};      \
-        quantize_tiles<DT>(x, m_rows, k_cols, row, col, drawn);                                                  \
+        quantize_tiles<DT>(x, m_rows, k_cols, row, col, drawn, row_scale_rows, col_scale_rows);                  \
     }
 
 NVFP4_INSTANTIATE(f32, IN_F32)
@@ -902,7 +892,7 @@ NVFP4_INSTANTIATE(f16, IN_F16)
 // (bf16_pair_low_exponents) choose the RHT path (rht_path_of, as rht_path) and give amax(X) unless a NaN; then the
 // amax of the transformed column (rht16_amax).
 extern "C" __global__ void __launch_bounds__(NVFP4_THREADS, NVFP4_RHT_AMAX_MIN_BLOCKS)
-    nvfp4_rht_amax(const void* x, i64 m_rows, i64 k_cols, u32* out_rht, u32* out_plain, NVFP4_PAD_PARAMS) {
+    nvfp4_rht_amax(const void* x, i64 m_rows, i64 k_cols, u32* out_rht, u32* out_plain) {
     using T = Tile<IN_BF16>;
     static_assert(NVFP4_THREADS / WARP == TILE_MBLOCKS && T::COLS == 2 * WARP, "a warp per m-block, a lane per word");
     // Rows, word columns and tiles in 32 bits (native/nvfp4.py tile_count: M, K < 2^32, n_tiles < 2^31).
@@ -932,7 +922,6 @@ extern "C" __global__ void __launch_bounds__(NVFP4_THREADS, NVFP4_RHT_AMAX_MIN_B
             a_rht = fmax_nn(a_rht, rht16_amax(v, rht_path_of(hi[e], e_lo[e])));
         }
     }
-    zero_scale_paddings(NVFP4_PADS, m_rows, k_cols);
     amax_commit(a_rht, out_rht);
     amax_commit(a_plain, out_plain);
 }

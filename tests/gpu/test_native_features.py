@@ -8,6 +8,7 @@ on the GPU; every field (codes, scales with their zero padding, amax bits) must 
 
 from __future__ import annotations
 
+import math
 import zlib
 
 import pytest
@@ -148,6 +149,35 @@ def test_nvfp4_given_amax_skips_the_amax_kernel_and_reads_x_once():
     names.clear()
     nvfp4.quantize_with(record, x, cfg, rowwise=True, colwise=True, seed=None)
     assert names == ["nvfp4_amax_bf16", "nvfp4_quantize_bf16"]  # without one: the amax pass first
+
+
+@pytest.mark.parametrize("copies", list(COPIES))
+@pytest.mark.parametrize("cfg_name", list(NVFP4_GIVEN))
+def test_nvfp4_given_amax_out_writes_every_scale_byte_over_poison(cfg_name, copies):
+    """A planned call with a given amax into out= whose scale tensors hold 0xAB everywhere, padding included (the
+    shape pads both copies'): the call writes every scale byte, the zero padding too (docs/numerics.md §5.9); no
+    launch clears the scales before the quantize kernel."""
+    import native
+
+    cfg = NVFP4_GIVEN[cfg_name]
+    rw, cw = COPIES[copies]
+    rng = SEEDS[0] if cfg.stochastic else None
+    x = make_x((144, 208), torch.bfloat16, seed=11)
+    a = given_amax(x, "larger")
+    gold = reference.quantize(x, cfg, rowwise=rw, colwise=cw, rng=rng, amax=a)
+    x_gpu, a_gpu = x.cuda(), a.cuda()
+    native.clear_plans()
+    native.quantize(x_gpu, cfg, rowwise=rw, colwise=cw, rng=rng, amax=a_gpu)  # the first call of its signature
+    q = native.quantize(x_gpu, cfg, rowwise=rw, colwise=cw, rng=rng, amax=a_gpu)  # a plan's outputs: out= takes them
+    for _ in range(2):  # twice: the second call's out= is the first's (already written) memory, poisoned again
+        padded = 0
+        for o in [o for o in ("rowwise", "colwise") if q.has(o)]:
+            scale = getattr(q, f"{o}_scale")
+            padded += scale.numel() - math.prod(layouts.scale_valid_shape(cfg, o, 144, 208))
+            scale.fill_(0xAB)
+        assert padded > 0, "the shape must pad a requested scale tensor"
+        assert native.quantize(x_gpu, cfg, rowwise=rw, colwise=cw, rng=rng, amax=a_gpu, out=q) is q
+        assert_same(gold, q, f"{cfg.id} {copies} given amax out= over 0xAB scales")
 
 
 @pytest.mark.parametrize("kind", AMAX_KINDS)

@@ -293,21 +293,27 @@ def test_special_inputs_match_reference(cfg_name, dtype_name, kind):
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
 @pytest.mark.parametrize("shape", [(144, 208), (48, 4112)], ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("rowwise, colwise", [(True, True), (True, False), (False, True)], ids=["both", "row", "col"])
-def test_scale_padding_written_over_dirty_memory(cfg_name, dtype_name, shape, rowwise, colwise, monkeypatch):
+@pytest.mark.parametrize("given", [False, True], ids=["own-amax", "given-amax"])
+def test_scale_padding_written_over_dirty_memory(cfg_name, dtype_name, shape, rowwise, colwise, given, monkeypatch):
     """The outputs come from torch.empty (here: filled with 0xAB): every byte, the scales' zero
-    padding (docs/numerics.md §5.9) included, is the kernel's to write."""
+    padding (docs/numerics.md §5.9) included, is the kernel's to write, with or without a given amax (no amax
+    pass before the quantize kernel)."""
     from native import nvfp4
 
     cfg = CONFIGS[cfg_name]
     if dtype_name not in _dtypes_for(cfg_name):
         pytest.skip(f"{cfg.id} takes bf16 input only")
+    if given and cfg.rht:
+        pytest.skip("a given amax does not apply with RHT (docs/numerics.md §5.6)")
     x = make_input("normal", shape, DTYPES[dtype_name], 17)
     rng = SEED if cfg.stochastic else None
-    golden = reference.quantize(x, cfg, rowwise=rowwise, colwise=colwise, rng=rng)
+    amax = x.abs().float().amax().reshape(1) * 2 if given else None  # (a larger given amax: not amax(X))
+    golden = reference.quantize(x, cfg, rowwise=rowwise, colwise=colwise, rng=rng, amax=amax)
     dirty: list = []
     x_gpu = x.cuda()
     monkeypatch.setattr(torch, "empty", dirty_empty(torch.empty, dirty))
-    fields = nvfp4.quantize_2d(x_gpu, cfg, rowwise=rowwise, colwise=colwise, rng=rng)
+    fields = nvfp4.quantize_2d(x_gpu, cfg, rowwise=rowwise, colwise=colwise, rng=rng,
+                               amax=None if amax is None else amax.cuda())  # fmt: skip
     torch.cuda.synchronize()
     monkeypatch.undo()
     assert_padded_scales_from_empty(cfg, shape, rowwise, colwise, dirty)

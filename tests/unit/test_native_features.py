@@ -17,6 +17,7 @@ from native import grouped
 from native.modules import modules_for
 from reference import grouped as ref_grouped
 from reference.formats import QuantConfig
+from reference.layouts import copy_geometry
 from reference.types import SpecViolation, SRSeed
 
 
@@ -178,7 +179,8 @@ def _arg(kernel: str, args, name: str):
 @pytest.mark.parametrize("tile", [(1, 16), (16, 16)])
 def test_nvfp4_given_amax_launches_only_the_quantize_kernel(tile):
     """docs/numerics.md §5.1: with a given amax there is no amax pass (X is read once, by the quantize kernel),
-    both copies' A_g slots hold it, and the scales start zeroed (the amax kernel zeroed their padding)."""
+    both copies' A_g slots hold it, and the quantize kernel gets each scale tensor's padded rows (it zeroes their
+    padding, §5.9: no torch.zeros and no clear)."""
     from native import nvfp4
 
     calls = []
@@ -196,7 +198,11 @@ def test_nvfp4_given_amax_launches_only_the_quantize_kernel(tile):
     assert row_amax.tolist() == [7.5] and col_amax.tolist() == [7.5]
     assert fields["rowwise_amax"] is row_amax and fields["colwise_amax"] is col_amax
     for o in ("rowwise", "colwise"):
-        assert int(fields[f"{o}_scale"].count_nonzero()) == 0  # torch.zeros: the padding is zero
+        scale = fields[f"{o}_scale"]
+        assert _arg(calls[0][0], args, f"{o[:3]}_scale") is scale
+        padded = copy_geometry(cfg, o, 48, 80).scale_padded_shape
+        assert tuple(scale.shape) == padded and padded[0] > (48 if o == "rowwise" else 80)  # rows of padding
+        assert int(_arg(calls[0][0], args, f"{o[:3]}_scale_rows")) == padded[0]
     calls.clear()
     nvfp4.quantize_with(record, x, cfg, rowwise=True, colwise=False, seed=None)
     assert [c[0] for c in calls] == ["nvfp4_amax_bf16", "nvfp4_quantize_bf16"]  # without one: the amax pass

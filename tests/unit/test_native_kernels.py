@@ -119,9 +119,10 @@ def test_slots_hold_values_in_the_declared_type():
     assert _read_slots(pack_params("delayed_update", [None] * 4 + [1]), 5)[4] == 1
     # nvfp4_quantize_f32: u64 seed at index 3, u32 row_stream at index 8.
     args = [None, np.int64(-5), 7, np.uint64((1 << 64) - 1), None, None, 0, None, np.uint32(0xDEADBEEF),
-            None, None, 0, None, 0, None]
-    slots = _read_slots(pack_params("nvfp4_quantize_f32", args), 15)
+            None, None, 0, None, 0, None, np.int64(-2), 9]
+    slots = _read_slots(pack_params("nvfp4_quantize_f32", args), 17)
     assert slots[1] == (1 << 64) - 5 and slots[2] == 7 and slots[3] == (1 << 64) - 1 and slots[8] == 0xDEADBEEF
+    assert slots[15:] == [(1 << 64) - 2, 9]  # the i64 padded scale rows
     sig = K.Signature("f", K.parse_params("float v"))
     assert sig.slots([np.float32(1.5)]) == [0x3FC00000]
 

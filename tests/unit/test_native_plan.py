@@ -52,20 +52,21 @@ def test_prepared_block_has_the_bytes_of_pack_params():
     template = [Patched("x", torch.bfloat16), np.int64(256), np.int64(-3), Patched("seed"),
                 Patched("row_data", torch.uint8), Patched("row_scale", torch.uint8), np.int64(16),
                 Patched("row_amax", torch.float32), Patched("row_stream"), Patched("col_data", torch.uint8), None,
-                np.int64(0), None, np.uint32(7), Patched("_drawn", torch.int32)]  # fmt: skip
+                np.int64(0), None, np.uint32(7), Patched("_drawn", torch.int32), np.int64(384), np.int64(0)]  # fmt: skip
     prepared = PreparedLaunch(None, name, 3, 256, template, 0, fn=0)
     values = [ptrs["x"], seed, ptrs["row_data"], ptrs["row_scale"], ptrs["row_amax"], row_stream, ptrs["col_data"],
               ptrs["drawn"]]  # fmt: skip
-    got = read_slots(prepared.params(values), 15)
+    got = read_slots(prepared.params(values), 17)
     args = [fake_cuda(torch.bfloat16, ptrs["x"]), np.int64(256), np.int64(-3), np.uint64(seed),
             fake_cuda(torch.uint8, ptrs["row_data"]), fake_cuda(torch.uint8, ptrs["row_scale"]), np.int64(16),
             fake_cuda(torch.float32, ptrs["row_amax"]), np.uint32(row_stream), fake_cuda(torch.uint8, ptrs["col_data"]),
-            None, np.int64(0), None, np.uint32(7), fake_cuda(torch.int32, ptrs["drawn"])]  # fmt: skip
-    assert got == signature(name).slots(args) == read_slots(pack_params(name, args), 15)
+            None, np.int64(0), None, np.uint32(7), fake_cuda(torch.int32, ptrs["drawn"]), np.int64(384),
+            np.int64(0)]  # fmt: skip
+    assert got == signature(name).slots(args) == read_slots(pack_params(name, args), 17)
     assert got[2] == (1 << 64) - 3  # two's complement, as the slot of an i64
     # A second call patches only its slots: the fixed ones keep their values.
-    got2 = read_slots(prepared.params([1, 2, 3, 4, 5, 6, 7, 8]), 15)
-    assert got2 == [1, 256, (1 << 64) - 3, 2, 3, 4, 16, 5, 6, 7, 0, 0, 0, 7, 8]
+    got2 = read_slots(prepared.params([1, 2, 3, 4, 5, 6, 7, 8]), 17)
+    assert got2 == [1, 256, (1 << 64) - 3, 2, 3, 4, 16, 5, 6, 7, 0, 0, 0, 7, 8, 384, 0]
 
 
 def test_prepare_checks_what_slots_checks():
@@ -441,7 +442,7 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
     if seed is not None:  # NUMERICS: §5.7 the colwise stream is stream + 1 (mod 2^32)
         named = {"seed": seed.seed, "row_stream": seed.stream, "col_stream": (seed.stream + 1) & 0xFFFFFFFF}
     planned = _planned(plan, named)
-    if given:  # NUMERICS: §5.1 - first, ONE launch puts the given amax in both A_g slots and clears the scales
+    if given:  # NUMERICS: §5.1 - first, ONE launch puts the given amax in both A_g slots and clears the tile counter
         (name, geometry, slots), *planned = planned
         a_g = plan.block.offsets
         slot0, slot1 = ("rowwise_amax" if rowwise else "internal:torch.float32",
@@ -450,12 +451,13 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
         block = "internal:torch.int32" if n_words else 0  # (a null pointer: nothing to clear)
         assert (name, slots) == ("fill_given", ["given", slot0, slot1, block, n_words])
         assert geometry == _geometry(-(-max(n_words, 1) // 256), 256) and plan.clears
-        # The cleared words are exactly the zero-filled scales (the full path's torch.zeros) and the quantize kernel's
-        # tile counter, never an A_g slot; the variant kernels zero their scales' padding themselves (nothing to clear).
-        zero = set() if config.variant else {f"{o}_scale" for o, on in (("rowwise", rowwise), ("colwise", colwise)) if on}
-        zero |= set() if config.variant else {"_drawn"}
+        # The cleared words are exactly the quantize kernel's tile counter, never an A_g slot or a scale: every NVFP4
+        # quantize kernel zeroes its scales' padding itself (§5.9), the variant kernels have no counter.
+        zero = set() if config.variant else {"_drawn"}
         assert 4 * n_words <= min(a_g["_bits"], *(a_g[s] for s in plan._given_slots))
         assert (n_words == 0) == (not zero) and all(a_g[n] < plan.block.zero_bytes for n in zero)
+        assert all(a_g[f"{o}_scale"] >= plan.block.zero_bytes for o, on in (("rowwise", rowwise), ("colwise", colwise))
+                   if on)  # fmt: skip
     else:
         assert not plan.clears
     assert planned == _today(calls, x2d, fields)
@@ -961,13 +963,13 @@ def test_a_gemm_plan_prepares_a_matmul_only_for_stored_fp32_scales(monkeypatch):
 
 @pytest.mark.parametrize("rowwise, colwise", COPIES)
 @pytest.mark.parametrize("config", [QuantConfig("nvfp4"), QuantConfig("nvfp4", variant="4over6")], ids=lambda c: c.id)
-def test_a_given_amax_reaches_both_a_g_slots_by_one_launch_that_clears_the_scales(monkeypatch, config, rowwise,
+def test_a_given_amax_reaches_both_a_g_slots_by_one_launch_that_leaves_the_scales(monkeypatch, config, rowwise,
                                                                                   colwise):
     """An NVFP4 plan's given amax (TE's quantize_with_amax, docs/numerics.md §5.1): no cudaMemcpyAsync and no
     memset; its first step, fill_given, gets the caller's pointer (per call) and the block's A_g slots and zero
     words. Emulating that kernel on the host from the step's own slots (fresh block and out=): both A_g slots hold
-    the given value bit for bit, the scales are zero (4over6: its kernel writes them all), the kernels after it
-    read the slots."""
+    the given value bit for bit, the scales are not cleared (the quantize kernels write every scale byte, padding
+    included), the kernels after it read the slots."""
     monkeypatch.setattr(nvfp4, "module_for", lambda *a: "module")
     monkeypatch.setattr(per_tensor, "module_for", lambda *a: "module")
     monkeypatch.setattr(per_tensor, "grid_stride_blocks", lambda n, t, i: 1)
@@ -1007,11 +1009,11 @@ def test_a_given_amax_reaches_both_a_g_slots_by_one_launch_that_clears_the_scale
         assert list(bits) == [value, value]
         for o in [c for c, on in (("rowwise", rowwise), ("colwise", colwise)) if on]:
             assert float(got.fields[f"{o}_amax"]) == value, o
-            if config.variant is None:
-                assert int(got.fields[f"{o}_scale"].count_nonzero()) == 0, o
-                got.fields[f"{o}_scale"].fill_(7)  # (cleared again by the next call's fill)
-    if config.variant is not None:  # the 4over6 kernel writes every scale byte, padding included: nothing to clear
-        assert plan.block.zero_bytes == 0
+            if value != 2.5:  # out=: the previous call's scales (no kernel runs here) are still there, not cleared
+                assert got.fields[f"{o}_scale"].unique().tolist() == [7], o
+            got.fields[f"{o}_scale"].fill_(7)
+    # Every NVFP4 quantize kernel writes every scale byte, padding included: the fill clears at most the tile counter.
+    assert plan.block.zero_bytes <= (0 if config.variant is not None else 4)
 
 
 def test_given_on_moves_a_given_amax_only_when_it_is_elsewhere():
