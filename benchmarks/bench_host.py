@@ -27,8 +27,9 @@ as_strided view per QuantizedTensor field), "launch_us" the plan's launches alon
 call (its memset or clearing launch, then its kernels: what out= costs without its Python front), and "floor_us"
 their sum: what a fresh-output call costs in these two pieces before any argument is read; "floor" says "> goal"
 where the pieces alone exceed the goal. The fresh call, out= and the two pieces are timed with their runs
-alternating, so a host that drifts mid-row moves all four. A line after the first such row gives one cuLaunchKernel
-of that row's last kernel alone (the driver's cost of a launch on this host). Each GEMM row's goal is
+alternating, so a host that drifts mid-row moves all four. A line after the first such row gives one launch
+of that row's last kernel alone (cuLaunchKernel, or cuLaunchKernelEx for a programmatic one such as NVFP4's
+quantize kernel: the driver's cost of a launch on this host). Each GEMM row's goal is
 torch._scaled_mm timed in the same runs, alternating with the native calls, next to the separate torch._scaled_mm
 row.
 """
@@ -225,19 +226,25 @@ def plan_pieces(row: QuantRow, x: torch.Tensor, q) -> list:
             lambda: plan.run(x, seed, kw["amax"], kw["state"], into=got)]  # fmt: skip
 
 
-def bound_launch_us(q, args) -> tuple[str, float]:
-    """(kernel name, issue_us of one cuLaunchKernel) of the last kernel of the plan that allocated q, fired alone
-    through the binding every native launch uses (`native.launch.launch_kernel`) with the parameter block its out=
-    calls bound to q (`native.launch.BoundLaunch`: q's pointers, the last call's x and seed): the driver's cost of
-    a launch on this host. Its work is the last call's again (idempotent), or none where a tile counter is spent."""
-    from native.launch import BoundLaunch, launch_kernel, raw_stream
+def bound_launch_us(q, args) -> tuple[str, str, float]:
+    """(kernel name, launch call, issue_us of one launch) of the last kernel of the plan that allocated q, fired alone
+    as its out= calls fire it (`native.launch.BoundLaunch`: q's pointers, the last call's x and seed; cuLaunchKernel
+    through `launch_kernel`, or cuLaunchKernelEx through `programmatic_launch` for a programmatic one): the driver's
+    cost of a launch on this host. Its work is the last call's again (idempotent), or none where a tile counter is
+    spent."""
+    from native.launch import BoundLaunch, launch_kernel, programmatic_launch, raw_stream
     from native.plan import STAMP
 
     step = getattr(q, STAMP).steps[-1]
     if not isinstance(step, BoundLaunch):
         raise ValueError("bound_launch_us needs a result that an out= call has written (its launches bound)")
-    launch, stream = launch_kernel(), raw_stream(step.index)
-    return step.name, measure(lambda: launch(step._fn, *step.geometry, stream, step.pointers, 0), args)
+    stream = raw_stream(step.index)
+    if step.programmatic is not None:
+        ex, config = programmatic_launch(), step.programmatic
+        return step.name, "cuLaunchKernelEx", measure(lambda: ex(config, step._fn, stream, step.pointers), args)
+    launch = launch_kernel()
+    return step.name, "cuLaunchKernel", measure(lambda: launch(step._fn, *step.geometry, stream, step.pointers, 0),
+                                                args)  # fmt: skip
 
 
 def measure_without_plans(call, args) -> float:
@@ -280,8 +287,8 @@ def gpu_run(args) -> list[dict]:
             out.append(record("quantize", row.name, before, after, QUANTIZE_GOAL_US, out=in_place, alloc=alloc,
                               launch=launch))  # fmt: skip
             if not launched:
-                name, t = bound_launch_us(q, args)
-                print(f"# one cuLaunchKernel ({row.name}'s {name}, parameters bound): {t:.1f} us", flush=True)
+                name, call, t = bound_launch_us(q, args)
+                print(f"# one {call} ({row.name}'s {name}, parameters bound): {t:.1f} us", flush=True)
                 launched = True
         print(table(out[-1:]).splitlines()[1], flush=True)
     gemms = [r for r in GEMM_ROWS if wanted(args, r[0])]

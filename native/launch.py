@@ -10,6 +10,11 @@ the start of its slot, which on a little-endian host holds the value's low bytes
 parameter reads the value itself. The function handle of each (module, kernel, device) is cached;
 the stream is torch's current raw stream; CuPy's device is switched only when the current one is
 another.
+A prepared launch may be programmatic (`PreparedLaunch(..., programmatic=True)`): cuLaunchKernelEx with
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (CuPy binds no cuLaunchKernelEx: it is called from the
+driver library through ctypes), so the kernel may start while the kernel before it in the stream is still
+running, and must wait (PTX griddepcontrol.wait) before it touches anything that kernel writes
+(docs/design.md §4.1).
 Memory safety follows torch's stream-ordered allocator: every launch is on the stream the tensors
 were allocated on, so memory freed after a launch is reused only by work ordered after it. The
 driver copies the parameters during the call, so the next launch may reuse the buffer.
@@ -76,6 +81,51 @@ def launch_kernel():
     return _cupy().cuda.driver.launchKernel
 
 
+# cuda.h: CUlaunchAttributeID CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION; CUlaunchAttribute is the id, 4
+# bytes of padding and a 64-byte value union (its int programmaticStreamSerializationAllowed first); CUlaunchConfig
+# the grid and block dimensions, dynamic shared memory, stream, attributes and their count.
+PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int), ("rest", ctypes.c_char * 60)]
+
+
+class LaunchConfig(ctypes.Structure):
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_mem", ctypes.c_uint),
+                ("stream", ctypes.c_void_p), ("attrs", ctypes.POINTER(LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+class ProgrammaticConfig:
+    """The cuLaunchKernelEx config of one launch geometry (grid x y z, block x y z, shared memory), programmatic
+    stream serialization allowed; the stream is set per call (so one config serves one thread at a time)."""
+
+    def __init__(self, geometry: tuple[int, ...]):
+        self.geometry = tuple(geometry)
+        gx, gy, gz, bx, by, bz, shared_mem = self.geometry
+        self.attr = LaunchAttribute(id=PROGRAMMATIC_STREAM_SERIALIZATION, value=1)
+        self.config = LaunchConfig(grid=(gx, gy, gz), block=(bx, by, bz), shared_mem=shared_mem,
+                                   attrs=ctypes.pointer(self.attr), num_attrs=1)  # fmt: skip
+        self.ref = ctypes.byref(self.config)
+
+
+@functools.cache
+def programmatic_launch():
+    """cuLaunchKernelEx with a ProgrammaticConfig, called as (config, function, stream, kernelParams); a failure
+    raises RuntimeError with its CUresult. Only the stream is written per call (the geometry was set once)."""
+    ex = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+    ex.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    ex.restype = ctypes.c_int
+
+    def launch(config: ProgrammaticConfig, fn: int, stream: int, params: int) -> None:
+        config.config.stream = stream
+        err = ex(config.ref, fn, params, None)
+        if err:
+            raise RuntimeError(f"cuLaunchKernelEx (programmatic stream serialization) failed: CUresult {err}")
+
+    return launch
+
+
 @functools.cache
 def _raw_stream():
     """device index -> torch's current raw stream handle (torch's internal fast path when present)."""
@@ -122,11 +172,12 @@ class PreparedLaunch:
     Built once from an argument template (`Signature.prepare` checks every fixed argument and the dtype of every
     pointer, exactly as `pack_params` would); each thread keeps its own parameter buffer with the fixed slot
     values written once, and a call writes only the patched slots (device pointers, an SR seed) before the
-    same cuLaunchKernel as `launch`, on torch's current stream of the plan's device.
+    same cuLaunchKernel as `launch`, on torch's current stream of the plan's device. `programmatic`: launched by
+    `programmatic_launch` instead (the kernel waits for the one before it itself: griddepcontrol.wait).
     """
 
     def __init__(self, module, name: str, grid: int | tuple, block: int | tuple, args: Sequence, device_index: int,
-                 shared_mem: int = 0, *, fn: int | None = None):  # fmt: skip
+                 shared_mem: int = 0, *, fn: int | None = None, programmatic: bool = False):  # fmt: skip
         slots, patched = signature(name).prepare(args)
         if len(slots) > _MAX_ARGS:
             raise ValueError(f"{len(slots)} kernel arguments; at most {_MAX_ARGS}")
@@ -136,6 +187,7 @@ class PreparedLaunch:
         self.index = device_index
         self.geometry = (*_dims(grid), *_dims(block), int(shared_mem))
         self._fn = fn if fn is not None else (function(module, name, device_index) if module is not None else 0)
+        self.programmatic = programmatic
         self._local = threading.local()
 
     def block(self):
@@ -159,8 +211,15 @@ class PreparedLaunch:
         return pointers
 
     def fire(self, pointers: int, stream: int) -> None:
-        """cuLaunchKernel with the block at `pointers` on `stream` (the caller's device is the plan's)."""
-        launch_kernel()(self._fn, *self.geometry, stream, pointers, 0)
+        """cuLaunchKernel (or the programmatic launch, with this thread's config) with the block at `pointers` on
+        `stream` (the caller's device is the plan's)."""
+        if self.programmatic:
+            config = getattr(self._local, "config", None)
+            if config is None:
+                config = self._local.config = ProgrammaticConfig(self.geometry)
+            programmatic_launch()(config, self._fn, stream, pointers)
+        else:
+            launch_kernel()(self._fn, *self.geometry, stream, pointers, 0)
 
     def __call__(self, values: Sequence[int], stream: int) -> None:
         """Launch with the patched slots set to `values` on `stream`."""
@@ -184,13 +243,17 @@ class BoundLaunch:
         self.buf, self.pointers = buf, base + SLOT_BYTES * n
         self.named = tuple(named)  # (slot index, role in the per-call dict)
         self.name, self.index, self.geometry, self._fn = launch.name, launch.index, launch.geometry, launch._fn
+        self.programmatic = ProgrammaticConfig(self.geometry) if launch.programmatic else None
 
     def __call__(self, base: int, named: dict, stream: int) -> None:
         """Write the per-call slots from `named` and launch on `stream` (`base`: unused, as a Step's signature)."""
         buf = self.buf
         for i, role in self.named:
             buf[i] = named[role]
-        launch_kernel()(self._fn, *self.geometry, stream, self.pointers, 0)
+        if self.programmatic is not None:  # (its config: no concurrent calls, as the parameter block)
+            programmatic_launch()(self.programmatic, self._fn, stream, self.pointers)
+        else:
+            launch_kernel()(self._fn, *self.geometry, stream, self.pointers, 0)
 
 
 def device_index(device: torch.device) -> int:

@@ -20,7 +20,9 @@ Passes per call (the copy modes RHT / SR / 2-D are compile-time, from defines_fo
    next tile's copies are in flight while it encodes one) and encodes its rowwise blocks and its column
    segments (the blocks of X^T) from there; 2-D builds reduce the 16x16 tile amaxes from the same tile
    (no separate pass). It writes the codes and the scale of every block and the scales' zero padding: every
-   output byte, so the outputs come from torch.empty.
+   output byte, so the outputs come from torch.empty. A call plan launches it programmatically
+   (native/launch.py, docs/design.md §4.1): its CTAs copy their first tile while pass 1 (or fill_given) ends,
+   then wait for A_g and the tile counter.
 A given amax (TE's quantize_with_amax, §5.1; never with RHT) replaces pass 1: X is read once, by pass 2.
 
 The §5.10 variants (4over6, row-scaled) take their own simple kernels (`quantize_variant_with`): amax(X), or
@@ -469,11 +471,12 @@ class QuantizePlan(QuantizePlanBase):
             steps, self.clears = [fill_given(block, self._given_slots, index), *steps], True
         self.steps = tuple(Step(s, block) for s in steps)
 
-    def _launch(self, name: str, n_units: int, args, *, max_blocks: int = MAX_BLOCKS,
-                units_per_block: int = THREADS) -> list[PreparedLaunch]:  # fmt: skip
+    def _launch(self, name: str, n_units: int, args, *, max_blocks: int = MAX_BLOCKS, units_per_block: int = THREADS,
+                programmatic: bool = False) -> list[PreparedLaunch]:  # fmt: skip
         if n_units <= 0:  # as CupyLauncher: nothing to launch
             return []
-        return [PreparedLaunch(self._mod, name, _grid(n_units, units_per_block, max_blocks), THREADS, args, self.index)]
+        return [PreparedLaunch(self._mod, name, _grid(n_units, units_per_block, max_blocks), THREADS, args, self.index,
+                               programmatic=programmatic)]  # fmt: skip
 
     def _plain(self, config, m, k, dtype, rowwise, colwise, given):
         """quantize_with's buffers and launches."""
@@ -515,9 +518,13 @@ class QuantizePlan(QuantizePlanBase):
                                   [x, _i64(m), _i64(k), Patched(a_x, torch.float32), Patched(a_c, torch.float32)],
                                   max_blocks=REDUCE_BLOCKS)  # fmt: skip
         seed = Patched("seed") if self.sr else np.uint64(0)
+        # Launched programmatically (native/launch.py): the kernel before it is always this plan's amax kernel or
+        # fill_given (ordinary launches, so X was complete before they started; they only read it); the quantize
+        # kernel's CTAs start as theirs finish, copy their first tile, then wait for A_g and the tile counter.
         steps += self._launch(f"nvfp4_quantize_{sfx}", n_tiles, [x, _i64(m), _i64(k), seed, *copies,
                               Patched("_drawn", torch.int32), *scale_rows], units_per_block=1,
-                              max_blocks=_wave_blocks(quantize_ctas_per_sm(config), self.index))  # fmt: skip
+                              max_blocks=_wave_blocks(quantize_ctas_per_sm(config), self.index),
+                              programmatic=True)  # fmt: skip
         return buffers, steps
 
     def _variant(self, config, m, k, dtype, rowwise, colwise, given):

@@ -4,6 +4,7 @@
 // common/recipe/delayed_scaling.cu, common/cast/fp8/quantize_fp8.cuh.
 // schemes: fp8_current fp8_delayed
 #include "common.cuh"
+#include "dependent_launch.cuh"
 
 #if !defined(SCHEME_FP8_CURRENT) && !defined(SCHEME_FP8_DELAYED)
 #error "fp8_per_tensor.cu needs the defines of an fp8_current or fp8_delayed config"
@@ -167,6 +168,7 @@ NH_CAST(f16, __half)
 // cudaMemcpyAsync per slot. The value is copied bit for bit.
 extern "C" __global__ void fill_given(const float* __restrict__ given, float* __restrict__ slot0,
                                       float* __restrict__ slot1, unsigned int* __restrict__ zero, i64 n_words) {
+  allow_dependent_launch();  // an NVFP4 quantize kernel after it may start now (it waits for these writes)
   const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
   for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_words; i += stride) zero[i] = 0u;
   if (blockIdx.x == 0 && threadIdx.x == 0) {

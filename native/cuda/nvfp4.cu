@@ -24,6 +24,7 @@
 // moves data between X, the shared tile and encode_words, and reads each block's encode factor from a
 // per-CTA table of the same encode_factor.
 // schemes: nvfp4
+#include "dependent_launch.cuh"
 #include "nvfp4.cuh"
 
 namespace nvfp4 {
@@ -664,7 +665,6 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
         return d < tile_grid.n_tiles ? make_int2((int)q, (int)r) : make_int2(-1, 0);  // one thread
     };
     int2 tile_mk = tile_at(blockIdx.x);
-    if (threadIdx.x == 0) next_tile[0] = tile_at(gridDim.x + atomicAdd(drawn, 1u));  // one thread
     // Start the copies of tile tmk (tile row, tile column) into tiles[buf].
     auto load = [&](int buf, int2 tmk) {
         const u32 m0 = (u32)tmk.x * TILE_M, k0 = (u32)tmk.y * T::COLS;
@@ -676,6 +676,11 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
             tile_amaxes[buf][threadIdx.x / T::ROW_BLOCKS][threadIdx.x % T::ROW_BLOCKS] = 0u;
     };
     load(0, tile_mk);  // in flight during the setup
+    // A plan launches this kernel programmatically (native/launch.py): it may start while the amax or fill_given
+    // kernel before it runs. X is theirs to read only (and was complete before they started), so the first tile's
+    // copies go first; A_g and the tile counter, which they write, are read after the wait.
+    wait_for_prior_grid();
+    if (threadIdx.x == 0) next_tile[0] = tile_at(gridDim.x + atomicAdd(drawn, 1u));  // one thread
 
     GlobalScale g_row{}, g_col{};
     if (do_row) g_row = global_scale(*row.amax_g);
@@ -862,6 +867,7 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
         const i64 n_blocks = m_rows * k_cols / BLOCK;                                                            \
         float a = 0.0f;                                                                                          \
         NVFP4_GRID_STRIDE(u, contiguous_units(n_blocks)) a = fmax_nn(a, amax_unit<DT>(x, n_blocks, u));         \
+        allow_dependent_launch(); /* the quantize kernel's CTAs may start as these finish (it waits for A_g) */ \
         amax_commit(a, out, out2);                                                                               \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(NVFP4_THREADS, NVFP4_QUANT_MIN_BLOCKS) nvfp4_quantize_##SUFFIX( \
@@ -922,6 +928,7 @@ extern "C" __global__ void __launch_bounds__(NVFP4_THREADS, NVFP4_RHT_AMAX_MIN_B
             a_rht = fmax_nn(a_rht, rht16_amax(v, rht_path_of(hi[e], e_lo[e])));
         }
     }
+    allow_dependent_launch();  // the quantize kernel's CTAs may start as these finish (it waits for A_g)
     amax_commit(a_rht, out_rht);
     amax_commit(a_plain, out_plain);
 }

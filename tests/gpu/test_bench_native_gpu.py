@@ -83,7 +83,7 @@ def test_bench_host_small_run(tmp_path, capsys):
     out = tmp_path / "host.csv"
     assert bh.main(["--iters", "5", "--runs", "1", "--warmup", "2", "--only", "nvfp4", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "# one cuLaunchKernel (nvfp4 1x16's nvfp4_quantize_bf16, parameters bound): " in text
+    assert "# one cuLaunchKernelEx (nvfp4 1x16's nvfp4_quantize_bf16, parameters bound): " in text  # (programmatic)
     rows = list(csv.DictReader(out.open()))
     quant = [r for r in rows if r["kind"] == "quantize"]
     assert [r["name"] for r in quant] == [r.name for r in bh.QUANT_ROWS if "nvfp4" in r.name]

@@ -530,3 +530,38 @@ def test_bad_gemm_input_after_a_plan_raises_what_the_full_path_raises():
             with pytest.raises(ValueError, match=f"out= does not fit this GEMM: {match}"):
                 native.gemm(a, b, out=bad)
         native.gemm(a, b)
+
+
+# ---- programmatic launch: the quantize kernel right after the kernels before it --------------------------------
+
+
+@pytest.mark.parametrize("given", [False, True])
+@pytest.mark.parametrize("name", ["nvfp4-1x16", "nvfp4-rht-sr"])
+def test_a_planned_nvfp4_call_reads_the_x_a_kernel_just_wrote(name, given):
+    """The planned NVFP4 quantize kernel is launched programmatically (native/launch.py): it may start while the
+    amax or fill_given kernel before it runs, and copies its first tile before it waits. X comes from a matmul
+    enqueued just before each call (still running when the call is enqueued) and each call's X differs from the
+    last: every planned call, fresh and out=, equals the golden of the X that matmul wrote."""
+    import native
+
+    cfg = CONFIGS[name]
+    if given and cfg.rht:
+        pytest.skip("a given amax does not apply with RHT")
+    m = k = 2048
+    g = torch.Generator(device="cuda").manual_seed(5)
+    a = torch.randn(m, 4096, device="cuda", generator=g, dtype=torch.bfloat16)
+    b = torch.randn(4096, k, device="cuda", generator=g, dtype=torch.bfloat16) / 64
+    rng = SEED if cfg.stochastic else None
+    q = None
+    for i in range(4):
+        torch.cuda.synchronize()
+        x = (a * (i + 1)) @ b  # X written by the kernel right before the call's first launch
+        amax = x.abs().float().amax().reshape(1) * 1.5 if given else None  # (its own kernels: then the matmul's X)
+        x = x @ torch.eye(k, device="cuda", dtype=torch.bfloat16) if given else x  # a matmul last, as without
+        kw = {"rng": rng} | ({"amax": amax} if given else {})
+        out = native.quantize(x, cfg, rowwise=True, colwise=True, **kw, **({"out": q} if i == 3 else {}))
+        if i == 2:
+            q = out  # a plan's outputs (the first call of the signature is the full path's): out= on the next call
+        gold = reference.quantize(x.cpu(), cfg, rowwise=True, colwise=True,
+                                  **{kk: (v.cpu() if isinstance(v, torch.Tensor) else v) for kk, v in kw.items()})
+        assert_same(gold, out, f"{name} given={given} call {i}")

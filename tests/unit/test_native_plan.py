@@ -316,8 +316,10 @@ def _planned(plan, named_scalars) -> list[tuple]:
 def _check_bound_steps(plan, monkeypatch) -> None:
     """Every step bound to a block (`Step.bind`, the out= path) launches the bytes the step itself writes for the
     same base and per-call values, with the same kernel and geometry, and writes only the per-call slots."""
-    fired = []
-    monkeypatch.setattr(launch_mod, "launch_kernel", lambda: lambda *a: fired.append(a))
+    fired, kinds = [], []
+    monkeypatch.setattr(launch_mod, "launch_kernel", lambda: lambda *a: (fired.append(a), kinds.append("plain")))
+    monkeypatch.setattr(launch_mod, "programmatic_launch", lambda: lambda config, fn, stream, params: (
+        fired.append((fn, *config.geometry, stream, params, 0)), kinds.append("programmatic")))  # fmt: skip
     base = 0x7E00_0000_0000
     for step in plan.steps:
         n = len(step.launch.fixed)
@@ -326,8 +328,10 @@ def _check_bound_steps(plan, monkeypatch) -> None:
         bound = step.bind(base)
         for values in (named, {r: v + 0x40 for r, v in named.items()}):  # a second call: new per-call values
             fired.clear()
+            kinds.clear()
             bound(None, values, 77)
             (fn, *geometry, stream, pointers, extra), = fired
+            assert kinds == ["programmatic" if step.launch.programmatic else "plain"], step.launch.name
             assert (fn, tuple(geometry), stream, extra) == (step.launch._fn, step.launch.geometry, 77, 0)
             assert read_slots(pointers, n) == read_slots(step.launch.params(step.values(base, values)), n)
         assert len(bound.named) == len(roles)
@@ -388,6 +392,7 @@ def test_fp8_plans_launch_what_quantize_2d_launches(monkeypatch, config, extra, 
         assert _planned(plan, {}) == _today(calls, x2d, fields, named)
         _same_fields(_block_fields(plan, monkeypatch), fields)
         _check_bound_steps(plan, monkeypatch)
+        assert not any(step.launch.programmatic for step in plan.steps)  # (NVFP4's quantize kernel alone)
 
 
 NVFP4_CASES = [
@@ -463,6 +468,14 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
     assert planned == _today(calls, x2d, fields)
     _same_fields(_block_fields(plan, monkeypatch), fields)
     _check_bound_steps(plan, monkeypatch)
+    # Programmatic launches (native/launch.py): exactly the tiled quantize kernel, and only right after one of this
+    # plan's own kernels that reads X and writes what the quantize kernel waits for (A_g, the tile counter).
+    names = [step.launch.name for step in plan.steps]
+    quantize = [n for n in names if n.startswith("nvfp4_quantize_") and not n.startswith("nvfp4_quantize_rows")]
+    assert [step.launch.name for step in plan.steps if step.launch.programmatic] == quantize
+    for i, step in enumerate(plan.steps):
+        if step.launch.programmatic:
+            assert i > 0 and names[i - 1] in ("fill_given", "nvfp4_rht_amax", f"nvfp4_amax_{nvfp4._SUFFIX[dtype]}")
 
 
 def test_every_launcher_module_plans_its_quantize():
@@ -999,6 +1012,8 @@ def test_a_given_amax_reaches_both_a_g_slots_by_one_launch_that_leaves_the_scale
             ctypes.memset(args["zero"], 0, 4 * args["n_words"])
 
     monkeypatch.setattr(launch_mod, "launch_kernel", lambda: launch_kernel)
+    monkeypatch.setattr(launch_mod, "programmatic_launch", lambda: lambda config, fn, stream, params: launch_kernel(
+        fn, *config.geometry, stream, params, 0))  # (the quantize kernel's)  # fmt: skip
     x = torch.zeros(32, 64, dtype=torch.bfloat16)
     got = None
     for value in (2.5, float("inf"), 0.0, 2.0**127 * 1.5):
