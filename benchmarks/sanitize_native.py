@@ -9,7 +9,8 @@ Also worth a run (same command, other tools): `--tool racecheck` (shared-memory 
 transposing tiles), `--tool synccheck`, `--tool initcheck` (reads of never-written device memory).
 
 Cases (each synchronizes; one line per case: PASS / FAIL / SKIP, then a summary):
-- quantize + dequantize, every scheme x toggle (element, pow2, eps, tile, E8M0 rule, RHT, SR,
+- quantize (the full path, then a planned call and an out= call of the same signature) + dequantize,
+  every scheme x toggle (element, pow2, eps, tile, E8M0 rule, RHT, SR,
   delayed history length / algo / margin, the NVFP4 4over6 and row-scaled variants) x orientation
   (rowwise, colwise, both), bf16 input on an odd shape; then the scheme's base config on every input
   dtype x several shapes, including a vector-friendly one and a misaligned (not 16-byte aligned) input
@@ -102,6 +103,11 @@ def _quantize_case(native, cfg: QuantConfig, m: int, k: int, dt: str, orient: st
         row, col = _ORIENTS[orient]
         rng = SR_SEED if cfg.stochastic else None
         q = native.quantize(x, cfg, rowwise=row, colwise=col, rng=rng, state=state)
+        torch.cuda.synchronize()
+        # The same signature again: a planned call, then one into its outputs (out=): the plans' own launches
+        # (NVFP4's quantize kernel launched programmatically, docs/design.md §4.1).
+        planned = native.quantize(x, cfg, rowwise=row, colwise=col, rng=rng, state=state)
+        native.quantize(x, cfg, rowwise=row, colwise=col, rng=rng, state=state, out=planned)
         torch.cuda.synchronize()
         for o, on in (("rowwise", row), ("colwise", col)):
             if on:
