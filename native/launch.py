@@ -277,6 +277,15 @@ def sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+@functools.cache
+def programmatic_supported(index: int | None) -> bool:
+    """Whether CUDA device `index` takes programmatic launches (compute capability 9.0 on: PTX griddepcontrol; the
+    kernels' waits are no-ops before it); True without a device (CPU-only tests of the launches)."""
+    if index is None or not torch.cuda.is_available():
+        return True
+    return torch.cuda.get_device_capability(index) >= (9, 0)
+
+
 def grid_stride_blocks(n: int, threads: int, index: int) -> int:
     """CTAs for a grid-stride loop over `n` items with `threads` threads a CTA: enough to cover them, at most
     32 per SM."""

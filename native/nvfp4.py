@@ -46,7 +46,7 @@ from reference.types import QuantizedTensor, SpecViolation, SRSeed
 
 from . import swizzle
 from .kernels import Patched
-from .launch import PreparedLaunch, device_index, launch, module_for, raw_stream, sm_count
+from .launch import PreparedLaunch, device_index, launch, module_for, programmatic_supported, raw_stream, sm_count
 from .launchers import CublasLtMode, LtScale
 from .per_tensor import fill_given
 from .plan import Buffer, OutputBlock, Step, X, given_on
@@ -518,13 +518,13 @@ class QuantizePlan(QuantizePlanBase):
                                   [x, _i64(m), _i64(k), Patched(a_x, torch.float32), Patched(a_c, torch.float32)],
                                   max_blocks=REDUCE_BLOCKS)  # fmt: skip
         seed = Patched("seed") if self.sr else np.uint64(0)
-        # Launched programmatically (native/launch.py): the kernel before it is always this plan's amax kernel or
-        # fill_given (ordinary launches, so X was complete before they started; they only read it); the quantize
-        # kernel's CTAs start as theirs finish, copy their first tile, then wait for A_g and the tile counter.
+        # Launched programmatically (native/launch.py; sm_90 on): the kernel before it is always this plan's amax
+        # kernel or fill_given (ordinary launches, so X was complete before they started; they only read it); the
+        # quantize kernel's CTAs start as theirs finish, copy their first tile, then wait for A_g and the tile counter.
         steps += self._launch(f"nvfp4_quantize_{sfx}", n_tiles, [x, _i64(m), _i64(k), seed, *copies,
                               Patched("_drawn", torch.int32), *scale_rows], units_per_block=1,
                               max_blocks=_wave_blocks(quantize_ctas_per_sm(config), self.index),
-                              programmatic=True)  # fmt: skip
+                              programmatic=programmatic_supported(self.index))  # fmt: skip
         return buffers, steps
 
     def _variant(self, config, m, k, dtype, rowwise, colwise, given):

@@ -476,6 +476,11 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
     for i, step in enumerate(plan.steps):
         if step.launch.programmatic:
             assert i > 0 and names[i - 1] in ("fill_given", "nvfp4_rht_amax", f"nvfp4_amax_{nvfp4._SUFFIX[dtype]}")
+    # A device before sm_90 (no griddepcontrol): the same launches, none programmatic.
+    monkeypatch.setattr(nvfp4, "programmatic_supported", lambda index: False)
+    old = nvfp4.plan_quantize(config, m, k, dtype, rowwise=rowwise, colwise=colwise, aligned=True, given=given,
+                              index=0)  # fmt: skip
+    assert _planned(old, named) == _planned(plan, named) and not any(s.launch.programmatic for s in old.steps)
 
 
 def test_every_launcher_module_plans_its_quantize():

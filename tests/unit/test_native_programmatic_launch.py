@@ -112,3 +112,22 @@ def test_a_prepared_launch_fires_programmatically_only_when_asked(monkeypatch):
         bound(0, {}, 0x5B)
         kind = "programmatic" if programmatic else "plain"
         assert fired == [(kind, 0xF00, 3, 1, 1, 256, 1, 1, 0, s) for s in (0x5A, 0x5C, 0x5B)]
+
+
+@pytest.mark.parametrize("capability, expected", [((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), True)])
+def test_programmatic_launches_need_compute_capability_9(monkeypatch, capability, expected):
+    """PTX griddepcontrol and programmatic stream serialization are sm_90 on: an older device launches the ordinary
+    way (its kernels' waits compile to nothing); without a device the answer is True (the CPU tests of the plans)."""
+    import torch
+
+    launch_mod.programmatic_supported.cache_clear()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capability)
+    try:
+        assert launch_mod.programmatic_supported(0) is expected
+        assert launch_mod.programmatic_supported(None) is True
+    finally:
+        launch_mod.programmatic_supported.cache_clear()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert launch_mod.programmatic_supported(0) is True
+    launch_mod.programmatic_supported.cache_clear()
