@@ -427,6 +427,7 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
     monkeypatch.setattr(per_tensor, "module_for", lambda *a: "module")
     monkeypatch.setattr(per_tensor, "grid_stride_blocks", lambda n, t, i: max(1, min(-(-n // t), 132 * 32)))
     monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
+    monkeypatch.setattr(nvfp4, "programmatic_supported", lambda index: True)  # (device 0 may be any GPU, or none)
     calls = []
 
     def record(name, n_units, args, max_blocks=nvfp4.MAX_BLOCKS, units_per_block=nvfp4.THREADS):
@@ -954,11 +955,12 @@ def test_a_prepared_matmul_makes_the_calls_of_scaled_matmul(monkeypatch):
 def test_a_gemm_plan_prepares_a_matmul_only_for_stored_fp32_scales(monkeypatch):
     """_prepare_matmul: per-tensor and blockwise FP8 on cuBLASLt without bias / C get a PreparedMatmul; the portable
     method, MXFP8 / NVFP4 (swizzled scales, a computed alpha), a bias or C get none (the general path)."""
+    import native.cublaslt  # (imported here: native.gemm imports it lazily, and no earlier test may have run)
     import reference
 
     g = sys.modules["native.gemm"]
     made = []
-    monkeypatch.setattr(sys.modules["native.cublaslt"], "PreparedMatmul", lambda *a, **kw: made.append(kw) or "prepared")
+    monkeypatch.setattr(native.cublaslt, "PreparedMatmul", lambda *a, **kw: made.append(kw) or "prepared")
 
     def views(scheme, **kw):
         a = reference.quantize(torch.randn(64, 128), QuantConfig(scheme, **kw))
