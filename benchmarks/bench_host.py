@@ -228,23 +228,18 @@ def plan_pieces(row: QuantRow, x: torch.Tensor, q) -> list:
 
 def bound_launch_us(q, args) -> tuple[str, str, float]:
     """(kernel name, launch call, issue_us of one launch) of the last kernel of the plan that allocated q, fired alone
-    as its out= calls fire it (`native.launch.BoundLaunch`: q's pointers, the last call's x and seed; cuLaunchKernel
-    through `launch_kernel`, or cuLaunchKernelEx through `programmatic_launch` for a programmatic one): the driver's
-    cost of a launch on this host. Its work is the last call's again (idempotent), or none where a tile counter is
-    spent."""
-    from native.launch import BoundLaunch, launch_kernel, programmatic_launch, raw_stream
+    as its out= calls fire it (`native.launch.BoundLaunch.fire`: q's pointers, the last call's x and seed;
+    cuLaunchKernel, or cuLaunchKernelEx for a programmatic one): the driver's cost of a launch on this host. Its work
+    is the last call's again (idempotent), or none where a tile counter is spent."""
+    from native.launch import BoundLaunch, raw_stream
     from native.plan import STAMP
 
     step = getattr(q, STAMP).steps[-1]
     if not isinstance(step, BoundLaunch):
         raise ValueError("bound_launch_us needs a result that an out= call has written (its launches bound)")
     stream = raw_stream(step.index)
-    if step.programmatic is not None:
-        ex, config = programmatic_launch(), step.programmatic
-        return step.name, "cuLaunchKernelEx", measure(lambda: ex(config, step._fn, stream, step.pointers), args)
-    launch = launch_kernel()
-    return step.name, "cuLaunchKernel", measure(lambda: launch(step._fn, *step.geometry, stream, step.pointers, 0),
-                                                args)  # fmt: skip
+    call = "cuLaunchKernel" if step.programmatic_config is None else "cuLaunchKernelEx"
+    return step.name, call, measure(lambda: step.fire(stream), args)
 
 
 def measure_without_plans(call, args) -> float:

@@ -243,15 +243,20 @@ class BoundLaunch:
         self.buf, self.pointers = buf, base + SLOT_BYTES * n
         self.named = tuple(named)  # (slot index, role in the per-call dict)
         self.name, self.index, self.geometry, self._fn = launch.name, launch.index, launch.geometry, launch._fn
-        self.programmatic = ProgrammaticConfig(self.geometry) if launch.programmatic else None
+        # A programmatic launch's config (no concurrent calls, as the parameter block); None: cuLaunchKernel.
+        self.programmatic_config = ProgrammaticConfig(self.geometry) if launch.programmatic else None
 
     def __call__(self, base: int, named: dict, stream: int) -> None:
         """Write the per-call slots from `named` and launch on `stream` (`base`: unused, as a Step's signature)."""
         buf = self.buf
         for i, role in self.named:
             buf[i] = named[role]
-        if self.programmatic is not None:  # (its config: no concurrent calls, as the parameter block)
-            programmatic_launch()(self.programmatic, self._fn, stream, self.pointers)
+        self.fire(stream)
+
+    def fire(self, stream: int) -> None:
+        """Launch on `stream` with the parameter block as it stands (the last call's per-call slots)."""
+        if self.programmatic_config is not None:
+            programmatic_launch()(self.programmatic_config, self._fn, stream, self.pointers)
         else:
             launch_kernel()(self._fn, *self.geometry, stream, self.pointers, 0)
 
