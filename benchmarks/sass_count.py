@@ -189,7 +189,7 @@ def count(body: str, trips: int, elems: int):
                     return path
                 k += 1
                 continue
-            if "EXIT" in op or "CALL" in op:
+            if _opcode(op) == "EXIT" or "CALL" in op:  # (PREEXIT, griddepcontrol.launch_dependents, walks on)
                 raise SystemExit(f"the walk reached {op} at {ins[k][0]:#x}")
             m = _BRANCH.search(op)
             if not m:

@@ -519,8 +519,10 @@ class QuantizePlan(QuantizePlanBase):
                                   max_blocks=REDUCE_BLOCKS)  # fmt: skip
         seed = Patched("seed") if self.sr else np.uint64(0)
         # Launched programmatically (native/launch.py; sm_90 on): the kernel before it is always this plan's amax
-        # kernel or fill_given (ordinary launches, so X was complete before they started; they only read it); the
-        # quantize kernel's CTAs start as theirs finish, copy their first tile, then wait for A_g and the tile counter.
+        # kernel (an ordinary launch, so X was complete before it started) or fill_given (programmatic, but it lets
+        # this kernel start only after its own wait for the grid before it: X is complete then too); both only read
+        # X. The quantize kernel's CTAs start as theirs finish, copy their first tile, then wait for A_g and the tile
+        # counter.
         steps += self._launch(f"nvfp4_quantize_{sfx}", n_tiles, [x, _i64(m), _i64(k), seed, *copies,
                               Patched("_drawn", torch.int32), *scale_rows], units_per_block=1,
                               max_blocks=_wave_blocks(quantize_ctas_per_sm(config), self.index),

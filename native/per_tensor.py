@@ -20,7 +20,15 @@ from reference.per_tensor import AmaxHistory  # the state's type (its fields), n
 from reference.types import QuantizedTensor
 
 from .kernels import Patched
-from .launch import PreparedLaunch, device_index, grid_stride_blocks, launch, module_for, raw_stream
+from .launch import (
+    PreparedLaunch,
+    device_index,
+    grid_stride_blocks,
+    launch,
+    module_for,
+    programmatic_supported,
+    raw_stream,
+)
 from .launchers import CublasLtMode, LtScale
 from .plan import Buffer, OutputBlock, Step, X, given_on
 from .plan import QuantizePlan as QuantizePlanBase
@@ -231,14 +239,16 @@ FILL_CONFIG = QuantConfig("fp8_current")  # the build of fp8_per_tensor.cu whose
 def fill_given(block: OutputBlock, slots: tuple[str | None, str | None], index: int) -> PreparedLaunch:
     """The `fill_given` launch of a plan whose kernels read a given amax from its own slots (NVFP4's A_g,
     docs/numerics.md §5.1): the caller's amax (role "given", per call) into the block's parts `slots` and the
-    block's zero-filled buffers cleared, in one launch (the plan sets `clears`)."""
+    block's zero-filled buffers cleared, in one launch (the plan sets `clears`). Launched programmatically on sm_90
+    and later (the kernel waits for the grid before it first, then lets the next one start: the gap after the
+    previous call's quantize kernel, which lets dependents start as its CTAs finish their tiles, is hidden)."""
     n_words = -(-block.zero_bytes // 4)  # (rounding up stays in the ALIGN padding before the next buffer)
     assert all(s is None or block.offsets[s] >= 4 * n_words for s in slots)  # the slots lie outside the cleared bytes
     args = (Patched("given", torch.float32), *(None if s is None else Patched(s, torch.float32) for s in slots),
             Patched("_block", torch.int32) if n_words else None, np.int64(n_words))  # fmt: skip
     return PreparedLaunch(module_for(CU_FILE, FILL_CONFIG, index), "fill_given",
                           grid_stride_blocks(max(n_words, 1), ELEMENTWISE_THREADS, index), ELEMENTWISE_THREADS, args,
-                          index)  # fmt: skip
+                          index, programmatic=programmatic_supported(index))  # fmt: skip
 
 
 class QuantizePlan(QuantizePlanBase):

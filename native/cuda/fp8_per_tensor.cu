@@ -165,9 +165,13 @@ NH_CAST(f16, __half)
 // native.plan: a plan whose kernels read the given amax from its own slots (NVFP4's A_g of both copies,
 // docs/numerics.md §5.1) copies it there and clears the block's zero-filled buffers (`zero`, n_words 4-byte
 // words; the slots lie outside them) in this one launch instead of a cudaMemsetAsync and one 4-byte
-// cudaMemcpyAsync per slot. The value is copied bit for bit.
+// cudaMemcpyAsync per slot. The value is copied bit for bit. A plan launches it programmatically (sm_90 on): it may
+// start while the kernel before it, any kernel, still runs, so it waits for that grid before it reads or writes
+// anything (the given amax, X and the block may be that kernel's), and only then lets the quantize kernel after it
+// start (which reads X before its own wait: X is complete by then).
 extern "C" __global__ void fill_given(const float* __restrict__ given, float* __restrict__ slot0,
                                       float* __restrict__ slot1, unsigned int* __restrict__ zero, i64 n_words) {
+  wait_for_prior_grid();
   allow_dependent_launch();  // an NVFP4 quantize kernel after it may start now (it waits for these writes)
   const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
   for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_words; i += stride) zero[i] = 0u;

@@ -677,8 +677,9 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     };
     load(0, tile_mk);  // in flight during the setup
     // A plan launches this kernel programmatically (native/launch.py): it may start while the amax or fill_given
-    // kernel before it runs. X is theirs to read only (and was complete before they started), so the first tile's
-    // copies go first; A_g and the tile counter, which they write, are read after the wait.
+    // kernel before it runs. X is theirs to read only, and was complete before they let this kernel start (the amax
+    // kernels are ordinary launches; fill_given waits for the grid before it first), so the first tile's copies go
+    // first; A_g and the tile counter, which they write, are read after the wait.
     wait_for_prior_grid();
     if (threadIdx.x == 0) next_tile[0] = tile_at(gridDim.x + atomicAdd(drawn, 1u));  // one thread
 
@@ -846,6 +847,9 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
         }
         if (threadIdx.x == 0 && tile_mk.x >= 0) next_tile[(step + 1) & 1] = tile_at(gridDim.x + ticket);  // one thread
     }
+    // This CTA's tiles are done: a kernel launched programmatically after this one (a plan's next fill_given) may
+    // start as the CTAs get here; it waits for this grid's completion before it touches anything.
+    allow_dependent_launch();
     // NUMERICS: §5.9 - the scales' zero padding, this thread's share of the grid-stride loops (every CTA of the grid
     // reaches here: the launch caps it at n_tiles). None unless X's bottom or right edge leaves some (a copy not
     // requested has 0 rows and stride: the test passes, zero_scale_padding returns on its null scale).

@@ -427,7 +427,8 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
     monkeypatch.setattr(per_tensor, "module_for", lambda *a: "module")
     monkeypatch.setattr(per_tensor, "grid_stride_blocks", lambda n, t, i: max(1, min(-(-n // t), 132 * 32)))
     monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
-    monkeypatch.setattr(nvfp4, "programmatic_supported", lambda index: True)  # (device 0 may be any GPU, or none)
+    for mod in (nvfp4, per_tensor):  # (device 0 may be any GPU, or none)
+        monkeypatch.setattr(mod, "programmatic_supported", lambda index: True)
     calls = []
 
     def record(name, n_units, args, max_blocks=nvfp4.MAX_BLOCKS, units_per_block=nvfp4.THREADS):
@@ -469,16 +470,18 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
     assert planned == _today(calls, x2d, fields)
     _same_fields(_block_fields(plan, monkeypatch), fields)
     _check_bound_steps(plan, monkeypatch)
-    # Programmatic launches (native/launch.py): exactly the tiled quantize kernel, and only right after one of this
-    # plan's own kernels that reads X and writes what the quantize kernel waits for (A_g, the tile counter).
+    # Programmatic launches (native/launch.py): the tiled quantize kernel, only right after one of this plan's own
+    # kernels that reads X and writes what the quantize kernel waits for (A_g, the tile counter), and fill_given,
+    # which waits for the grid before it first (nvfp4.cu, fp8_per_tensor.cu: every other kernel is an ordinary launch).
     names = [step.launch.name for step in plan.steps]
     quantize = [n for n in names if n.startswith("nvfp4_quantize_") and not n.startswith("nvfp4_quantize_rows")]
-    assert [step.launch.name for step in plan.steps if step.launch.programmatic] == quantize
+    assert [step.launch.name for step in plan.steps if step.launch.programmatic] == ["fill_given"] * given + quantize
     for i, step in enumerate(plan.steps):
-        if step.launch.programmatic:
+        if step.launch.programmatic and step.launch.name != "fill_given":
             assert i > 0 and names[i - 1] in ("fill_given", "nvfp4_rht_amax", f"nvfp4_amax_{nvfp4._SUFFIX[dtype]}")
     # A device before sm_90 (no griddepcontrol): the same launches, none programmatic.
-    monkeypatch.setattr(nvfp4, "programmatic_supported", lambda index: False)
+    for mod in (nvfp4, per_tensor):
+        monkeypatch.setattr(mod, "programmatic_supported", lambda index: False)
     old = nvfp4.plan_quantize(config, m, k, dtype, rowwise=rowwise, colwise=colwise, aligned=True, given=given,
                               index=0)  # fmt: skip
     assert _planned(old, named) == _planned(plan, named) and not any(s.launch.programmatic for s in old.steps)
