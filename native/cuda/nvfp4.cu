@@ -507,8 +507,10 @@ __device__ __forceinline__ void amax_commit(float a, u32* out, u32* out2 = nullp
 // register allocation must allow, 3 (<= 80 registers a thread, 24 warps per SM; SR's Philox path spills at 64).
 // native/nvfp4.py launches one wave of them, each walking its tiles with the
 // next tile's loads in flight (quantize_tiles). A thread's blocks are unrolled where that spills on neither
-// arch (quantize_tiles' COL_UNROLL / ROW_UNROLL), else encoded one after another; no build spills (ptxas -v,
-// sm_90 and sm_100a: benchmarks/sass_count.py prints it).
+// arch (quantize_tiles' COL_UNROLL / ROW_UNROLL), else encoded one after another. No build spilled until the scales'
+// zero padding moved into this kernel (59482b3); since then the bf16 SR builds do (ptxas -v, sm_90 / sm_100a: 1x16
+// SR 68 / 56 bytes, RHT + SR 16 / 32, 16x16 SR 28 / 44; docs/design.md §4.2): a known regression, pinned by
+// tests/unit/test_native_compile.py (benchmarks/sass_count.py prints the sm_90 figure).
 #if !defined(NVFP4_QUANT_MIN_BLOCKS)
 #error "nvfp4.cu needs NVFP4_QUANT_MIN_BLOCKS (native/nvfp4.py scheme_defines)"
 #endif
