@@ -194,3 +194,35 @@ def test_sign_words_from_loaded_16_bit_words_match_the_widened_values(tmp_path):
     row_bad, col_bad, words = np.frombuffer(out.read_bytes(), dtype="<u8").tolist()
     assert words == 2 * 6 * (1 << 16)
     assert (row_bad, col_bad) == (0, 0), f"sign bits that differ: rowwise {row_bad}, colwise {col_bad} of {words} words"
+
+
+def test_scale_padding_zeroes_exactly_the_padding_for_any_grid(tmp_path):
+    """The scales' zero padding (nvfp4.cu zero_scale_padding, docs/numerics.md §5.9: padding is zero), replayed on the
+    host for every thread of grids of 1, 5 and 256 threads over a scale tensor holding 0xAB: each copy's padded
+    [rows, stride] tensor (reference.layouts) of NVFP4 shapes with and without padding ends with every byte outside
+    the valid [rows, K/16] region zero and every byte inside it untouched."""
+    from reference.layouts import copy_geometry
+
+    exe = build_host_program("nvfp4_scale_padding.cpp", tmp_path / "scale_padding",
+                             _compile.defines_for(QuantConfig("nvfp4")), extra=("-arch=sm_90",))  # fmt: skip
+    cfg = QuantConfig("nvfp4")
+    cases = []
+    for m, k in [(16, 16), (48, 80), (144, 208), (128, 128), (400, 656), (16, 4112), (256, 64)]:
+        for o in ("rowwise", "colwise"):
+            g = copy_geometry(cfg, o, m, k)
+            for threads in (1, 5, 256):
+                cases.append((g.scale_padded_shape, g.scale_valid_shape, threads))
+    lines = "".join(f"{p[0]} {p[1]} {v[0]} {v[1]} {t}\n" for p, v, t in cases)
+    out = tmp_path / "out.bin"
+    proc = subprocess.run([str(exe), str(out)], input=lines, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    data, at = out.read_bytes(), 0
+    padded_somewhere = 0
+    for padded, valid, threads in cases:
+        buf = np.frombuffer(data, dtype=np.uint8, count=padded[0] * padded[1], offset=at).reshape(padded)
+        at += buf.size
+        want = np.zeros(padded, dtype=np.uint8)
+        want[: valid[0], : valid[1]] = 0xAB
+        assert np.array_equal(buf, want), f"padded {padded}, valid {valid}, {threads} threads"
+        padded_somewhere += tuple(padded) != tuple(valid)
+    assert at == len(data) and 0 < padded_somewhere < len(cases)  # shapes with padding and shapes without
