@@ -94,16 +94,22 @@ def ctas_per_sm(regs: int, smem: int, threads: int = THREADS) -> int:
     return min(SM_REGS // (warp_regs * warps), SM_SMEM // (smem + CTA_SMEM_RESERVED), SM_WARPS // warps, SM_CTAS)
 
 
-def disassemble(config: QuantConfig, arch: str, fn: str, tmp: Path) -> tuple[str, dict[str, int]]:
-    """The kernel's SASS with line info, and ptxas's resource usage of it (registers, spill stores, smem)."""
-    cubin = tmp / "nvfp4.cubin"
+def resource_usage(config: QuantConfig, arch: str, fn: str, cubin: Path) -> dict[str, int]:
+    """Build nvfp4.cu for `config` into `cubin` (with line info) and return ptxas's resource usage of kernel `fn`:
+    registers, spill stores (bytes), smem (bytes)."""
     cmd = nvcc_command(cu_path("nvfp4.cu"), cubin, arch, defines_for(config))
     cmd[1:1] = ["-lineinfo", "-Xptxas=-v"]
     log = subprocess.run(cmd, check=True, capture_output=True, text=True).stderr
     usage = log[log.index(f"Compiling entry function '{fn}'"):]
-    res = {key: int(m.group(1)) if (m := re.search(pat, usage[:usage.find("Compiling", 10)])) else 0
-           for key, pat in (("regs", r"Used (\d+) registers"), ("spill", r"(\d+) bytes spill stores"),
-                            ("smem", r"(\d+) bytes smem"))}
+    return {key: int(m.group(1)) if (m := re.search(pat, usage[:usage.find("Compiling", 10)])) else 0
+            for key, pat in (("regs", r"Used (\d+) registers"), ("spill", r"(\d+) bytes spill stores"),
+                             ("smem", r"(\d+) bytes smem"))}
+
+
+def disassemble(config: QuantConfig, arch: str, fn: str, tmp: Path) -> tuple[str, dict[str, int]]:
+    """The kernel's SASS with line info, and ptxas's resource usage of it (`resource_usage`)."""
+    cubin = tmp / "nvfp4.cubin"
+    res = resource_usage(config, arch, fn, cubin)
     txt = subprocess.run([shutil.which("nvdisasm") or "nvdisasm", "-c", "-gi", str(cubin)], check=True,
                          capture_output=True, text=True).stdout
     start = txt.index(f"//--------------------- .text.{fn} ")

@@ -274,15 +274,6 @@ def test_nvcc_check_fails_on_a_broken_file(tmp_path, monkeypatch):
     assert _compile.main(["--nvcc-check", "--arch", "sm_90"]) == 1
 
 
-def _spill_stores(arch: str, config: QuantConfig, kernel: str, tmp_path: Path) -> int:
-    """ptxas -v's spill-store bytes of `kernel` in nvfp4.cu built for `config` (the nvcc mirror of the NVRTC build)."""
-    cmd = _compile.nvcc_command(_compile.CUDA_DIR / "nvfp4.cu", tmp_path / "k.cubin", arch, _compile.defines_for(config))
-    log = subprocess.run([*cmd, "-Xptxas", "-v"], capture_output=True, text=True, check=True).stderr
-    entry = log.index(f"Compiling entry function '{kernel}'")
-    line = next(ln for ln in log[entry:].splitlines() if "spill stores" in ln)
-    return int(line.split("bytes spill stores")[0].split()[-1])
-
-
 @needs_nvcc
 @pytest.mark.parametrize("config", [
     QuantConfig("nvfp4"),
@@ -293,7 +284,10 @@ def _spill_stores(arch: str, config: QuantConfig, kernel: str, tmp_path: Path) -
 def test_the_nvfp4_quantize_kernel_does_not_spill_at_its_register_cap(config, tmp_path):
     """The tiled quantize kernel runs 3 CTAs an SM at 80 registers (quantize_ctas_per_sm); a spill puts local-memory
     traffic into its tile loop (docs/design.md §4.2). sm_90, bf16."""
-    assert _spill_stores("sm_90", config, "nvfp4_quantize_bf16", tmp_path) == 0
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from sass_count import resource_usage  # ptxas -v of the nvcc mirror of the NVRTC build
+
+    assert resource_usage(config, "sm_90", "nvfp4_quantize_bf16", tmp_path / "k.cubin")["spill"] == 0
 
 
 def test_modules_for_names_the_file_and_defines_each_quantizer_loads():
