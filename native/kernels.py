@@ -204,13 +204,15 @@ _declare("fp8_block_quantize_{sfx}",
          "i64 ld_sr, unsigned char* q_col, float* s_col, i64 ld_sc")  # fmt: skip
 _declare("fp8_block_dequantize_{sfx}",
          "const unsigned char* q, const float* sinv, i64 ld_s, i64 M, i64 K, int colwise, {T}* out")
-# nvfp4.cu (NVFP4_INSTANTIATE, nvfp4_rht_amax, nvfp4_dequantize); the quantize kernel's last two: both copies' padded
-# scale rows (it writes the scales' zero padding).
+# nvfp4.cu (NVFP4_INSTANTIATE, nvfp4_scale_padding, nvfp4_rht_amax, nvfp4_dequantize).
 _declare("nvfp4_amax_{sfx}", "const void* x, i64 m_rows, i64 k_cols, u32* out, u32* out2")
 _declare("nvfp4_quantize_{sfx}",
          "const void* x, i64 m_rows, i64 k_cols, u64 seed, u8* row_data, u8* row_scale, i64 row_scale_stride, "
          "const float* row_amax, u32 row_stream, u8* col_data, u8* col_scale, i64 col_scale_stride, "
-         "const float* col_amax, u32 col_stream, u32* drawn, i64 row_scale_rows, i64 col_scale_rows")  # fmt: skip
+         "const float* col_amax, u32 col_stream, u32* drawn")  # fmt: skip
+_declare("nvfp4_scale_padding",
+         "u8* row_scale, i64 row_stride, i64 row_scale_rows, u8* col_scale, i64 col_stride, i64 col_scale_rows, "
+         "i64 m_rows, i64 k_cols")  # fmt: skip
 _declare("nvfp4_rht_amax", "const void* x, i64 m_rows, i64 k_cols, u32* out_rht, u32* out_plain")
 _declare("nvfp4_dequantize",
          "const u8* data, const u8* scale, i64 scale_stride, const float* amax_g, i64 rows, i64 cols, float* out")

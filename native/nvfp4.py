@@ -19,8 +19,9 @@ Passes per call (the copy modes RHT / SR / 2-D are compile-time, from defines_fo
    counter, so the CTAs of an SM finish together), reads each tile once into shared memory (double-buffered: the
    next tile's copies are in flight while it encodes one) and encodes its rowwise blocks and its column
    segments (the blocks of X^T) from there; 2-D builds reduce the 16x16 tile amaxes from the same tile
-   (no separate pass). It writes the codes and the scale of every block and the scales' zero padding: every
-   output byte, so the outputs come from torch.empty. A call plan launches it programmatically
+   (no separate pass). It writes the codes and the scale of every block; `nvfp4_scale_padding`, launched after
+   it only for a shape that leaves some, the scales' zero padding: every output byte is written, so the outputs
+   come from torch.empty. A call plan launches it programmatically
    (native/launch.py, docs/design.md §4.1): its CTAs copy their first tile while pass 1 (or fill_given) ends,
    then wait for A_g and the tile counter.
 A given amax (TE's quantize_with_amax, §5.1; never with RHT) replaces pass 1: X is read once, by pass 2.
@@ -257,19 +258,19 @@ def quantize_with(
     a_x, a_c, drawn = bits[0:1], bits[1:2], bits[2:3].view(torch.int32)
 
     # Every output comes from torch.empty: the quantize kernel writes the codes and the scales of
-    # every block and the scales' zero padding. A copy that is not requested gets null pointers (the
-    # kernels skip it).
-    copies, scale_rows = [], []
+    # every block, nvfp4_scale_padding the scales' zero padding. A copy that is not requested gets null
+    # pointers (the kernels skip it).
+    copies, scales = [], []
     for on, orientation, a_g, stream in ((rowwise, "rowwise", a_x, stream_row), (colwise, "colwise", a_c, stream_col)):
         if not on:
             copies += [None, None, _i64(0), None, np.uint32(0)]
-            scale_rows.append(_i64(0))
+            scales.append(None)
             continue
         g = copy_geometry(config, orientation, m, k)
         data = torch.empty(g.data_shape, dtype=torch.uint8, device=dev)
         scale = torch.empty(g.scale_padded_shape, dtype=torch.uint8, device=dev)
         copies += [data, scale, _i64(scale.shape[1]), a_g, stream]
-        scale_rows.append(_i64(scale.shape[0]))  # its padded rows: the quantize kernel zeroes the padding (§5.9)
+        scales.append(scale)
         out.update({f"{orientation}_data": data, f"{orientation}_scale": scale, f"{orientation}_amax": a_g})
 
     if given is not None:
@@ -289,9 +290,29 @@ def quantize_with(
 
     # The columnwise copy is X^T [K, M], read from the same shared-memory tiles of X (the kernel applies
     # the RHT in RHT builds); 2-D builds reduce the 16x16 tile amaxes (NUMERICS: §5.5) in the same kernel.
-    launch(f"nvfp4_quantize_{sfx}", n_tiles, [x2d, _i64(m), _i64(k), seed_u64, *copies, drawn, *scale_rows],
-           units_per_block=1, max_blocks=_wave_blocks(quantize_ctas_per_sm(config), index))  # fmt: skip
+    launch(f"nvfp4_quantize_{sfx}", n_tiles, [x2d, _i64(m), _i64(k), seed_u64, *copies, drawn], units_per_block=1,
+           max_blocks=_wave_blocks(quantize_ctas_per_sm(config), index))  # fmt: skip
+    if padding := scale_padding_launch(config, m, k, scales):
+        launch("nvfp4_scale_padding", *padding, max_blocks=REDUCE_BLOCKS)
     return out
+
+
+def scale_padding_launch(config: QuantConfig, m: int, k: int, scales: Sequence) -> tuple[int, list] | None:
+    """(work units, arguments) of nvfp4_scale_padding for the copies' scale tensors `scales` (rowwise, colwise: a
+    tensor, a plan's `Patched` buffer, or None for a copy not requested), or None when no requested copy's scales
+    have padding at this shape (NUMERICS: §5.9, zero padding). The last launch of a call, after the quantize kernel
+    (which thus still follows the kernel it waits for: the amax pass or fill_given); an ordinary launch."""
+    args, n_units = [], 0
+    for o, scale in zip(("rowwise", "colwise"), scales, strict=True):
+        if scale is None:
+            args += [None, _i64(0), _i64(0)]
+            continue
+        g = copy_geometry(config, o, m, k)
+        rows, stride = g.scale_padded_shape
+        args += [scale, _i64(stride), _i64(rows)]
+        if tuple(g.scale_padded_shape) != tuple(g.scale_valid_shape):
+            n_units = max(n_units, rows, (rows - g.scale_valid_shape[0]) * stride)  # the kernel's two grid-stride loops
+    return (n_units, [*args, _i64(m), _i64(k)]) if n_units else None
 
 
 def quantize_2d(
@@ -488,11 +509,11 @@ class QuantizePlan(QuantizePlanBase):
         bits = Buffer("_bits", (2,), torch.float32, zero=not given, parts=((a_x, 0, 1), (a_c, 1, 1)), field=False)
         self._given_slots = (a_x, a_c)
         buffers = [bits]
-        copies, scale_rows = [], []
+        copies, scales = [], []
         for on, o, a_g, stream in ((rowwise, "rowwise", a_x, "row_stream"), (colwise, "colwise", a_c, "col_stream")):
             if not on:
                 copies += [None, None, _i64(0), None, np.uint32(0)]
-                scale_rows.append(_i64(0))
+                scales.append(None)
                 continue
             g = copy_geometry(config, o, m, k)
             buffers += [Buffer(f"{o}_data", g.data_shape, torch.uint8),
@@ -500,7 +521,7 @@ class QuantizePlan(QuantizePlanBase):
             copies += [Patched(f"{o}_data", torch.uint8), Patched(f"{o}_scale", torch.uint8),
                        _i64(g.scale_padded_shape[1]), Patched(a_g, torch.float32),
                        Patched(stream) if self.sr else np.uint32(0)]  # fmt: skip
-            scale_rows.append(_i64(g.scale_padded_shape[0]))  # its padded rows: the quantize kernel zeroes the padding
+            scales.append(Patched(f"{o}_scale", torch.uint8))
         # The quantize kernel's tile counter (zeroed per call, by the block's memset or fill_given).
         buffers.append(Buffer("_drawn", (1,), torch.int32, zero=True, field=False))
         n_tiles = tile_count(m, k, dtype)
@@ -524,9 +545,11 @@ class QuantizePlan(QuantizePlanBase):
         # X. The quantize kernel's CTAs start as theirs finish, copy their first tile, then wait for A_g and the tile
         # counter.
         steps += self._launch(f"nvfp4_quantize_{sfx}", n_tiles, [x, _i64(m), _i64(k), seed, *copies,
-                              Patched("_drawn", torch.int32), *scale_rows], units_per_block=1,
+                              Patched("_drawn", torch.int32)], units_per_block=1,
                               max_blocks=_wave_blocks(quantize_ctas_per_sm(config), self.index),
                               programmatic=programmatic_supported(self.index))  # fmt: skip
+        if padding := scale_padding_launch(config, m, k, scales):
+            steps += self._launch("nvfp4_scale_padding", *padding, max_blocks=REDUCE_BLOCKS)
         return buffers, steps
 
     def _variant(self, config, m, k, dtype, rowwise, colwise, given):

@@ -14,9 +14,9 @@
 // are reduced from the same tile. Copy modes (RHT, SR, 2-D tiles) are compile-time, from
 // defines_for(config), so each kernel carries only its own path.
 //
-// The post-RHT amax kernel reads the same tiles as the quantize kernel. The quantize kernel also writes
-// the zero padding of the scale tensors (the outputs come from torch.empty, with or without an amax
-// pass before it). A block is encoded without the per-element NaN rule and fixed afterwards when its
+// The post-RHT amax kernel reads the same tiles as the quantize kernel. The zero padding of the scale
+// tensors is nvfp4_scale_padding's, launched only for shapes that leave some (the outputs come from
+// torch.empty, with or without an amax pass). A block is encoded without the per-element NaN rule and fixed afterwards when its
 // NaN-propagating amax says it holds a NaN (docs/numerics.md §0.5: NaN -> +6).
 //
 // The rounding code (encode_block, encode_words and the nvfp4.cuh rules they call) is __host__
@@ -199,8 +199,8 @@ struct QuantArgs {
 // Zero the padding of one copy's scale tensor [scale_rows, scale_stride] (null: no such copy) around
 // its valid [rows, nb] region: columns nb .. scale_stride-1 of rows 0 .. rows-1, then rows
 // rows .. scale_rows-1 whole. Grid-stride loops (first = this thread's index, step = the grid's
-// threads); nothing to do when the shape needs no padding. NUMERICS: §5.9 (padding is zero). The
-// quantize kernel does this beside the blocks it writes (a given amax runs no amax kernel before it).
+// threads); nothing to do when the shape needs no padding. NUMERICS: §5.9 (padding is zero). Called by
+// nvfp4_scale_padding (the tiled quantize path) and the variant quantize kernels.
 NVFP4_HD void zero_scale_padding(u8* scale, i64 scale_stride, i64 scale_rows, i64 rows, i64 nb, i64 first, i64 step) {
     if (scale == nullptr) return;
     for (i64 r = first; r < rows && nb < scale_stride; r += step)
@@ -507,10 +507,8 @@ __device__ __forceinline__ void amax_commit(float a, u32* out, u32* out2 = nullp
 // register allocation must allow, 3 (<= 80 registers a thread, 24 warps per SM; SR's Philox path spills at 64).
 // native/nvfp4.py launches one wave of them, each walking its tiles with the
 // next tile's loads in flight (quantize_tiles). A thread's blocks are unrolled where that spills on neither
-// arch (quantize_tiles' COL_UNROLL / ROW_UNROLL), else encoded one after another. No build spilled until the scales'
-// zero padding moved into this kernel (59482b3); since then the bf16 SR builds do (ptxas -v, sm_90 / sm_100a: 1x16
-// SR 68 / 56 bytes, RHT + SR 16 / 32, 16x16 SR 28 / 44; docs/design.md §4.2): a known regression, pinned by
-// tests/unit/test_native_compile.py (benchmarks/sass_count.py prints the sm_90 figure).
+// arch (quantize_tiles' COL_UNROLL / ROW_UNROLL), else encoded one after another; no build spills (ptxas -v,
+// sm_90 and sm_100a: tests/unit/test_native_compile.py; benchmarks/sass_count.py prints it).
 #if !defined(NVFP4_QUANT_MIN_BLOCKS)
 #error "nvfp4.cu needs NVFP4_QUANT_MIN_BLOCKS (native/nvfp4.py scheme_defines)"
 #endif
@@ -629,8 +627,7 @@ struct TileGrid {
 // those of the one-buffer walk.
 template <int DT>
 __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m_rows, i64 k_cols, const QuantArgs& row,
-                                               const QuantArgs& col, u32* __restrict__ drawn, i64 row_scale_rows,
-                                               i64 col_scale_rows) {
+                                               const QuantArgs& col, u32* __restrict__ drawn) {
     using T = Tile<DT>;
     constexpr int ELEM_BYTES = DT == IN_F32 ? 4 : 2;
     constexpr int ROW_STEP = QUANT_THREADS / T::ROW_BLOCKS;  // tile rows between a thread's rowwise blocks
@@ -852,16 +849,18 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     // This CTA's tiles are done: a kernel launched programmatically after this one (a plan's next fill_given) may
     // start as the CTAs get here; it waits for this grid's completion before it touches anything.
     allow_dependent_launch();
-    // NUMERICS: §5.9 - the scales' zero padding, this thread's share of the grid-stride loops (every CTA of the grid
-    // reaches here: the launch caps it at n_tiles). None unless X's bottom or right edge leaves some (a copy not
-    // requested has 0 rows and stride: the test passes, zero_scale_padding returns on its null scale).
-    const bool padded = row_scale_rows != m_rows || row.scale_stride * BLOCK != k_cols || col_scale_rows != k_cols ||
-                        col.scale_stride * BLOCK != m_rows;
-    if (padded) {  // edge tile
-        const i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x, step = (i64)gridDim.x * blockDim.x;
-        zero_scale_padding(row.scale, row.scale_stride, row_scale_rows, m_rows, k_cols / BLOCK, first, step);  // edge tile
-        zero_scale_padding(col.scale, col.scale_stride, col_scale_rows, k_cols, m_rows / BLOCK, first, step);  // edge tile
-    }
+}
+
+// NUMERICS: §5.9 - both copies' scale padding (zero; a copy not requested: null scale, nothing), launched only for
+// a shape that leaves some (native/nvfp4.py scale_padding_launch). Its own launch, not the quantize kernel's tail:
+// there the padding code made the bf16 SR builds spill at the 80-register cap (ptxas -v, sm_90 / sm_100a: 1x16 SR
+// 68 / 56 bytes, 25 local loads and stores in the tile loop; docs/design.md §4.2).
+extern "C" __global__ void __launch_bounds__(NVFP4_THREADS)
+    nvfp4_scale_padding(u8* row_scale, i64 row_stride, i64 row_scale_rows, u8* col_scale, i64 col_stride,
+                        i64 col_scale_rows, i64 m_rows, i64 k_cols) {
+    const i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x, step = (i64)gridDim.x * blockDim.x;
+    zero_scale_padding(row_scale, row_stride, row_scale_rows, m_rows, k_cols / BLOCK, first, step);
+    zero_scale_padding(col_scale, col_stride, col_scale_rows, k_cols, m_rows / BLOCK, first, step);
 }
 
 // Per input dtype: amax(X) (units of GROUP blocks) into both copies' A_g slots (out2 may be null),
@@ -879,10 +878,10 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     extern "C" __global__ void __launch_bounds__(NVFP4_THREADS, NVFP4_QUANT_MIN_BLOCKS) nvfp4_quantize_##SUFFIX( \
         const void* x, i64 m_rows, i64 k_cols, u64 seed, u8* row_data, u8* row_scale, i64 row_scale_stride,     \
         const float* row_amax, u32 row_stream, u8* col_data, u8* col_scale, i64 col_scale_stride,               \
-        const float* col_amax, u32 col_stream, u32* drawn, i64 row_scale_rows, i64 col_scale_rows) {             \
+        const float* col_amax, u32 col_stream, u32* drawn) {                                                     \
         const QuantArgs row = {k_cols, row_amax, seed, row_stream, row_data, row_scale, row_scale_stride};      \
         const QuantArgs col = {m_rows, col_amax, seed, col_stream, col_data, col_scale, col_scale_stride};      \
-        quantize_tiles<DT>(x, m_rows, k_cols, row, col, drawn, row_scale_rows, col_scale_rows);                  \
+        quantize_tiles<DT>(x, m_rows, k_cols, row, col, drawn);                                                  \
     }
 
 NVFP4_INSTANTIATE(f32, IN_F32)

@@ -128,8 +128,8 @@ def test_nvfp4_given_amax_matches_golden(shape, cfg_name, dtype, copies, kind):
 
 
 def test_nvfp4_given_amax_skips_the_amax_kernel_and_reads_x_once():
-    """docs/numerics.md §5.1: with a given amax the launcher runs the quantize kernel only (no amax pass), and
-    its padding is still zero (the shape pads both copies' scales)."""
+    """docs/numerics.md §5.1: with a given amax the launcher runs no amax pass: the quantize kernel, then (the shape
+    pads both copies' scales) nvfp4_scale_padding, and the padding is zero."""
     from native import nvfp4
 
     cfg = QuantConfig("nvfp4")
@@ -143,12 +143,12 @@ def test_nvfp4_given_amax_skips_the_amax_kernel_and_reads_x_once():
 
     a = torch.tensor([7.5], device="cuda")
     fields = nvfp4.quantize_with(record, x, cfg, rowwise=True, colwise=True, seed=None, given=a)
-    assert names == ["nvfp4_quantize_bf16"]
+    assert names == ["nvfp4_quantize_bf16", "nvfp4_scale_padding"]  # (48 x 80 pads both copies' scales)
     gold = reference.quantize(x.cpu(), cfg, rowwise=True, colwise=True, amax=a.cpu())
     assert_same(gold, QuantizedTensor(cfg, (48, 80), "bfloat16", **fields), "recorded launch")
     names.clear()
     nvfp4.quantize_with(record, x, cfg, rowwise=True, colwise=True, seed=None)
-    assert names == ["nvfp4_amax_bf16", "nvfp4_quantize_bf16"]  # without one: the amax pass first
+    assert names == ["nvfp4_amax_bf16", "nvfp4_quantize_bf16", "nvfp4_scale_padding"]  # without one: the amax pass
 
 
 @pytest.mark.parametrize("copies", list(COPIES))

@@ -179,8 +179,9 @@ def _arg(kernel: str, args, name: str):
 @pytest.mark.parametrize("tile", [(1, 16), (16, 16)])
 def test_nvfp4_given_amax_launches_only_the_quantize_kernel(tile):
     """docs/numerics.md §5.1: with a given amax there is no amax pass (X is read once, by the quantize kernel),
-    both copies' A_g slots hold it, and the quantize kernel gets each scale tensor's padded rows (it zeroes their
-    padding, §5.9: no torch.zeros and no clear)."""
+    both copies' A_g slots hold it; a shape whose scales have padding adds nvfp4_scale_padding after the quantize
+    kernel (§5.9: it zeroes the padding of both scale tensors, by their padded extents; no torch.zeros and no clear),
+    a shape without none."""
     from native import nvfp4
 
     calls = []
@@ -192,20 +193,28 @@ def test_nvfp4_given_amax_launches_only_the_quantize_kernel(tile):
     x = torch.randn(48, 80).to(torch.bfloat16)
     fields = nvfp4.quantize_with(record, x, cfg, rowwise=True, colwise=True, seed=None,
                                  given=torch.tensor(7.5))  # fmt: skip
-    assert [c[0] for c in calls] == ["nvfp4_quantize_bf16"]
+    assert [c[0] for c in calls] == ["nvfp4_quantize_bf16", "nvfp4_scale_padding"]
     args = calls[0][1]
     row_amax, col_amax = _arg(calls[0][0], args, "row_amax"), _arg(calls[0][0], args, "col_amax")
     assert row_amax.tolist() == [7.5] and col_amax.tolist() == [7.5]
     assert fields["rowwise_amax"] is row_amax and fields["colwise_amax"] is col_amax
+    pad = calls[1][1]
     for o in ("rowwise", "colwise"):
         scale = fields[f"{o}_scale"]
-        assert _arg(calls[0][0], args, f"{o[:3]}_scale") is scale
+        assert _arg(calls[0][0], args, f"{o[:3]}_scale") is scale and _arg(calls[1][0], pad, f"{o[:3]}_scale") is scale
         padded = copy_geometry(cfg, o, 48, 80).scale_padded_shape
         assert tuple(scale.shape) == padded and padded[0] > (48 if o == "rowwise" else 80)  # rows of padding
-        assert int(_arg(calls[0][0], args, f"{o[:3]}_scale_rows")) == padded[0]
+        assert int(_arg(calls[1][0], pad, f"{o[:3]}_scale_rows")) == padded[0]
+        assert int(_arg(calls[1][0], pad, f"{o[:3]}_stride")) == padded[1]
+    assert (int(_arg(calls[1][0], pad, "m_rows")), int(_arg(calls[1][0], pad, "k_cols"))) == (48, 80)
     calls.clear()
     nvfp4.quantize_with(record, x, cfg, rowwise=True, colwise=False, seed=None)
-    assert [c[0] for c in calls] == ["nvfp4_amax_bf16", "nvfp4_quantize_bf16"]  # without one: the amax pass
+    assert [c[0] for c in calls] == ["nvfp4_amax_bf16", "nvfp4_quantize_bf16", "nvfp4_scale_padding"]  # amax pass
+    assert calls[2][1][3] is None  # (no columnwise copy: a null scale, which the kernel skips)
+    calls.clear()
+    nvfp4.quantize_with(record, torch.randn(128, 128).to(torch.bfloat16), cfg, rowwise=True, colwise=True, seed=None,
+                        given=torch.tensor(7.5))  # fmt: skip
+    assert [c[0] for c in calls] == ["nvfp4_quantize_bf16"]  # [128, 8] scales both: no padding, no launch
     with pytest.raises(SpecViolation, match="RHT"):
         nvfp4.quantize_with(record, x, QuantConfig("nvfp4", rht=True), rowwise=True, colwise=True, seed=None,
                             given=torch.tensor([1.0]))  # fmt: skip

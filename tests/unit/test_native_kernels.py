@@ -94,7 +94,7 @@ def test_parser_expands_instantiation_macros_and_object_macros():
 
 def test_every_source_kernel_is_declared_with_its_exact_parameters():
     found = _source_kernels()
-    assert len(found) == len(K.KERNELS) == 54  # 16 kernels x 3 dtypes + 6 without a dtype suffix
+    assert len(found) == len(K.KERNELS) == 55  # 16 kernels x 3 dtypes + 7 without a dtype suffix
     assert sorted(found) == sorted(K.KERNELS)
     for name, params in found.items():
         assert K.KERNELS[name].params == params, f"{name}: source {params} != declared {K.KERNELS[name].params}"
@@ -119,10 +119,12 @@ def test_slots_hold_values_in_the_declared_type():
     assert _read_slots(pack_params("delayed_update", [None] * 4 + [1]), 5)[4] == 1
     # nvfp4_quantize_f32: u64 seed at index 3, u32 row_stream at index 8.
     args = [None, np.int64(-5), 7, np.uint64((1 << 64) - 1), None, None, 0, None, np.uint32(0xDEADBEEF),
-            None, None, 0, None, 0, None, np.int64(-2), 9]
-    slots = _read_slots(pack_params("nvfp4_quantize_f32", args), 17)
+            None, None, 0, None, 0, None]
+    slots = _read_slots(pack_params("nvfp4_quantize_f32", args), 15)
     assert slots[1] == (1 << 64) - 5 and slots[2] == 7 and slots[3] == (1 << 64) - 1 and slots[8] == 0xDEADBEEF
-    assert slots[15:] == [(1 << 64) - 2, 9]  # the i64 padded scale rows
+    # nvfp4_scale_padding: i64 strides and padded rows, null scales.
+    pad = _read_slots(pack_params("nvfp4_scale_padding", [None, np.int64(-2), 9, None, 0, 3, 48, 80]), 8)
+    assert pad == [0, (1 << 64) - 2, 9, 0, 0, 3, 48, 80]
     sig = K.Signature("f", K.parse_params("float v"))
     assert sig.slots([np.float32(1.5)]) == [0x3FC00000]
 

@@ -52,21 +52,20 @@ def test_prepared_block_has_the_bytes_of_pack_params():
     template = [Patched("x", torch.bfloat16), np.int64(256), np.int64(-3), Patched("seed"),
                 Patched("row_data", torch.uint8), Patched("row_scale", torch.uint8), np.int64(16),
                 Patched("row_amax", torch.float32), Patched("row_stream"), Patched("col_data", torch.uint8), None,
-                np.int64(0), None, np.uint32(7), Patched("_drawn", torch.int32), np.int64(384), np.int64(0)]  # fmt: skip
+                np.int64(0), None, np.uint32(7), Patched("_drawn", torch.int32)]  # fmt: skip
     prepared = PreparedLaunch(None, name, 3, 256, template, 0, fn=0)
     values = [ptrs["x"], seed, ptrs["row_data"], ptrs["row_scale"], ptrs["row_amax"], row_stream, ptrs["col_data"],
               ptrs["drawn"]]  # fmt: skip
-    got = read_slots(prepared.params(values), 17)
+    got = read_slots(prepared.params(values), 15)
     args = [fake_cuda(torch.bfloat16, ptrs["x"]), np.int64(256), np.int64(-3), np.uint64(seed),
             fake_cuda(torch.uint8, ptrs["row_data"]), fake_cuda(torch.uint8, ptrs["row_scale"]), np.int64(16),
             fake_cuda(torch.float32, ptrs["row_amax"]), np.uint32(row_stream), fake_cuda(torch.uint8, ptrs["col_data"]),
-            None, np.int64(0), None, np.uint32(7), fake_cuda(torch.int32, ptrs["drawn"]), np.int64(384),
-            np.int64(0)]  # fmt: skip
-    assert got == signature(name).slots(args) == read_slots(pack_params(name, args), 17)
+            None, np.int64(0), None, np.uint32(7), fake_cuda(torch.int32, ptrs["drawn"])]  # fmt: skip
+    assert got == signature(name).slots(args) == read_slots(pack_params(name, args), 15)
     assert got[2] == (1 << 64) - 3  # two's complement, as the slot of an i64
     # A second call patches only its slots: the fixed ones keep their values.
-    got2 = read_slots(prepared.params([1, 2, 3, 4, 5, 6, 7, 8]), 17)
-    assert got2 == [1, 256, (1 << 64) - 3, 2, 3, 4, 16, 5, 6, 7, 0, 0, 0, 7, 8, 384, 0]
+    got2 = read_slots(prepared.params([1, 2, 3, 4, 5, 6, 7, 8]), 15)
+    assert got2 == [1, 256, (1 << 64) - 3, 2, 3, 4, 16, 5, 6, 7, 0, 0, 0, 7, 8]
 
 
 def test_prepare_checks_what_slots_checks():
