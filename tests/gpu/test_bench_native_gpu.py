@@ -66,8 +66,10 @@ def test_kernel_time_per_call_activity():
         time.sleep(0.002)  # GPU idle: not activity
 
     pair = kernel_time(pair_then_idle, 10)
-    assert one is not None and pair is not None
-    assert pair.mean_ms == pytest.approx(3 * one.mean_ms, rel=0.15), (one, pair)
+    after = kernel_time(lambda: spin(1_000_000), 10)  # the clock may move between the rows (15 workers on one GPU)
+    assert one is not None and pair is not None and after is not None
+    slow, fast = sorted((one.mean_ms, after.mean_ms), reverse=True)
+    assert 0.85 * 3 * fast <= pair.mean_ms <= 1.15 * 3 * slow, (one, pair, after)
     assert one.low_ms <= one.mean_ms <= one.high_ms and pair.low_ms <= pair.mean_ms <= pair.high_ms
     calls = iter(range(10))
     ragged = kernel_time(lambda: [spin(100_000) for _ in range(1 + next(calls) % 2)], 9)  # 1, 2, 1, ... kernels
