@@ -48,13 +48,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from timing import issue_us  # noqa: E402
+from timing import held, hold_estimate, issue_us  # noqa: E402
 
 from reference import QuantConfig  # noqa: E402
 
 QUANTIZE_GOAL_US = 15.0  # issue 18 item 2: per native quantize call
 SEED = (0x5EED_0123_4567, 11)
-HOLD_RETRIES = 3  # a run whose issuing outlasted its hold is run again with a 4x longer hold, at most this often
 CSV_COLUMNS = ("kind", "name", "before_us", "after_us", "out_us", "goal_us", "result", "out_result", "alloc_us",
                "launch_us", "floor_us", "floor")  # fmt: skip
 
@@ -180,9 +179,10 @@ def dry_run(args) -> list[dict]:
 
 
 def measure(call, args) -> float:
-    """Median issue_us of `call` over args.runs runs, each with the GPU held (timing.issue_us hold_s) three times as
-    long as 5 calls after the warm-up took per call, synchronized (an upper bound of the host and the GPU side),
-    plus 2 ms: the host's cost alone, whatever the call's GPU work."""
+    """Median issue_us of `call` over args.runs runs, each with the GPU held (timing.issue_us hold_s) for
+    timing.hold_estimate (three times as long as 5 synchronized calls after the warm-up took per call, plus 2 ms;
+    timing.held holds 4x longer where the issuing outlasted it): the host's cost alone, whatever the call's GPU
+    work."""
     return measure_alternating([call], args)[0]
 
 
@@ -193,23 +193,12 @@ def measure_alternating(calls, args) -> list[float]:
     for call in calls:
         for _ in range(args.warmup):
             call()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(5):
-            call()
-        torch.cuda.synchronize()
-        holds.append(3 * (time.perf_counter() - t0) / 5 * args.iters + 2e-3)
+        holds.append(hold_estimate(call, args.iters))
     runs = [[] for _ in calls]
     for _ in range(args.runs):
         for i, call in enumerate(calls):
-            for attempt in range(HOLD_RETRIES + 1):
-                try:
-                    runs[i].extend(issue_us(call, args.iters, 1, hold_s=holds[i]))
-                    break
-                except RuntimeError:  # the host stalled past the hold (the GPU may have set the pace): hold longer
-                    if attempt == HOLD_RETRIES:
-                        raise
-                    holds[i] *= 4
+            got, holds[i] = held(lambda h, call=call: issue_us(call, args.iters, 1, hold_s=h), holds[i])
+            runs[i].extend(got)
     return [statistics.median(got) for got in runs]
 
 

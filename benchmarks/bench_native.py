@@ -12,6 +12,14 @@ read + written, CUDA events, median of max(20, --iters) after warm-up. Then each
 - stream_ms: --iters calls issued back to back between two CUDA events, divided by --iters (median of 3
   such runs, each followed by kernel_ms's profiled run): the throughput a caller that keeps the GPU fed
   sees, host overhead included wherever it is larger than the GPU time (the headline, set against the goals);
+- queued_ms: the same with the GPU held while the calls are issued (timing.stream_ms hold_s, timing.hold_estimate):
+  the calls run back to back from a full queue, so it is the GPU's back-to-back time (launch gaps included)
+  whatever the host's speed; frac_q = contract bytes / queued_ms / copy bandwidth. Where frac_q exceeds frac, the
+  host set the pace of the stream_ms runs (a slow host: the given-amax row's host issued 42-81 us a call against
+  72 us of GPU time on the H200 hosts of issue 18's twenty-first session). The spin before them does not flatter
+  the calls: on one H200 (NVFP4 own and given amax, mxfp8; bf16 8192^2) held runs with 0, 10, 30 or 100 calls queued
+  between the spin and the first event, and unheld runs started behind 5 or 100 queued calls, agreed within 0.6 us
+  a call, but for two unheld given-amax runs 2 and 4 us above (host-paced);
 - event_ms: CUDA events recorded around one whole call, the GPU idle before it (synchronize), so
   the interval includes the call's whole launch latency;
 - host_ms: host clock around synchronize -> call -> synchronize (Python overhead fully counted);
@@ -66,7 +74,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from timing import event_ms, host_ms, issue_us, kernel_time, stream_ms  # noqa: E402
+from timing import event_ms, held, hold_estimate, host_ms, issue_us, kernel_time, stream_ms  # noqa: E402
 
 from reference import QuantConfig, QuantizedTensor  # noqa: E402
 from reference.scaling import amax as ref_amax  # noqa: E402
@@ -100,8 +108,9 @@ ROWS = (
 )
 
 CSV_COLUMNS = (
-    "name", "config", "shape", "in_dtype", "bytes_1read", "bytes", "first_s", "stream_ms", "event_ms", "host_ms",
-    "kernel_ms", "kernel_min_ms", "kernel_max_ms", "issue_us", "ovh_us", "gbps", "frac_1read", "frac", "frac_event", "frac_kernel", "b2b_over_kernel",
+    "name", "config", "shape", "in_dtype", "bytes_1read", "bytes", "first_s", "stream_ms", "queued_ms", "event_ms",
+    "host_ms", "kernel_ms", "kernel_min_ms", "kernel_max_ms", "issue_us", "ovh_us", "gbps", "frac_1read", "frac",
+    "frac_queued", "frac_event", "frac_kernel", "b2b_over_kernel",
     "copy_gbps", "goal", "meets_goal", "meets_host_goal", "meets_b2b_goal", "verify",
 )  # fmt: skip
 
@@ -109,7 +118,8 @@ CSV_COLUMNS = (
 @dataclass
 class Timing:
     """One call's timings (benchmarks/timing.py); kernel_ms None when the profiler is off or failed, kernel_range
-    (the least and most of one call's GPU activity) None also where the calls' activities did not split evenly."""
+    (the least and most of one call's GPU activity) None also where the calls' activities did not split evenly;
+    queued_ms None where it was not measured (the GEMM rows)."""
 
     stream_ms: float
     event_ms: float
@@ -118,6 +128,7 @@ class Timing:
     issue_us: float
     first_s: float = 0.0
     kernel_range: tuple[float, float] | None = None
+    queued_ms: float | None = None
 
     @property
     def ovh_us(self) -> float | None:
@@ -173,10 +184,12 @@ def quant_record(row: Row, shape: str, in_bytes: int, out_bytes: int, t: Timing,
     b2b = None if fk is None else fr / fk
     return {
         "name": row.name, "config": row.config.id, "shape": shape, "in_dtype": "bfloat16", "bytes_1read": one,
-        "bytes": contract, "first_s": round(t.first_s, 4), "stream_ms": t.stream_ms, "event_ms": t.event_ms,
+        "bytes": contract, "first_s": round(t.first_s, 4), "stream_ms": t.stream_ms, "queued_ms": t.queued_ms,
+        "event_ms": t.event_ms,
         "host_ms": t.host_ms, "kernel_ms": t.kernel_ms, **_kernel_range(t), "issue_us": t.issue_us,
         "ovh_us": t.ovh_us,
         "gbps": contract / (t.stream_ms * 1e-3) / 1e9, "frac_1read": frac(one, t.stream_ms), "frac": fr,
+        "frac_queued": frac(contract, t.queued_ms),
         "frac_event": frac(contract, t.event_ms), "frac_kernel": fk, "b2b_over_kernel": b2b, "copy_gbps": bw_gbps,
         "goal": row.goal, "meets_goal": None if row.goal is None else fr >= row.goal,
         "meets_host_goal": t.issue_us <= HOST_GOAL_US,
@@ -196,8 +209,8 @@ def _fmt(v: float | None, spec: str) -> str:
 
 def quant_header(n: int) -> str:
     return (f"{'quantizer (bf16 %dx%d)' % (n, n):<31} {'MiB_1r':>7} {'MiB':>7} {'first_s':>7} {'strm_ms':>8} "
-            f"{'event_ms':>8} {'kern_ms':>8} {'issue_us':>8} {'ovh_us':>7} {'frac_1r':>7} {'frac':>6} {'goal':>5} "
-            f"{'frac_k':>6} {'b2b/k':>6}  verdict / host (issue <= {HOST_GOAL_US:g} us, FP8 b2b/k >= {B2B_GOAL}) / verify")
+            f"{'q_ms':>8} {'event_ms':>8} {'kern_ms':>8} {'issue_us':>8} {'ovh_us':>7} {'frac_1r':>7} {'frac':>6} "
+            f"{'goal':>5} {'frac_q':>6} {'frac_k':>6} {'b2b/k':>6}  verdict / host (issue <= {HOST_GOAL_US:g} us, FP8 b2b/k >= {B2B_GOAL}) / verify")
 
 
 def quant_line(r: dict) -> str:
@@ -206,8 +219,9 @@ def quant_line(r: dict) -> str:
     host = "host ok" if r["meets_host_goal"] else "HOST OVER"
     b2b = {None: "", True: ", b2b ok", False: ", B2B BELOW"}[r["meets_b2b_goal"]]
     return (f"{r['name']:<31} {r['bytes_1read'] / 2**20:>7.1f} {r['bytes'] / 2**20:>7.1f} {r['first_s']:>7.2f} "
-            f"{r['stream_ms']:>8.3f} {r['event_ms']:>8.3f} {_fmt(r['kernel_ms'], '8.3f'):>8} {r['issue_us']:>8.1f} "
-            f"{_fmt(r['ovh_us'], '7.1f'):>7} {r['frac_1read']:>7.2f} {r['frac']:>6.2f} {_fmt(r['goal'], '5.2f'):>5} "
+            f"{r['stream_ms']:>8.3f} {_fmt(r['queued_ms'], '8.3f'):>8} {r['event_ms']:>8.3f} "
+            f"{_fmt(r['kernel_ms'], '8.3f'):>8} {r['issue_us']:>8.1f} {_fmt(r['ovh_us'], '7.1f'):>7} "
+            f"{r['frac_1read']:>7.2f} {r['frac']:>6.2f} {_fmt(r['goal'], '5.2f'):>5} {_fmt(r['frac_queued'], '6.2f'):>6} "
             f"{_fmt(r['frac_kernel'], '6.2f'):>6} {_fmt(r['b2b_over_kernel'], '6.3f'):>6}  "
             f"{verdict} / {host}{b2b} / {r['verify']}")
 
@@ -279,18 +293,23 @@ def row_supported(native, row: Row) -> tuple[bool, str]:
 # --------------------------------------------------------------------------------------------
 
 
-def time_call(call, iters: int, warmup: int, profile: bool) -> Timing:
+def time_call(call, iters: int, warmup: int, profile: bool, queued: bool = False) -> Timing:
+    """The Timing of `call` (queued: with queued_ms)."""
     t0 = time.perf_counter()
     call()
     torch.cuda.synchronize()
     first_s = time.perf_counter() - t0
     for _ in range(warmup):
         call()
-    # The back-to-back runs and the profiled runs alternate (ALTERNATIONS of each), so a GPU whose clock drifts
-    # (a power-capped GEMM) moves both.
-    streams, kts = [], []
+    hold = hold_estimate(call, iters) if queued else None
+    # The back-to-back runs (held and not) and the profiled runs alternate (ALTERNATIONS of each), so a GPU whose
+    # clock drifts (a power-capped GEMM) moves them all.
+    streams, queues, kts = [], [], []
     for _ in range(ALTERNATIONS):
         streams += stream_ms(call, iters, runs=1)
+        if queued:
+            got, hold = held(lambda h: stream_ms(call, iters, runs=1, hold_s=h), hold)
+            queues += got
         if profile and (kt := kernel_time(call, iters)) is not None:
             kts.append(kt)
     ranges = [(k.low_ms, k.high_ms) for k in kts if k.low_ms is not None]
@@ -300,6 +319,7 @@ def time_call(call, iters: int, warmup: int, profile: bool) -> Timing:
         kernel_ms=statistics.median(k.mean_ms for k in kts) if kts else None,
         issue_us=statistics.median(issue_us(call, iters)), first_s=first_s,
         kernel_range=(min(lo for lo, _ in ranges), max(hi for _, hi in ranges)) if ranges else None,
+        queued_ms=statistics.median(queues) if queues else None,
     )  # fmt: skip
 
 
@@ -332,13 +352,13 @@ def dry_run(args, rows: list[Row]) -> int:
     in_bytes = x.numel() * x.element_size()
     bw = 1000.0
     print(f"# DRY RUN: byte counts from reference.quantize on the CPU; every timing is a placeholder "
-          f"(copy bandwidth {bw} GB/s, stream 1 ms, kernel 0.9 ms; GEMM kernel 0.99 ms, one call's 0.9 - 1.1 ms)")
+          f"(copy bandwidth {bw} GB/s, stream 1 ms, queued 0.95 ms, kernel 0.9 ms; GEMM kernel 0.99 ms, one call's 0.9 - 1.1 ms)")
     print(quant_header(n))
     for row in rows:
         amax = ref_amax(x).reshape(1) if row.given_amax else None
         q = reference.quantize(x, row.config, rowwise=row.rowwise, colwise=row.colwise,
                                rng=SEED if row.config.stochastic else None, amax=amax)
-        t = Timing(stream_ms=1.0, event_ms=1.1, host_ms=1.2, kernel_ms=0.9, issue_us=10.0)
+        t = Timing(stream_ms=1.0, event_ms=1.1, host_ms=1.2, kernel_ms=0.9, issue_us=10.0, queued_ms=0.95)
         print(quant_line(quant_record(row, f"{n}x{n}", in_bytes, output_bytes(q), t, bw)))
     if not args.no_gemm:
         print(GEMM_HEADER)
@@ -426,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
             q = call()
             out_bytes = output_bytes(q)
             del q
-            t = time_call(call, args.iters, args.warmup, not args.no_profile)
+            t = time_call(call, args.iters, args.warmup, not args.no_profile, queued=True)
         except Exception as ex:
             failed = True
             print(f"{row.name:<31} ERROR {type(ex).__name__}: {str(ex).splitlines()[0][:100]}", flush=True)
@@ -438,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         print(quant_line(rec), flush=True)
         results.append(rec)
     print("# frac = contract bytes / strm_ms / copy bandwidth (back-to-back calls; the goals' measure); frac_1r on "
-          "the one-read count; frac_k kernel time only; ovh_us = strm - kern; issue_us = host clock per call issued "
+          "the one-read count; frac_q on q_ms (the calls issued with the GPU held); frac_k kernel time only; ovh_us = strm - kern; issue_us = host clock per call issued "
           "back to back", flush=True)
     if not args.no_gemm:
         g = args.gemm_size or n

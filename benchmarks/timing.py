@@ -3,7 +3,9 @@
 - event_ms: CUDA events around one call, the GPU idle before it (synchronize), so the interval
   includes the call's launch latency and whatever host work precedes its first kernel;
 - stream_ms: `iters` calls issued back to back between two events, divided by `iters`: the
-  throughput a caller that keeps the GPU fed sees (host cost counts only where it exceeds GPU time);
+  throughput a caller that keeps the GPU fed sees (host cost counts only where it exceeds GPU time); with a hold
+  (a spin kernel queued before the first event, still running when the last call is issued) the calls run from a
+  full queue, so the time is the GPU's alone (its launch gaps included) however slowly the host issues;
 - host_ms: host clock around synchronize -> call -> synchronize (all Python overhead included);
 - kernel_time: the call's GPU activity (kernels, memsets, copies) from CUPTI via torch.profiler, over as many calls as
   the other timings (mean, and the least and most of one call: a power-capped 8192^3 FP8 GEMM's kernel took 0.70 -
@@ -37,15 +39,47 @@ def event_ms(fn, iters: int) -> list[float]:
     return out
 
 
-def stream_ms(fn, iters: int, runs: int = 3) -> list[float]:
-    """Per-call time of `iters` calls issued back to back between two events, for each of `runs` runs."""
+class HoldTooShort(RuntimeError):
+    """A hold (a spin kernel queued first) ended before the last call was issued: the GPU may have set the pace."""
+
+
+def _hold(hold_s: float | None) -> torch.cuda.Event | None:
+    """Queue a spin kernel of at least hold_s seconds (torch.cuda._sleep) and return an event complete once it has
+    ended; None without a hold."""
+    if not hold_s:
+        return None
+    torch.cuda._sleep(int(hold_s * SPIN_HZ))
+    held = torch.cuda.Event(enable_timing=True)
+    held.record()
+    return held
+
+
+def _check_held(held: torch.cuda.Event | None, what: str, iters: int, issuing_s: float, hold_s: float | None) -> None:
+    if held is not None and held.query():
+        raise HoldTooShort(
+            f"{what}: the GPU was idle before the last of {iters} calls was issued ({issuing_s:.4f} s "
+            f"of issuing, held {hold_s:.4f} s)"
+        )
+
+
+def stream_ms(fn, iters: int, runs: int = 3, hold_s: float | None = None) -> list[float]:
+    """Per-call time of `iters` calls issued back to back between two events, for each of `runs` runs.
+
+    hold_s: first queue a spin kernel of at least that many seconds; the first event is the spin's end, so the calls
+    run back to back from a full queue (the GPU's time alone, launch gaps included). Raises HoldTooShort when the
+    spin had ended before the last call was issued."""
     out = []
     for _ in range(runs):
         torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
+        held = _hold(hold_s)
+        s = held or torch.cuda.Event(enable_timing=True)
+        e = torch.cuda.Event(enable_timing=True)
+        if held is None:
+            s.record()
+        t0 = time.perf_counter()
         for _ in range(iters):
             fn()
+        _check_held(held, "stream_ms", iters, time.perf_counter() - t0, hold_s)
         e.record()
         e.synchronize()
         out.append(s.elapsed_time(e) / iters)
@@ -80,21 +114,42 @@ def issue_us(fn, iters: int, runs: int = 3, hold_s: float | None = None) -> list
     out = []
     for _ in range(runs):
         torch.cuda.synchronize()
-        held = None
-        if hold_s:
-            torch.cuda._sleep(int(hold_s * SPIN_HZ))
-            held = torch.cuda.Event()
-            held.record()  # complete once the spin has ended
+        held = _hold(hold_s)
         t0 = time.perf_counter()
         for _ in range(iters):
             fn()
         dt = time.perf_counter() - t0
-        if held is not None and held.query():
-            raise RuntimeError(f"issue_us: the GPU was idle before the last of {iters} calls was issued ({dt:.4f} s "
-                               f"of issuing, held {hold_s:.4f} s)")
+        _check_held(held, "issue_us", iters, dt, hold_s)
         out.append(dt * 1e6 / iters)
         torch.cuda.synchronize()
     return out
+
+
+HOLD_RETRIES = 3  # a run whose issuing outlasted its hold is run again with a 4x longer hold, at most this often
+
+
+def hold_estimate(fn, iters: int, probe: int = 5) -> float:
+    """A hold (seconds) for issuing `iters` calls of fn: three times the synchronized time per call of `probe`
+    calls (an upper bound of the host and the GPU side) times iters, plus 2 ms."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(probe):
+        fn()
+    torch.cuda.synchronize()
+    return 3 * (time.perf_counter() - t0) / probe * iters + 2e-3
+
+
+def held(measure, hold_s: float, retries: int = HOLD_RETRIES) -> tuple[list[float], float]:
+    """(measure(hold), the hold used): measure(hold_s), run again with a 4x longer hold while it raises HoldTooShort
+    (the host stalled past the hold), at most `retries` times."""
+    for attempt in range(retries + 1):
+        try:
+            return measure(hold_s), hold_s
+        except HoldTooShort:
+            if attempt == retries:
+                raise
+            hold_s *= 4
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,27 @@ def test_issue_us_hold_times_the_host_not_the_gpu():
         issue_us(lambda: torch.cuda._sleep(1), 200, runs=1, hold_s=1e-7)
 
 
+def test_stream_ms_hold_times_the_gpu_not_the_host():
+    """timing.stream_ms with a hold: calls whose host work (a 1 ms sleep) far outlasts their GPU work (a ~10 us spin)
+    are timed at the GPU's back-to-back pace, where the plain run is the host's; a hold that ends before the last
+    call is issued raises HoldTooShort instead of returning a time."""
+    import time
+
+    import torch
+    from timing import HoldTooShort, stream_ms
+
+    def call():
+        time.sleep(0.001)
+        torch.cuda._sleep(20_000)  # 8 - 20 us at 1 - 2.5 GHz
+
+    plain = stream_ms(call, 30, runs=1)[0]
+    queued = stream_ms(call, 30, runs=1, hold_s=0.5)[0]
+    assert plain >= 0.9, f"{plain:.3f} ms a call unheld: the host's sleep sets the pace"
+    assert queued < 0.2, f"{queued:.3f} ms a call held: the GPU's pace (~0.01 ms), not the host's (>= 1 ms)"
+    with pytest.raises(HoldTooShort, match="GPU was idle"):
+        stream_ms(call, 30, runs=1, hold_s=1e-7)
+
+
 def test_kernel_time_per_call_activity():
     """timing.kernel_time: the mean GPU activity of a call of two kernels is their sum (idle time between calls does
     not count), its least and most bracket the mean; calls whose kernel count varies get no least and most."""

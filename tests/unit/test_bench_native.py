@@ -60,18 +60,20 @@ def test_goals_are_the_issues():
 
 def test_quant_record_fractions_and_host_cost():
     row = ROWS["nvfp4 1x16 row+col"]
-    t = bn.Timing(stream_ms=0.004, event_ms=0.008, host_ms=0.05, kernel_ms=0.003, issue_us=16.0)
+    t = bn.Timing(stream_ms=0.004, event_ms=0.008, host_ms=0.05, kernel_ms=0.003, issue_us=16.0, queued_ms=0.0032)
     rec = bn.quant_record(row, "256x256", X_BYTES, 73736, t, bw_gbps=100.0)
     # contract = 2*131072 + 73736 = 335880 B; in 4 us that is 83.97 GB/s = 0.8397 of 100 GB/s.
     assert rec["bytes"] == 335880 and rec["bytes_1read"] == 204808
     assert rec["frac"] == pytest.approx(0.8397, rel=1e-12)
     assert rec["frac_1read"] == pytest.approx(0.51202, rel=1e-12)
     assert rec["frac_kernel"] == pytest.approx(335880 / 3e-6 / 1e9 / 100.0, rel=1e-12)
+    assert rec["queued_ms"] == 0.0032 and rec["frac_queued"] == pytest.approx(335880 / 3.2e-6 / 1e9 / 100.0, rel=1e-12)
     assert rec["ovh_us"] == pytest.approx(1.0, rel=1e-9)  # 4 us back to back - 3 us kernel
     assert rec["meets_goal"] is True and rec["meets_host_goal"] is False  # 16 us > 15 us
     assert rec["meets_b2b_goal"] is None  # the b2b goal is the FP8 quantizers'
     line = bn.quant_line(rec)
     assert "0.84" in line and "0.80" in line and "meets goal" in line and "HOST OVER" in line
+    assert "   0.004    0.003 " in line and " 1.05 " in line  # strm_ms then q_ms; frac_q after the goal
 
 
 def test_fp8_b2b_goal():
@@ -83,6 +85,7 @@ def test_fp8_b2b_goal():
     no_profile = bn.Timing(stream_ms=0.01, event_ms=0.01, host_ms=0.01, kernel_ms=None, issue_us=5.0)
     rec = bn.quant_record(row, "256x256", X_BYTES, 135168, no_profile, bw_gbps=100.0)
     assert rec["frac_kernel"] is None and rec["ovh_us"] is None and rec["meets_b2b_goal"] is None
+    assert rec["queued_ms"] is None and rec["frac_queued"] is None  # not measured
     assert "-" in bn.quant_line(rec)
 
 
@@ -102,16 +105,27 @@ def test_time_call_alternates_stream_and_profiled_runs(monkeypatch):
 
     order, kts = [], iter([KernelTime(0.9, 0.8, 1.0), KernelTime(0.7, 0.6, 0.75), KernelTime(0.8, None, None)])
     monkeypatch.setattr(bn.torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(bn, "stream_ms", lambda fn, iters, runs: order.append("stream") or [1.0 + len(order)])
+    holds = []
+
+    def fake_stream_ms(fn, iters, runs, hold_s=None):
+        order.append("stream" if hold_s is None else "queued")
+        if hold_s is not None:
+            holds.append(hold_s)
+        return [1.0 + len(order)]
+
+    monkeypatch.setattr(bn, "stream_ms", fake_stream_ms)
+    monkeypatch.setattr(bn, "hold_estimate", lambda fn, iters: 0.25)
     monkeypatch.setattr(bn, "kernel_time", lambda fn, iters: order.append("profile") or next(kts))
     for name in ("event_ms", "host_ms", "issue_us"):
         monkeypatch.setattr(bn, name, lambda fn, iters: [5.0])
-    t = bn.time_call(lambda: None, iters=4, warmup=0, profile=True)
-    assert order == ["stream", "profile"] * bn.ALTERNATIONS
-    assert t.stream_ms == 4.0 and t.kernel_ms == 0.8  # medians of (2, 4, 6) and (0.9, 0.7, 0.8)
+    t = bn.time_call(lambda: None, iters=4, warmup=0, profile=True, queued=True)
+    assert order == ["stream", "queued", "profile"] * bn.ALTERNATIONS and holds == [0.25] * bn.ALTERNATIONS
+    assert t.stream_ms == 5.0 and t.queued_ms == 6.0  # medians of (2, 5, 8) and (3, 6, 9)
+    assert t.kernel_ms == 0.8  # the median of (0.9, 0.7, 0.8)
     assert t.kernel_range == (0.6, 1.0)  # the third run's calls did not split evenly: no range from it
     order.clear()
-    assert bn.time_call(lambda: None, iters=4, warmup=0, profile=False).kernel_ms is None
+    plain = bn.time_call(lambda: None, iters=4, warmup=0, profile=False)
+    assert plain.kernel_ms is None and plain.queued_ms is None
     assert order == ["stream"] * bn.ALTERNATIONS
 
 
