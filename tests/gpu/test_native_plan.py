@@ -535,6 +535,55 @@ def test_bad_gemm_input_after_a_plan_raises_what_the_full_path_raises():
 # ---- programmatic launch: the quantize kernel right after the kernels before it --------------------------------
 
 
+# A one-thread kernel that lets dependent grids start at once (PTX griddepcontrol.launch_dependents, sm_90), then
+# spins for `spin` cycles and only then writes `value` to out[0].
+_LATE_WRITE = r"""
+extern "C" __global__ void late_write(float* out, float value, long long spin) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    const long long t0 = clock64();
+    while (clock64() - t0 < spin) {}
+    out[0] = value;
+}
+"""
+
+
+@pytest.mark.parametrize("name", ["nvfp4-1x16", "nvfp4-sr"])
+def test_a_planned_nvfp4_call_reads_the_given_amax_a_kernel_just_wrote(name):
+    """A planned given-amax call's first launch (fill_given) is programmatic: it may start as soon as the kernel
+    before it lets dependents start, so it must wait for that grid before it reads the given amax. Here the kernel
+    before the call lets them start at once, spins ~0.5 ms, then writes the amax (each call's differs from the last,
+    and a stale one gives other bits): every planned call, fresh and out=, equals the golden of the amax written."""
+    import cupy
+
+    import native
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic launch needs sm_90")
+    cfg = CONFIGS[name]
+    late_write = cupy.RawKernel(_LATE_WRITE, "late_write")
+    g = torch.Generator(device="cuda").manual_seed(9)
+    x = torch.randn(1024, 2048, device="cuda", generator=g, dtype=torch.bfloat16)
+    amax = torch.empty(1, device="cuda")
+    true_amax = x.abs().float().amax().item()
+    rng = SEED if cfg.stochastic else None
+    q, prev = None, None
+    with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+        for i, factor in enumerate((1.5, 2.0, 3.0, 5.0, 8.0)):
+            torch.cuda.synchronize()
+            amax.fill_(true_amax * 64)  # what a call that does not wait would read
+            late_write((1,), (1,), (cupy.asarray(amax), cupy.float32(true_amax * factor), cupy.int64(1_000_000)))
+            out = native.quantize(x, cfg, rowwise=True, colwise=True, rng=rng, amax=amax,
+                                  **({"out": q} if i == 4 else {}))  # fmt: skip
+            if i == 3:
+                q = out  # a plan's outputs (the first call of the signature is the full path's): out= on the next
+            gold = reference.quantize(x.cpu(), cfg, rowwise=True, colwise=True, rng=rng,
+                                      amax=torch.tensor([true_amax * factor], dtype=torch.float32))  # fmt: skip
+            assert_same(gold, out, f"{name} call {i} (amax x {factor})")
+            if prev is not None:  # else the test could not tell a stale amax
+                assert not torch.equal(gold.rowwise_scale, prev), f"{name} call {i}: the scales of the call before"
+            prev = gold.rowwise_scale
+
+
 @pytest.mark.parametrize("given", [False, True])
 @pytest.mark.parametrize("name", ["nvfp4-1x16", "nvfp4-rht-sr"])
 def test_a_planned_nvfp4_call_reads_the_x_a_kernel_just_wrote(name, given):
