@@ -21,6 +21,7 @@ from .per_tensor import SUFFIX, THREADS, launch_dequantize, n_tiles, vec_flags
 from .plan import Buffer, OneLaunchPlan, OutputBlock, Step, X
 
 CU_FILE = "fp8_block.cu"
+PLAN_MODULES: tuple = ()  # (CUDA file, config) builds a call plan launches besides its own: none
 # NUMERICS: §6 table - VEC128_32F / BLK128x128_32F on sm_90 only, cuBLAS >= 12.9, TN only, aligned.
 CUBLASLT = CublasLtMode(family="fp8_block", label="FP8 block-scaled (VEC128/BLK128x128)",
                         min_cc=(9, 0), only_cc=(9, 0), cublas_min=120900, aligned=True)

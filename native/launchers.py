@@ -13,7 +13,8 @@ in its launcher module, which provides:
   tensor and scale mode cuBLASLt reads for one consumed copy), `lt_alpha(a_view, b_view) -> float`;
 - `scheme_defines(config)` (its own compile-time defines) and `nvcc_check_configs(scheme)`;
 - `plan_quantize(config, m, k, dtype, *, rowwise, colwise, aligned, given, index)`: quantize_2d's launches for one
-  call signature, prepared once (`native.plan.QuantizePlan`, docs/design.md §4.1).
+  call signature, prepared once (`native.plan.QuantizePlan`, docs/design.md §4.1), and `PLAN_MODULES`, the
+  (CUDA file, config) builds such a plan launches besides its own (`native.modules.modules_for` names them).
 The GEMM epilogue order is the scheme row's (`Scheme.round_before_accumulate`, docs/numerics.md §6).
 """
 

@@ -25,7 +25,9 @@ def modules_for(op: str, config: QuantConfig, *, b_config: QuantConfig | None = 
     if op in ("quantize", "dequantize", "grouped_quantize"):  # grouped: the quantize kernels once per group
         from .launchers import launcher
 
-        return [(launcher(config.scheme).CU_FILE, _compile.defines_for(config))]
+        mod = launcher(config.scheme)
+        plan = [] if op == "dequantize" else [(f, _compile.defines_for(c)) for f, c in mod.PLAN_MODULES]
+        return [(mod.CU_FILE, _compile.defines_for(config)), *plan]  # (quantize builds its call plan at first use)
     if op == "gemm":
         from .gemm import CU_FILE, kernel_defines, resolve_method
 

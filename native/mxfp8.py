@@ -22,6 +22,7 @@ from .per_tensor import SUFFIX, THREADS, launch_dequantize, n_tiles
 from .plan import Buffer, OneLaunchPlan, OutputBlock, Step, X
 
 CU_FILE = "mxfp8.cu"
+PLAN_MODULES: tuple = ()  # (CUDA file, config) builds a call plan launches besides its own: none
 # NUMERICS: §6 table - VEC32_UE8M0 on sm_100+, cuBLAS >= 12.8; any layout (both copies are K-scaled).
 CUBLASLT = CublasLtMode(family="mxfp8", label="MXFP8", min_cc=(10, 0), cublas_min=120800, any_layout=True)
 

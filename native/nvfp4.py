@@ -23,7 +23,9 @@ Passes per call (the copy modes RHT / SR / 2-D are compile-time, from defines_fo
    it only for a shape that leaves some, the scales' zero padding: every output byte is written, so the outputs
    come from torch.empty. A call plan launches it programmatically
    (native/launch.py, docs/design.md §4.1): its CTAs copy their first tile while pass 1 (or fill_given) ends,
-   then wait for A_g and the tile counter.
+   then wait for A_g and the tile counter. A plan's first launch is fill_given (the given amax into both A_g
+   slots, or, with an own amax, only the zeroed slots and counter cleared) and pass 1 is launched
+   programmatically after it: it reads X, then waits for the cleared slots before its atomics.
 A given amax (TE's quantize_with_amax, §5.1; never with RHT) replaces pass 1: X is read once, by pass 2.
 
 The §5.10 variants (4over6, row-scaled) take their own simple kernels (`quantize_variant_with`): amax(X), or
@@ -49,11 +51,14 @@ from . import swizzle
 from .kernels import Patched
 from .launch import PreparedLaunch, device_index, launch, module_for, programmatic_supported, raw_stream, sm_count
 from .launchers import CublasLtMode, LtScale
-from .per_tensor import fill_given
+from .per_tensor import CU_FILE as PER_TENSOR_CU_FILE
+from .per_tensor import FILL_CONFIG, fill_given
 from .plan import Buffer, OutputBlock, Step, X, given_on
 from .plan import QuantizePlan as QuantizePlanBase
 
 CU_FILE = "nvfp4.cu"
+# (CUDA file, config) builds a call plan launches besides its own: every plan's first launch, fill_given.
+PLAN_MODULES = ((PER_TENSOR_CU_FILE, FILL_CONFIG),)
 # NUMERICS: §6 table - VEC16_UE4M3 + alpha on sm_100+, cuBLAS >= 12.8, TN only.
 CUBLASLT = CublasLtMode(family="nvfp4", label="NVFP4", min_cc=(10, 0), cublas_min=120800)
 
@@ -490,6 +495,8 @@ class QuantizePlan(QuantizePlanBase):
         self.block = block = OutputBlock(buffers)
         if given:  # NUMERICS: §5.1 - one launch puts the given amax in both A_g slots and clears the tile counter
             steps, self.clears = [fill_given(block, self._given_slots, index), *steps], True
+        elif not self.variant:  # the A_g slots and the tile counter cleared by a launch (programmatic, sm_90 on)
+            steps, self.clears = [fill_given(block, (None, None), index, given=False), *steps], True
         self.steps = tuple(Step(s, block) for s in steps)
 
     def _launch(self, name: str, n_units: int, args, *, max_blocks: int = MAX_BLOCKS, units_per_block: int = THREADS,
@@ -522,7 +529,8 @@ class QuantizePlan(QuantizePlanBase):
                        _i64(g.scale_padded_shape[1]), Patched(a_g, torch.float32),
                        Patched(stream) if self.sr else np.uint32(0)]  # fmt: skip
             scales.append(Patched(f"{o}_scale", torch.uint8))
-        # The quantize kernel's tile counter (zeroed per call, by the block's memset or fill_given).
+        # The quantize kernel's tile counter (zeroed per call, with the own-amax A_g slots, by the plan's first launch,
+        # fill_given).
         buffers.append(Buffer("_drawn", (1,), torch.int32, zero=True, field=False))
         n_tiles = tile_count(m, k, dtype)
         steps = []
@@ -532,18 +540,19 @@ class QuantizePlan(QuantizePlanBase):
             # NUMERICS: §5.6 - one pass gives the post-RHT amax (colwise A_g) and amax(X) (rowwise A_g).
             steps += self._launch("nvfp4_rht_amax", n_tiles, [x, _i64(m), _i64(k), Patched(a_c, torch.float32),
                                   Patched(a_x, torch.float32)],
-                                  max_blocks=_wave_blocks(RHT_AMAX_CTAS_PER_SM, self.index),
-                                  units_per_block=1)  # fmt: skip
+                                  max_blocks=_wave_blocks(RHT_AMAX_CTAS_PER_SM, self.index), units_per_block=1,
+                                  programmatic=programmatic_supported(self.index))  # fmt: skip
         else:
             steps += self._launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // blk),
                                   [x, _i64(m), _i64(k), Patched(a_x, torch.float32), Patched(a_c, torch.float32)],
-                                  max_blocks=REDUCE_BLOCKS)  # fmt: skip
+                                  max_blocks=REDUCE_BLOCKS, programmatic=programmatic_supported(self.index))  # fmt: skip
         seed = Patched("seed") if self.sr else np.uint64(0)
-        # Launched programmatically (native/launch.py; sm_90 on): the kernel before it is always this plan's amax
-        # kernel (an ordinary launch, so X was complete before it started) or fill_given (programmatic, but it lets
-        # this kernel start only after its own wait for the grid before it: X is complete then too); both only read
-        # X. The quantize kernel's CTAs start as theirs finish, copy their first tile, then wait for A_g and the tile
-        # counter.
+        # Launched programmatically (native/launch.py; sm_90 on), as is the amax kernel before it: a call's first launch
+        # is fill_given (the given amax, or the clearing alone), which waits for the grid before it (any kernel: X may
+        # be its) and only then lets the next kernel start, so X is complete whenever the amax or the quantize kernel
+        # starts, and neither writes it. The amax kernel reads X before it waits (for the cleared A_g slots, before its
+        # atomics); the quantize kernel's CTAs start as the amax / fill kernel's finish, copy their first tile, then
+        # wait for A_g and the tile counter.
         steps += self._launch(f"nvfp4_quantize_{sfx}", n_tiles, [x, _i64(m), _i64(k), seed, *copies,
                               Patched("_drawn", torch.int32)], units_per_block=1,
                               max_blocks=_wave_blocks(quantize_ctas_per_sm(config), self.index),

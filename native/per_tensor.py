@@ -34,6 +34,7 @@ from .plan import Buffer, OutputBlock, Step, X, given_on
 from .plan import QuantizePlan as QuantizePlanBase
 
 CU_FILE = "fp8_per_tensor.cu"
+PLAN_MODULES: tuple = ()  # (CUDA file, config) builds a call plan launches besides its own: none
 TILE = 128  # the cast kernel's CTA tile (common.cuh kTile)
 THREADS = 256  # the cast kernel's CTA size (common.cuh kThreads)
 ELEMENTWISE_THREADS = 256
@@ -236,15 +237,20 @@ def lt_alpha(a_view, b_view) -> float:
 FILL_CONFIG = QuantConfig("fp8_current")  # the build of fp8_per_tensor.cu whose fill_given other plans launch
 
 
-def fill_given(block: OutputBlock, slots: tuple[str | None, str | None], index: int) -> PreparedLaunch:
+def fill_given(block: OutputBlock, slots: tuple[str | None, str | None], index: int, *,
+               given: bool = True) -> PreparedLaunch:  # fmt: skip
     """The `fill_given` launch of a plan whose kernels read a given amax from its own slots (NVFP4's A_g,
     docs/numerics.md §5.1): the caller's amax (role "given", per call) into the block's parts `slots` and the
     block's zero-filled buffers cleared, in one launch (the plan sets `clears`). Launched programmatically on sm_90
     and later (the kernel waits for the grid before it first, then lets the next one start: the gap after the
-    previous call's quantize kernel, which lets dependents start as its CTAs finish their tiles, is hidden)."""
+    previous call's quantize kernel, which lets dependents start as its CTAs finish their tiles, is hidden).
+    given=False (no slots): the clearing alone, an own-amax NVFP4 plan's first launch in place of the block's
+    cudaMemsetAsync, so that its amax kernel can be launched programmatically after it."""
     n_words = -(-block.zero_bytes // 4)  # (rounding up stays in the ALIGN padding before the next buffer)
     assert all(s is None or block.offsets[s] >= 4 * n_words for s in slots)  # the slots lie outside the cleared bytes
-    args = (Patched("given", torch.float32), *(None if s is None else Patched(s, torch.float32) for s in slots),
+    assert given or slots == (None, None)
+    args = (Patched("given", torch.float32) if given else None,
+            *(None if s is None else Patched(s, torch.float32) for s in slots),
             Patched("_block", torch.int32) if n_words else None, np.int64(n_words))  # fmt: skip
     return PreparedLaunch(module_for(CU_FILE, FILL_CONFIG, index), "fill_given",
                           grid_stride_blocks(max(n_words, 1), ELEMENTWISE_THREADS, index), ELEMENTWISE_THREADS, args,

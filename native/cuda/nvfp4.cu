@@ -873,6 +873,7 @@ extern "C" __global__ void __launch_bounds__(NVFP4_THREADS)
         float a = 0.0f;                                                                                          \
         NVFP4_GRID_STRIDE(u, contiguous_units(n_blocks)) a = fmax_nn(a, amax_unit<DT>(x, n_blocks, u));         \
         allow_dependent_launch(); /* the quantize kernel's CTAs may start as these finish (it waits for A_g) */ \
+        wait_for_prior_grid(); /* a plan's fill_given clears A_g first (it let this start once X was complete) */ \
         amax_commit(a, out, out2);                                                                               \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(NVFP4_THREADS, NVFP4_QUANT_MIN_BLOCKS) nvfp4_quantize_##SUFFIX( \
@@ -934,6 +935,7 @@ extern "C" __global__ void __launch_bounds__(NVFP4_THREADS, NVFP4_RHT_AMAX_MIN_B
         }
     }
     allow_dependent_launch();  // the quantize kernel's CTAs may start as these finish (it waits for A_g)
+    wait_for_prior_grid();     // a plan's fill_given cleared the A_g slots (X was complete before it let this start)
     amax_commit(a_rht, out_rht);
     amax_commit(a_plain, out_plain);
 }

@@ -535,8 +535,9 @@ def test_bad_gemm_input_after_a_plan_raises_what_the_full_path_raises():
 # ---- programmatic launch: the quantize kernel right after the kernels before it --------------------------------
 
 
-# A one-thread kernel that lets dependent grids start at once (PTX griddepcontrol.launch_dependents, sm_90), then
-# spins for `spin` cycles and only then writes `value` to out[0].
+# Kernels that let dependent grids start at once (PTX griddepcontrol.launch_dependents, sm_90), then spin for `spin`
+# cycles and only then write: `value` to out[0] (one thread), or src[0:n] into dst (a grid that fits on the GPU at
+# once, so every CTA lets dependents start before any writes).
 _LATE_WRITE = r"""
 extern "C" __global__ void late_write(float* out, float value, long long spin) {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
@@ -544,7 +545,49 @@ extern "C" __global__ void late_write(float* out, float value, long long spin) {
     while (clock64() - t0 < spin) {}
     out[0] = value;
 }
+extern "C" __global__ void late_copy(unsigned short* dst, const unsigned short* src, long long n, long long spin) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    const long long t0 = clock64();
+    while (clock64() - t0 < spin) {}
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        dst[i] = src[i];
+}
 """
+
+
+@pytest.mark.parametrize("name", ["nvfp4-1x16", "nvfp4-rht-sr"])
+def test_a_planned_nvfp4_call_reads_the_x_a_kernel_writes_after_letting_it_start(name):
+    """An own-amax plan's first launch (fill_given, clearing the A_g slots and the tile counter) is programmatic, and
+    so is its amax kernel, which reads X before it waits: fill_given must wait for the grid before it before it lets
+    the amax kernel start. Here that grid lets dependents start at once and writes X only after a ~0.5 ms spin, a
+    new X each call: every planned call, fresh and out=, equals the golden of the X written."""
+    import cupy
+
+    import native
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic launch needs sm_90")
+    cfg = CONFIGS[name]
+    late_copy = cupy.RawKernel(_LATE_WRITE, "late_copy")
+    g = torch.Generator(device="cuda").manual_seed(11)
+    m, k = 512, 1024
+    x = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
+    rng = SEED if cfg.stochastic else None
+    q = None
+    with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+        for i in range(5):
+            src = torch.randn(m, k, device="cuda", generator=g, dtype=torch.bfloat16) * (i + 1)
+            torch.cuda.synchronize()
+            x.fill_(1.0)  # what a call that does not wait would read
+            late_copy((64,), (256,), (cupy.asarray(x.view(torch.int16)), cupy.asarray(src.view(torch.int16)),
+                                      cupy.int64(m * k), cupy.int64(1_000_000)))  # fmt: skip
+            out = native.quantize(x, cfg, rowwise=True, colwise=True, rng=rng, **({"out": q} if i == 4 else {}))
+            if i == 3:
+                q = out  # a plan's outputs (the first call of the signature is the full path's): out= on the next
+            torch.cuda.synchronize()
+            assert torch.equal(x, src)
+            gold = reference.quantize(src.cpu(), cfg, rowwise=True, colwise=True, rng=rng)
+            assert_same(gold, out, f"{name} call {i}")
 
 
 @pytest.mark.parametrize("name", ["nvfp4-1x16", "nvfp4-sr"])

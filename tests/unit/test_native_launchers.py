@@ -27,7 +27,7 @@ from reference.per_tensor import AmaxHistory
 
 NATIVE = Path(native_nvfp4.__file__).resolve().parent
 INTERFACE = ("CU_FILE", "CUBLASLT", "quantize_2d", "dequantize", "lt_scale", "lt_alpha",
-             "scheme_defines", "nvcc_check_configs")
+             "scheme_defines", "nvcc_check_configs", "plan_quantize", "PLAN_MODULES")
 
 
 def test_every_scheme_has_a_launcher_with_the_whole_interface():

@@ -448,7 +448,16 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
     if seed is not None:  # NUMERICS: §5.7 the colwise stream is stream + 1 (mod 2^32)
         named = {"seed": seed.seed, "row_stream": seed.stream, "col_stream": (seed.stream + 1) & 0xFFFFFFFF}
     planned = _planned(plan, named)
-    if given:  # NUMERICS: §5.1 - first, ONE launch puts the given amax in both A_g slots and clears the tile counter
+    if not given and config.variant is None:  # first, ONE launch clears the A_g slots and the tile counter
+        (name, geometry, slots), *planned = planned
+        n_words = -(-plan.block.zero_bytes // 4)
+        assert (name, slots) == ("fill_given", [0, 0, 0, "internal:torch.int32", n_words])  # no given amax, no slots
+        assert geometry == _geometry(-(-n_words // 256), 256) and plan.clears
+        # The cleared words are exactly both A_g slots (the amax kernel's atomicMax targets) and the tile counter.
+        a_g = plan.block.offsets
+        assert {n for n in ("_bits", "_drawn") if a_g[n] < plan.block.zero_bytes} == {"_bits", "_drawn"}
+        assert 4 * n_words <= min(a_g[f"{o}_data"] for o, on in (("rowwise", rowwise), ("colwise", colwise)) if on)
+    elif given:  # NUMERICS: §5.1 - first, ONE launch puts the given amax in both A_g slots and clears the tile counter
         (name, geometry, slots), *planned = planned
         a_g = plan.block.offsets
         slot0, slot1 = ("rowwise_amax" if rowwise else "internal:torch.float32",
@@ -469,15 +478,20 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
     assert planned == _today(calls, x2d, fields)
     _same_fields(_block_fields(plan, monkeypatch), fields)
     _check_bound_steps(plan, monkeypatch)
-    # Programmatic launches (native/launch.py): the tiled quantize kernel, only right after one of this plan's own
-    # kernels that reads X and writes what the quantize kernel waits for (A_g, the tile counter), and fill_given,
-    # which waits for the grid before it first (nvfp4.cu, fp8_per_tensor.cu: every other kernel is an ordinary launch).
+    # Programmatic launches (native/launch.py): fill_given, which waits for the grid before it first, always the
+    # call's first launch; the amax kernel right after it, and the tiled quantize kernel right after one of them
+    # (nvfp4.cu, fp8_per_tensor.cu: X is complete when they start, and they wait before they touch what the kernel
+    # before writes). Every other kernel (the variants', the scales' padding) is an ordinary launch.
     names = [step.launch.name for step in plan.steps]
     quantize = [n for n in names if n.startswith("nvfp4_quantize_") and not n.startswith("nvfp4_quantize_rows")]
-    assert [step.launch.name for step in plan.steps if step.launch.programmatic] == ["fill_given"] * given + quantize
+    amax = [n for n in names if n in ("nvfp4_rht_amax", f"nvfp4_amax_{nvfp4._SUFFIX[dtype]}")] if quantize else []
+    fill = ["fill_given"] if given or config.variant is None else []
+    assert [step.launch.name for step in plan.steps if step.launch.programmatic] == fill + amax + quantize
+    assert not fill or names[0] == "fill_given"
     for i, step in enumerate(plan.steps):
         if step.launch.programmatic and step.launch.name != "fill_given":
             assert i > 0 and names[i - 1] in ("fill_given", "nvfp4_rht_amax", f"nvfp4_amax_{nvfp4._SUFFIX[dtype]}")
+            assert step.launch.name in quantize or names[i - 1] == "fill_given"  # an amax kernel: right after the fill
     # A device before sm_90 (no griddepcontrol): the same launches, none programmatic.
     for mod in (nvfp4, per_tensor):
         monkeypatch.setattr(mod, "programmatic_supported", lambda index: False)
