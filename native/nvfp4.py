@@ -23,9 +23,10 @@ Passes per call (the copy modes RHT / SR / 2-D are compile-time, from defines_fo
    it only for a shape that leaves some, the scales' zero padding: every output byte is written, so the outputs
    come from torch.empty. A call plan launches it programmatically
    (native/launch.py, docs/design.md §4.1): its CTAs copy their first tile while pass 1 (or fill_given) ends,
-   then wait for A_g and the tile counter. A plan's first launch is fill_given (the given amax into both A_g
-   slots, or, with an own amax, only the zeroed slots and counter cleared) and pass 1 is launched
-   programmatically after it: it reads X, then waits for the cleared slots before its atomics.
+   then wait for A_g and the tile counter. A given-amax plan's first launch is fill_given (the given amax into
+   both A_g slots, the counter cleared); so is an own-amax plan's for a large X (CLEAR_LAUNCH_MIN_X_BYTES: the
+   slots and counter cleared, in place of the block's memset), pass 1 then launched programmatically after it: it
+   reads X, then waits for the cleared slots before its atomics.
 A given amax (TE's quantize_with_amax, §5.1; never with RHT) replaces pass 1: X is read once, by pass 2.
 
 The §5.10 variants (4over6, row-scaled) take their own simple kernels (`quantize_variant_with`): amax(X), or
@@ -57,8 +58,15 @@ from .plan import Buffer, OutputBlock, Step, X, given_on
 from .plan import QuantizePlan as QuantizePlanBase
 
 CU_FILE = "nvfp4.cu"
-# (CUDA file, config) builds a call plan launches besides its own: every plan's first launch, fill_given.
+# (CUDA file, config) builds a call plan launches besides its own: the first launch of a given-amax plan, and of an
+# own-amax one at CLEAR_LAUNCH_MIN_X_BYTES, fill_given.
 PLAN_MODULES = ((PER_TENSOR_CU_FILE, FILL_CONFIG),)
+# An own-amax plan (not a §5.10 variant) for an X of at least this many bytes clears its A_g slots and tile counter
+# with fill_given (programmatic) and launches its amax kernel programmatically after it: ~1.5 us less GPU time a call
+# than the block's cudaMemsetAsync and an ordinary amax launch, for ~3 us more host time (a cuLaunchKernelEx, 4.5-6
+# us, against a memset's 1.3-2.4: docs/design.md §4.1). Below it the call's GPU work (an own-amax NVFP4 call at 4096^2
+# bf16, 32 MiB: ~30 us) is shorter than its host work (~35-40 us fresh), so the host sets the pace and the memset wins.
+CLEAR_LAUNCH_MIN_X_BYTES = 48 << 20
 # NUMERICS: §6 table - VEC16_UE4M3 + alpha on sm_100+, cuBLAS >= 12.8, TN only.
 CUBLASLT = CublasLtMode(family="nvfp4", label="NVFP4", min_cc=(10, 0), cublas_min=120800)
 
@@ -488,6 +496,7 @@ class QuantizePlan(QuantizePlanBase):
         self.variant = config.variant is not None
         mod = module_for(CU_FILE, config, index)
         self._mod = mod
+        self.clear_launch = not given and not self.variant and m * k * dtype.itemsize >= CLEAR_LAUNCH_MIN_X_BYTES
         if self.variant:
             buffers, steps = self._variant(config, m, k, dtype, rowwise, colwise, given)
         else:
@@ -495,7 +504,7 @@ class QuantizePlan(QuantizePlanBase):
         self.block = block = OutputBlock(buffers)
         if given:  # NUMERICS: §5.1 - one launch puts the given amax in both A_g slots and clears the tile counter
             steps, self.clears = [fill_given(block, self._given_slots, index), *steps], True
-        elif not self.variant:  # the A_g slots and the tile counter cleared by a launch (programmatic, sm_90 on)
+        elif self.clear_launch:  # the A_g slots and the tile counter cleared by a launch (programmatic, sm_90 on)
             steps, self.clears = [fill_given(block, (None, None), index, given=False), *steps], True
         self.steps = tuple(Step(s, block) for s in steps)
 
@@ -529,8 +538,8 @@ class QuantizePlan(QuantizePlanBase):
                        _i64(g.scale_padded_shape[1]), Patched(a_g, torch.float32),
                        Patched(stream) if self.sr else np.uint32(0)]  # fmt: skip
             scales.append(Patched(f"{o}_scale", torch.uint8))
-        # The quantize kernel's tile counter (zeroed per call, with the own-amax A_g slots, by the plan's first launch,
-        # fill_given).
+        # The quantize kernel's tile counter (zeroed per call, with an own amax's A_g slots: by the block's memset, or
+        # the plan's first launch, fill_given).
         buffers.append(Buffer("_drawn", (1,), torch.int32, zero=True, field=False))
         n_tiles = tile_count(m, k, dtype)
         steps = []
@@ -541,18 +550,19 @@ class QuantizePlan(QuantizePlanBase):
             steps += self._launch("nvfp4_rht_amax", n_tiles, [x, _i64(m), _i64(k), Patched(a_c, torch.float32),
                                   Patched(a_x, torch.float32)],
                                   max_blocks=_wave_blocks(RHT_AMAX_CTAS_PER_SM, self.index), units_per_block=1,
-                                  programmatic=programmatic_supported(self.index))  # fmt: skip
+                                  programmatic=self.clear_launch and programmatic_supported(self.index))  # fmt: skip
         else:
             steps += self._launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // blk),
                                   [x, _i64(m), _i64(k), Patched(a_x, torch.float32), Patched(a_c, torch.float32)],
-                                  max_blocks=REDUCE_BLOCKS, programmatic=programmatic_supported(self.index))  # fmt: skip
+                                  max_blocks=REDUCE_BLOCKS,
+                                  programmatic=self.clear_launch and programmatic_supported(self.index))  # fmt: skip
         seed = Patched("seed") if self.sr else np.uint64(0)
-        # Launched programmatically (native/launch.py; sm_90 on), as is the amax kernel before it: a call's first launch
-        # is fill_given (the given amax, or the clearing alone), which waits for the grid before it (any kernel: X may
-        # be its) and only then lets the next kernel start, so X is complete whenever the amax or the quantize kernel
-        # starts, and neither writes it. The amax kernel reads X before it waits (for the cleared A_g slots, before its
-        # atomics); the quantize kernel's CTAs start as the amax / fill kernel's finish, copy their first tile, then
-        # wait for A_g and the tile counter.
+        # Launched programmatically (native/launch.py; sm_90 on). The kernel before it is the amax kernel or
+        # fill_given, and X was complete when that kernel started: an amax kernel is an ordinary launch after the
+        # block's memset, or (clear_launch) programmatic after fill_given, which waits for the grid before it (any
+        # kernel: X may be its) and only then lets the next kernel start; neither writes X. (Such an amax kernel reads X
+        # before its own wait, which it passes before its atomics into the cleared A_g slots.) The quantize kernel's
+        # CTAs start as that kernel's finish, copy their first tile, then wait for A_g and the tile counter.
         steps += self._launch(f"nvfp4_quantize_{sfx}", n_tiles, [x, _i64(m), _i64(k), seed, *copies,
                               Patched("_drawn", torch.int32)], units_per_block=1,
                               max_blocks=_wave_blocks(quantize_ctas_per_sm(config), self.index),

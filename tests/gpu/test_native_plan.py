@@ -556,18 +556,23 @@ extern "C" __global__ void late_copy(unsigned short* dst, const unsigned short* 
 
 
 @pytest.mark.parametrize("name", ["nvfp4-1x16", "nvfp4-rht-sr"])
-def test_a_planned_nvfp4_call_reads_the_x_a_kernel_writes_after_letting_it_start(name):
-    """An own-amax plan's first launch (fill_given, clearing the A_g slots and the tile counter) is programmatic, and
-    so is its amax kernel, which reads X before it waits: fill_given must wait for the grid before it before it lets
-    the amax kernel start. Here that grid lets dependents start at once and writes X only after a ~0.5 ms spin, a
-    new X each call: every planned call, fresh and out=, equals the golden of the X written."""
+def test_a_planned_nvfp4_call_reads_the_x_a_kernel_writes_after_letting_it_start(name, monkeypatch):
+    """An own-amax plan for a large X (nvfp4.CLEAR_LAUNCH_MIN_X_BYTES, here lowered to 0) clears its A_g slots and
+    tile counter with a programmatic fill_given and launches its amax kernel programmatically after it; the amax
+    kernel reads X before it waits, so fill_given must wait for the grid before it before it lets the amax kernel
+    start. Here that grid lets dependents start at once and writes X only after a ~0.5 ms spin, a new X each call:
+    every planned call, fresh and out=, equals the golden of the X written."""
     import cupy
 
     import native
+    from native import nvfp4 as native_nvfp4
+    from native import plan as native_plan
 
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic launch needs sm_90")
     cfg = CONFIGS[name]
+    monkeypatch.setattr(native_nvfp4, "CLEAR_LAUNCH_MIN_X_BYTES", 0)
+    native_plan.clear_plans()  # (a plan this process cached at the default threshold would clear by a memset)
     late_copy = cupy.RawKernel(_LATE_WRITE, "late_copy")
     g = torch.Generator(device="cuda").manual_seed(11)
     m, k = 512, 1024
@@ -588,6 +593,7 @@ def test_a_planned_nvfp4_call_reads_the_x_a_kernel_writes_after_letting_it_start
             assert torch.equal(x, src)
             gold = reference.quantize(src.cpu(), cfg, rowwise=True, colwise=True, rng=rng)
             assert_same(gold, out, f"{name} call {i}")
+    native_plan.clear_plans()  # later tests get plans at the default threshold
 
 
 @pytest.mark.parametrize("name", ["nvfp4-1x16", "nvfp4-sr"])

@@ -415,7 +415,9 @@ def _variants_available():
 @pytest.mark.parametrize("rowwise, colwise", COPIES)
 @pytest.mark.parametrize("given", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, rowwise, colwise, given, dtype):
+@pytest.mark.parametrize("large", [False, True], ids=["small-x", "large-x"])
+def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, rowwise, colwise, given, dtype, large):
+    """(large: X at nvfp4.CLEAR_LAUNCH_MIN_X_BYTES, set to the test's X, where an own-amax plan clears by a launch.)"""
     if config.rht and dtype != torch.bfloat16:
         pytest.skip("RHT needs bfloat16 (reference.spec)")
     if given and (config.rht or config.row_scaled):
@@ -435,6 +437,7 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
             calls.append((name, _geometry(min(-(-n_units // units_per_block), max_blocks), nvfp4.THREADS), args))
 
     m, k = 64, 160
+    monkeypatch.setattr(nvfp4, "CLEAR_LAUNCH_MIN_X_BYTES", m * k * dtype.itemsize + (0 if large else 1))
     x2d = torch.randn(m, k).to(dtype)
     seed = SRSeed(0xDEAD_BEEF_1234, 0xFFFF_FFFF) if config.stochastic else None
     amax = torch.tensor([3.0]) if given else None
@@ -448,7 +451,9 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
     if seed is not None:  # NUMERICS: §5.7 the colwise stream is stream + 1 (mod 2^32)
         named = {"seed": seed.seed, "row_stream": seed.stream, "col_stream": (seed.stream + 1) & 0xFFFFFFFF}
     planned = _planned(plan, named)
-    if not given and config.variant is None:  # first, ONE launch clears the A_g slots and the tile counter
+    clear_launch = not given and config.variant is None and large
+    assert plan.clear_launch == clear_launch
+    if clear_launch:  # first, ONE launch clears the A_g slots and the tile counter
         (name, geometry, slots), *planned = planned
         n_words = -(-plan.block.zero_bytes // 4)
         assert (name, slots) == ("fill_given", [0, 0, 0, "internal:torch.int32", n_words])  # no given amax, no slots
@@ -484,8 +489,8 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
     # before writes). Every other kernel (the variants', the scales' padding) is an ordinary launch.
     names = [step.launch.name for step in plan.steps]
     quantize = [n for n in names if n.startswith("nvfp4_quantize_") and not n.startswith("nvfp4_quantize_rows")]
-    amax = [n for n in names if n in ("nvfp4_rht_amax", f"nvfp4_amax_{nvfp4._SUFFIX[dtype]}")] if quantize else []
-    fill = ["fill_given"] if given or config.variant is None else []
+    amax = [n for n in names if n in ("nvfp4_rht_amax", f"nvfp4_amax_{nvfp4._SUFFIX[dtype]}")] if clear_launch else []
+    fill = ["fill_given"] if given or clear_launch else []
     assert [step.launch.name for step in plan.steps if step.launch.programmatic] == fill + amax + quantize
     assert not fill or names[0] == "fill_given"
     for i, step in enumerate(plan.steps):
