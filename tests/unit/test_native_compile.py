@@ -295,8 +295,8 @@ def test_modules_for_names_the_file_and_defines_each_quantizer_loads():
                 QuantConfig("fp8_block", element="e5m2"), QuantConfig("nvfp4", rht=True, stochastic=True)):
         want = [(files[cfg.scheme], _compile.defines_for(cfg))]
         assert modules_for("dequantize", cfg) == want
-        # An NVFP4 call plan (built at a signature's first call) launches fill_given first (fp8_per_tensor.cu, built
-        # for fp8_current): quantize loads that module too.
+        # An NVFP4 call plan (built at a signature's first call) with a given amax, or an own amax over a large X,
+        # launches fill_given first (fp8_per_tensor.cu, built for fp8_current): quantize may load that module too.
         fill = [("fp8_per_tensor.cu", _compile.defines_for(QuantConfig("fp8_current")))] * (cfg.scheme == "nvfp4")
         assert modules_for("quantize", cfg) == want + fill
     with pytest.raises(ValueError, match="'transpose'"):
