@@ -16,8 +16,8 @@
 //
 // The post-RHT amax kernel reads the same tiles as the quantize kernel. The zero padding of the scale
 // tensors is nvfp4_scale_padding's, launched only for shapes that leave some (the outputs come from
-// torch.empty, with or without an amax pass). A block is encoded without the per-element NaN rule and fixed afterwards when its
-// NaN-propagating amax says it holds a NaN (docs/numerics.md §0.5: NaN -> +6).
+// torch.empty, with or without an amax pass). A block is encoded without the per-element NaN rule and
+// fixed afterwards when its NaN-propagating amax says it holds a NaN (docs/numerics.md §0.5: NaN -> +6).
 //
 // The rounding code (encode_block, encode_words and the nvfp4.cuh rules they call) is __host__
 // __device__ so the same code can be replayed on a CPU (tests/unit/host); the quantize kernel only
