@@ -9,7 +9,7 @@ with `nvdisasm -gi` (nvdisasm / cuobjdump: CUDA toolkit, or pip nvidia-cuda-nvdi
 iteration of the tile loop (the longest loop) on the common path: inner loops run their trip count (rowwise blocks and
 colwise words per thread), a forward branch is taken iff its fall-through block holds a CALL (the
 slow path of __frcp_rn), encode_words' has_nan fix-up, a line marked `// edge tile` (the guarded loads of a tile
-at X's bottom or right edge, or code called from such a line) or `// one thread` (thread 0's draw of the next tile: one thread of 256, not the
+at X's bottom or right edge) or `// one thread` (thread 0's draw of the next tile: one thread of 256, not the
 per-thread path), or code inlined from a line whose comment ends with `slow path` (called from it: the RN encode
 of a block holding a NaN or a |y| >= 7, which clamps first; amax_nan_of's NaN-ignoring amax of a block holding a
 NaN); a constant move there does not count (the compiler hoists a slow path's constants into the blocks before it:
@@ -144,9 +144,6 @@ def count(body: str, trips: int, elems: int):
         chain = [(f, n) for f, n in ins[k][2] if f in src]
         if chain and src[chain[0][0]][chain[0][1] - 1].endswith(("// edge tile", "// one thread")):
             return True
-        # Inlined from a call on an `edge tile` line.
-        if any(src[f][n - 1].endswith("// edge tile") for f, n in chain[1:]):
-            return True
         # Inlined from a call on a `slow path` line (not the line's own branch / move instructions).
         if any(src[f][n - 1].endswith("slow path") for f, n in chain[1:]):
             return True
@@ -190,9 +187,7 @@ def count(body: str, trips: int, elems: int):
             op = ins[k][1]
             if stop(k):
                 return path
-            if op.startswith("@") and _opcode(op) == "EXIT":  # the exit of a CTA without a tile: not taken;
-                if rare(k):  # an exit before an edge-tile path (none on the common path): taken
-                    return path
+            if op.startswith("@") and _opcode(op) == "EXIT":  # the exit of a CTA without a tile: not taken
                 k += 1
                 continue
             if _opcode(op) == "EXIT" or "CALL" in op:  # (PREEXIT, griddepcontrol.launch_dependents, walks on)
