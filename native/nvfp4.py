@@ -542,6 +542,8 @@ class QuantizePlan(QuantizePlanBase):
         # the plan's first launch, fill_given).
         buffers.append(Buffer("_drawn", (1,), torch.int32, zero=True, field=False))
         n_tiles = tile_count(m, k, dtype)
+        # An own amax's kernel is programmatic only after the plan's clearing launch (fill_given, clear_launch).
+        amax_programmatic = self.clear_launch and programmatic_supported(self.index)
         steps = []
         if given:
             pass  # NUMERICS: §5.1 - the given amax is A_g of both copies; no pass over X (copied per call)
@@ -550,12 +552,11 @@ class QuantizePlan(QuantizePlanBase):
             steps += self._launch("nvfp4_rht_amax", n_tiles, [x, _i64(m), _i64(k), Patched(a_c, torch.float32),
                                   Patched(a_x, torch.float32)],
                                   max_blocks=_wave_blocks(RHT_AMAX_CTAS_PER_SM, self.index), units_per_block=1,
-                                  programmatic=self.clear_launch and programmatic_supported(self.index))  # fmt: skip
+                                  programmatic=amax_programmatic)  # fmt: skip
         else:
             steps += self._launch(f"nvfp4_amax_{sfx}", _contiguous_units(m * k // blk),
                                   [x, _i64(m), _i64(k), Patched(a_x, torch.float32), Patched(a_c, torch.float32)],
-                                  max_blocks=REDUCE_BLOCKS,
-                                  programmatic=self.clear_launch and programmatic_supported(self.index))  # fmt: skip
+                                  max_blocks=REDUCE_BLOCKS, programmatic=amax_programmatic)  # fmt: skip
         seed = Patched("seed") if self.sr else np.uint64(0)
         # Launched programmatically (native/launch.py; sm_90 on). The kernel before it is the amax kernel or
         # fill_given, and X was complete when that kernel started: an amax kernel is an ordinary launch after the

@@ -174,7 +174,7 @@ NH_CAST(f16, __half)
 extern "C" __global__ void fill_given(const float* __restrict__ given, float* __restrict__ slot0,
                                       float* __restrict__ slot1, unsigned int* __restrict__ zero, i64 n_words) {
   wait_for_prior_grid();
-  allow_dependent_launch();  // an NVFP4 quantize kernel after it may start now (it waits for these writes)
+  allow_dependent_launch();  // the NVFP4 quantize or amax kernel after it may start now (it waits for these writes)
   const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
   for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_words; i += stride) zero[i] = 0u;
   if (given != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {

@@ -676,9 +676,10 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     };
     load(0, tile_mk);  // in flight during the setup
     // A plan launches this kernel programmatically (native/launch.py): it may start while the amax or fill_given
-    // kernel before it runs. X is theirs to read only, and was complete before they let this kernel start (the amax
-    // kernels are ordinary launches; fill_given waits for the grid before it first), so the first tile's copies go
-    // first; A_g and the tile counter, which they write, are read after the wait.
+    // kernel before it runs. X is theirs to read only, and was complete before they let this kernel start (an amax
+    // kernel is an ordinary launch, or a programmatic one after fill_given; fill_given waits for the grid before it
+    // first), so the first tile's copies go first; A_g and the tile counter, which they write, are read after the
+    // wait.
     wait_for_prior_grid();
     if (threadIdx.x == 0) next_tile[0] = tile_at(gridDim.x + atomicAdd(drawn, 1u));  // one thread
 
