@@ -49,13 +49,14 @@ def _hold(hold_s: float | None) -> torch.cuda.Event | None:
     if not hold_s:
         return None
     torch.cuda._sleep(int(hold_s * SPIN_HZ))
-    held = torch.cuda.Event(enable_timing=True)
-    held.record()
-    return held
+    spin_end = torch.cuda.Event(enable_timing=True)
+    spin_end.record()
+    return spin_end
 
 
-def _check_held(held: torch.cuda.Event | None, what: str, iters: int, issuing_s: float, hold_s: float | None) -> None:
-    if held is not None and held.query():
+def _check_held(spin_end: torch.cuda.Event | None, what: str, iters: int, issuing_s: float,
+                hold_s: float | None) -> None:  # fmt: skip
+    if spin_end is not None and spin_end.query():
         raise HoldTooShort(
             f"{what}: the GPU was idle before the last of {iters} calls was issued ({issuing_s:.4f} s "
             f"of issuing, held {hold_s:.4f} s)"
@@ -71,15 +72,15 @@ def stream_ms(fn, iters: int, runs: int = 3, hold_s: float | None = None) -> lis
     out = []
     for _ in range(runs):
         torch.cuda.synchronize()
-        held = _hold(hold_s)
-        s = held or torch.cuda.Event(enable_timing=True)
-        e = torch.cuda.Event(enable_timing=True)
-        if held is None:
+        spin_end = s = _hold(hold_s)
+        if s is None:  # no hold: the first event is now
+            s = torch.cuda.Event(enable_timing=True)
             s.record()
+        e = torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
         for _ in range(iters):
             fn()
-        _check_held(held, "stream_ms", iters, time.perf_counter() - t0, hold_s)
+        _check_held(spin_end, "stream_ms", iters, time.perf_counter() - t0, hold_s)
         e.record()
         e.synchronize()
         out.append(s.elapsed_time(e) / iters)
@@ -114,12 +115,12 @@ def issue_us(fn, iters: int, runs: int = 3, hold_s: float | None = None) -> list
     out = []
     for _ in range(runs):
         torch.cuda.synchronize()
-        held = _hold(hold_s)
+        spin_end = _hold(hold_s)
         t0 = time.perf_counter()
         for _ in range(iters):
             fn()
         dt = time.perf_counter() - t0
-        _check_held(held, "issue_us", iters, dt, hold_s)
+        _check_held(spin_end, "issue_us", iters, dt, hold_s)
         out.append(dt * 1e6 / iters)
         torch.cuda.synchronize()
     return out
@@ -142,14 +143,12 @@ def hold_estimate(fn, iters: int, probe: int = 5) -> float:
 def held(measure, hold_s: float, retries: int = HOLD_RETRIES) -> tuple[list[float], float]:
     """(measure(hold), the hold used): measure(hold_s), run again with a 4x longer hold while it raises HoldTooShort
     (the host stalled past the hold), at most `retries` times."""
-    for attempt in range(retries + 1):
+    for _ in range(retries):
         try:
             return measure(hold_s), hold_s
         except HoldTooShort:
-            if attempt == retries:
-                raise
             hold_s *= 4
-    raise AssertionError("unreachable")
+    return measure(hold_s), hold_s
 
 
 @dataclass(frozen=True)
