@@ -13,7 +13,9 @@ Passes per call (the copy modes RHT / SR / 2-D are compile-time, from defines_fo
    the quantize tiles giving both amax(X) and the post-RHT amax (the RHT is recomputed in pass 2,
    not stored): one wave of CTAs (`RHT_AMAX_CTAS_PER_SM` per SM), a warp per 16-row m-block of a tile, each
    lane reading its word column's 16 rows straight from X (no shared memory, no barrier). Both write one
-   zeroed [3] buffer (slot 0 the rowwise A_g, slot 1 the columnwise; slot 2 is pass 2's tile counter);
+   zeroed [3] buffer (slot 0 the rowwise A_g, slot 1 the columnwise; slot 2 is pass 2's tile counter). Both load
+   X at L2 evict-first priority (native/cuda/l2_policy.cuh), so the previous call's dirty outputs are written back
+   during pass 2, not during this DRAM-bound pass;
 2. one tiled kernel quantizes the requested copies: one wave of resident CTAs (`quantize_ctas_per_sm` per
    SM), each walking 128-row tiles of X (its first tile by block index, each later one drawn from the zeroed
    counter, so the CTAs of an SM finish together), reads each tile once into shared memory (double-buffered: the

@@ -25,6 +25,7 @@
 // per-CTA table of the same encode_factor.
 // schemes: nvfp4
 #include "dependent_launch.cuh"
+#include "l2_policy.cuh"
 #include "nvfp4.cuh"
 
 namespace nvfp4 {
@@ -164,14 +165,32 @@ NVFP4_HD i64 contiguous_units(i64 n_blocks) { return ceil_div(n_blocks, (i64)GRO
 // Block j of contiguous unit `unit`.
 NVFP4_HD i64 contiguous_block(i64 unit, int j) { return ((unit / WARP) * GROUP + j) * WARP + unit % WARP; }
 
-// amax of unit `unit` of a contiguous tensor of n_blocks 16-element blocks.
+// amax of unit `unit` of a contiguous tensor of n_blocks 16-element blocks. On the GPU, X is loaded at L2
+// evict-first priority (l2_policy.cuh: the amax pass reads it only to reduce it).
 template <int DT>
 NVFP4_HD float amax_unit(const void* x, i64 n_blocks, i64 unit) {
     Raw<DT> raw[GROUP];
+#if defined(__CUDA_ARCH__)
+    const u64 policy = l2_evict_first_policy();
+#endif
 #pragma unroll
     for (int j = 0; j < GROUP; ++j) {
         const i64 b = contiguous_block(unit, j);
-        if (b < n_blocks) load_raw<DT>(x, b * BLOCK, 1, raw[j]);
+        if (b >= n_blocks) continue;
+#if defined(__CUDA_ARCH__)
+        // the block's 16 elements: sizeof(Raw<DT>) bytes, 16-byte aligned (load_raw's contiguous case)
+        const uint4* p = reinterpret_cast<const uint4*>(static_cast<const char*>(x) + b * (i64)sizeof(Raw<DT>));
+#pragma unroll
+        for (int q = 0; q < Raw<DT>::WORDS / 4; ++q) {
+            const uint4 t = load_with_policy(p + q, policy);
+            raw[j].w[4 * q] = t.x;
+            raw[j].w[4 * q + 1] = t.y;
+            raw[j].w[4 * q + 2] = t.z;
+            raw[j].w[4 * q + 3] = t.w;
+        }
+#else
+        load_raw<DT>(x, b * BLOCK, 1, raw[j]);
+#endif
     }
     float a = 0.0f;
 #pragma unroll
@@ -913,6 +932,7 @@ extern "C" __global__ void __launch_bounds__(NVFP4_THREADS, NVFP4_RHT_AMAX_MIN_B
     const u32 row_words = k32 / 2;  // 32-bit words (bf16 pairs) of a row of X
     const TileGrid tile_grid(m32, k32, T::COLS);
     const u32* xw = static_cast<const u32*>(x);
+    const u64 policy = l2_evict_first_policy();  // X is read only to reduce it (l2_policy.cuh)
     float a_rht = 0.0f, a_plain = 0.0f;
     for (u32 t = blockIdx.x; t < tile_grid.n_tiles; t += gridDim.x) {
         u32 tm, tk;
@@ -922,7 +942,7 @@ extern "C" __global__ void __launch_bounds__(NVFP4_THREADS, NVFP4_RHT_AMAX_MIN_B
         const u32* src = xw + (u64)r0 * row_words + wc;
         u32 words[BLOCK];
 #pragma unroll
-        for (int i = 0; i < BLOCK; ++i) words[i] = src[(u64)i * row_words];  // all in flight
+        for (int i = 0; i < BLOCK; ++i) words[i] = load_with_policy(src + (u64)i * row_words, policy);  // all in flight
         float hi[2];
         u32 e_lo[2];
         pair_amax_nan<IN_BF16>(words, hi);
