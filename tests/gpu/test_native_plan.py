@@ -579,7 +579,7 @@ def test_a_planned_nvfp4_call_reads_the_x_a_kernel_writes_after_letting_it_start
     x = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
     rng = SEED if cfg.stochastic else None
     q = None
-    with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+    with cupy.cuda.Stream.from_external(torch.cuda.current_stream()):  # (the CUDA stream protocol)
         for i in range(5):
             src = torch.randn(m, k, device="cuda", generator=g, dtype=torch.bfloat16) * (i + 1)
             torch.cuda.synchronize()
@@ -616,7 +616,7 @@ def test_a_planned_nvfp4_call_reads_the_given_amax_a_kernel_just_wrote(name):
     true_amax = x.abs().float().amax().item()
     rng = SEED if cfg.stochastic else None
     q, prev = None, None
-    with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+    with cupy.cuda.Stream.from_external(torch.cuda.current_stream()):  # (the CUDA stream protocol)
         for i, factor in enumerate((1.5, 2.0, 3.0, 5.0, 8.0)):
             torch.cuda.synchronize()
             amax.fill_(true_amax * 64)  # what a call that does not wait would read
