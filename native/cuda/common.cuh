@@ -10,6 +10,8 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include "l2_policy.cuh"
+
 #ifndef ELEM_MAX
 #error "common.cuh needs the defines of native/_compile.py::defines_for(config)"
 #endif
@@ -40,10 +42,22 @@ template <> struct InputMax<float> { static constexpr float value = INPUT_MAX_FL
 template <> struct InputMax<__nv_bfloat16> { static constexpr float value = INPUT_MAX_BFLOAT16; };
 template <> struct InputMax<__half> { static constexpr float value = INPUT_MAX_FLOAT16; };
 
+// One 16-byte vector from a 16-byte aligned address; EVICT_FIRST: at L2 evict-first priority (l2_policy.cuh: for a
+// pass that reads its input only to reduce it).
+template <bool EVICT_FIRST, typename V>
+__device__ __forceinline__ V load16(const void* p) {
+  if constexpr (EVICT_FIRST) {
+    static_assert(sizeof(V) == sizeof(uint4), "a 16-byte vector");
+    const uint4 u = load_with_policy(reinterpret_cast<const uint4*>(p), l2_evict_first_policy());
+    return *reinterpret_cast<const V*>(&u);  // the same 16 bytes as V (uint4 or float4)
+  } else {
+    return *reinterpret_cast<const V*>(p);
+  }
+}
 // 8 consecutive elements from a 16-byte aligned address (fp32: two 16-byte loads).
+template <bool EVICT_FIRST = false>
 __device__ __forceinline__ void load8_vec(const float* p, float v[8]) {
-  const float4 a = *reinterpret_cast<const float4*>(p);
-  const float4 b = *reinterpret_cast<const float4*>(p + 4);
+  const float4 a = load16<EVICT_FIRST, float4>(p), b = load16<EVICT_FIRST, float4>(p + 4);
   v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
   v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
 }
@@ -79,9 +93,9 @@ __device__ __forceinline__ void unpack_pair(unsigned int w, float* v, const T* t
   v[0] = widen_lo(w, tag);  // bf16 -> fp32 is a shift; fp16 -> fp32 is exact
   v[1] = widen_hi(w, tag);
 }
-template <typename T>
+template <bool EVICT_FIRST = false, typename T>
 __device__ __forceinline__ void load8_vec(const T* p, float v[8]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const uint4 u = load16<EVICT_FIRST, uint4>(p);
   unpack_pair(u.x, v + 0, p);
   unpack_pair(u.y, v + 2, p);
   unpack_pair(u.z, v + 4, p);

@@ -5,7 +5,6 @@
 // schemes: fp8_current fp8_delayed
 #include "common.cuh"
 #include "dependent_launch.cuh"
-#include "l2_policy.cuh"
 
 #if !defined(SCHEME_FP8_CURRENT) && !defined(SCHEME_FP8_DELAYED)
 #error "fp8_per_tensor.cu needs the defines of an fp8_current or fp8_delayed config"
@@ -16,22 +15,6 @@ using namespace nh;
 // ---------------------------------------------------------------------------------------------
 // amax over the whole tensor (fp8_current pass 1)
 // ---------------------------------------------------------------------------------------------
-// load8_vec at L2 evict-first priority (l2_policy.cuh: the amax pass reads x only to reduce it).
-__device__ __forceinline__ void load8_evict_first(const float* p, float v[8], u64 policy) {
-  const uint4 a = load_with_policy(reinterpret_cast<const uint4*>(p), policy);
-  const uint4 b = load_with_policy(reinterpret_cast<const uint4*>(p + 4), policy);
-  v[0] = __uint_as_float(a.x); v[1] = __uint_as_float(a.y); v[2] = __uint_as_float(a.z); v[3] = __uint_as_float(a.w);
-  v[4] = __uint_as_float(b.x); v[5] = __uint_as_float(b.y); v[6] = __uint_as_float(b.z); v[7] = __uint_as_float(b.w);
-}
-template <typename T>
-__device__ __forceinline__ void load8_evict_first(const T* p, float v[8], u64 policy) {
-  const uint4 u = load_with_policy(reinterpret_cast<const uint4*>(p), policy);
-  unpack_pair(u.x, v + 0, p);
-  unpack_pair(u.y, v + 2, p);
-  unpack_pair(u.z, v + 4, p);
-  unpack_pair(u.w, v + 6, p);
-}
-
 // NUMERICS: §0.1 amax - any order/tree; partials combined by an integer max on the bit patterns.
 // `amax` must hold +0 before the launch. vec_ok: base 16-byte aligned (8 elements per vector step).
 template <typename T>
@@ -40,13 +23,12 @@ __device__ __forceinline__ void tensor_amax(const T* __restrict__ x, i64 n, int 
   float a = 0.0f;
   const i64 tid = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
   const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
-  const u64 policy = l2_evict_first_policy();
   i64 n_vec = 0;
   if (vec_ok) {
     n_vec = n / kVec;
     for (i64 i = tid; i < n_vec; i += stride) {
       float v[kVec];
-      load8_evict_first(x + i * kVec, v, policy);
+      load8_vec<true>(x + i * kVec, v);  // at L2 evict-first priority: x is read only to reduce it
 #pragma unroll
       for (int j = 0; j < kVec; ++j) a = amax_step(a, v[j]);
     }

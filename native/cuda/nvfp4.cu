@@ -47,8 +47,9 @@ NVFP4_HD u32 load_word(const void* src, i64 off) {
 }
 
 // The 16 elements src[off + i * cs], as loaded (16-byte vector loads when contiguous: offsets are
-// multiples of 16 elements and the base is 16-byte aligned).
-template <int DT>
+// multiples of 16 elements and the base is 16-byte aligned; EVICT_FIRST: at L2 evict-first priority, for a pass that
+// reads X only to reduce it, l2_policy.cuh).
+template <int DT, bool EVICT_FIRST = false>
 NVFP4_HD void load_raw(const void* src, i64 off, i64 cs, Raw<DT>& raw) {
 #if defined(__CUDA_ARCH__)
     if (cs == 1) {
@@ -56,7 +57,7 @@ NVFP4_HD void load_raw(const void* src, i64 off, i64 cs, Raw<DT>& raw) {
                                       : reinterpret_cast<const uint4*>(static_cast<const u16*>(src) + off);
 #pragma unroll
         for (int q = 0; q < Raw<DT>::WORDS / 4; ++q) {
-            const uint4 t = p[q];
+            const uint4 t = EVICT_FIRST ? load_with_policy(p + q, l2_evict_first_policy()) : p[q];
             raw.w[4 * q] = t.x;
             raw.w[4 * q + 1] = t.y;
             raw.w[4 * q + 2] = t.z;
@@ -170,27 +171,10 @@ NVFP4_HD i64 contiguous_block(i64 unit, int j) { return ((unit / WARP) * GROUP +
 template <int DT>
 NVFP4_HD float amax_unit(const void* x, i64 n_blocks, i64 unit) {
     Raw<DT> raw[GROUP];
-#if defined(__CUDA_ARCH__)
-    const u64 policy = l2_evict_first_policy();
-#endif
 #pragma unroll
     for (int j = 0; j < GROUP; ++j) {
         const i64 b = contiguous_block(unit, j);
-        if (b >= n_blocks) continue;
-#if defined(__CUDA_ARCH__)
-        // the block's 16 elements: sizeof(Raw<DT>) bytes, 16-byte aligned (load_raw's contiguous case)
-        const uint4* p = reinterpret_cast<const uint4*>(static_cast<const char*>(x) + b * (i64)sizeof(Raw<DT>));
-#pragma unroll
-        for (int q = 0; q < Raw<DT>::WORDS / 4; ++q) {
-            const uint4 t = load_with_policy(p + q, policy);
-            raw[j].w[4 * q] = t.x;
-            raw[j].w[4 * q + 1] = t.y;
-            raw[j].w[4 * q + 2] = t.z;
-            raw[j].w[4 * q + 3] = t.w;
-        }
-#else
-        load_raw<DT>(x, b * BLOCK, 1, raw[j]);
-#endif
+        if (b < n_blocks) load_raw<DT, true>(x, b * BLOCK, 1, raw[j]);
     }
     float a = 0.0f;
 #pragma unroll
