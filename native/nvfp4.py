@@ -26,9 +26,9 @@ Passes per call (the copy modes RHT / SR / 2-D are compile-time, from defines_fo
    come from torch.empty. A call plan launches it programmatically
    (native/launch.py, docs/design.md §4.1): its CTAs copy their first tile while pass 1 (or fill_given) ends,
    then wait for A_g and the tile counter. A given-amax plan's first launch is fill_given (the given amax into
-   both A_g slots, the counter cleared); so is an own-amax plan's for a large X (CLEAR_LAUNCH_MIN_X_BYTES: the
-   slots and counter cleared, in place of the block's memset), pass 1 then launched programmatically after it: it
-   reads X, then waits for the cleared slots before its atomics.
+   both A_g slots, the counter cleared); so is an own-amax plan's for a large X (per_tensor.CLEAR_LAUNCH_MIN_X_BYTES:
+   the slots and counter cleared, in place of the block's memset), pass 1 then launched programmatically after it:
+   it reads X, then waits for the cleared slots before its atomics.
 A given amax (TE's quantize_with_amax, §5.1; never with RHT) replaces pass 1: X is read once, by pass 2.
 
 The §5.10 variants (4over6, row-scaled) take their own simple kernels (`quantize_variant_with`): amax(X), or
@@ -55,20 +55,14 @@ from .kernels import Patched
 from .launch import PreparedLaunch, device_index, launch, module_for, programmatic_supported, raw_stream, sm_count
 from .launchers import CublasLtMode, LtScale
 from .per_tensor import CU_FILE as PER_TENSOR_CU_FILE
-from .per_tensor import FILL_CONFIG, fill_given
+from .per_tensor import FILL_CONFIG, clears_by_launch, fill_given
 from .plan import Buffer, OutputBlock, Step, X, given_on
 from .plan import QuantizePlan as QuantizePlanBase
 
 CU_FILE = "nvfp4.cu"
 # (CUDA file, config) builds a call plan launches besides its own: the first launch of a given-amax plan, and of an
-# own-amax one at CLEAR_LAUNCH_MIN_X_BYTES, fill_given.
+# own-amax one at per_tensor.CLEAR_LAUNCH_MIN_X_BYTES, fill_given.
 PLAN_MODULES = ((PER_TENSOR_CU_FILE, FILL_CONFIG),)
-# An own-amax plan (not a §5.10 variant) for an X of at least this many bytes clears its A_g slots and tile counter
-# with fill_given (programmatic) and launches its amax kernel programmatically after it: ~1.5 us less GPU time a call
-# than the block's cudaMemsetAsync and an ordinary amax launch, for ~3 us more host time (a cuLaunchKernelEx, 4.5-6
-# us, against a memset's 1.3-2.4: docs/design.md §4.1). Below it the call's GPU work (an own-amax NVFP4 call at 4096^2
-# bf16, 32 MiB: ~30 us) is shorter than its host work (~35-40 us fresh), so the host sets the pace and the memset wins.
-CLEAR_LAUNCH_MIN_X_BYTES = 48 << 20
 # NUMERICS: §6 table - VEC16_UE4M3 + alpha on sm_100+, cuBLAS >= 12.8, TN only.
 CUBLASLT = CublasLtMode(family="nvfp4", label="NVFP4", min_cc=(10, 0), cublas_min=120800)
 
@@ -498,7 +492,7 @@ class QuantizePlan(QuantizePlanBase):
         self.variant = config.variant is not None
         mod = module_for(CU_FILE, config, index)
         self._mod = mod
-        self.clear_launch = not given and not self.variant and m * k * dtype.itemsize >= CLEAR_LAUNCH_MIN_X_BYTES
+        self.clear_launch = not given and not self.variant and clears_by_launch(m * k * dtype.itemsize)
         if self.variant:
             buffers, steps = self._variant(config, m, k, dtype, rowwise, colwise, given)
         else:

@@ -5,7 +5,8 @@ with the slot's scale, H[0] accumulation, the fused end-of-step update), §6 (cu
 The launcher module of both per-tensor schemes (`native.launchers`): quantize_2d / dequantize and the
 GEMM entries take CUDA tensors; the amax-history record and update are native's own (the cast kernel's last
 CTA, or an fmax here for a history elsewhere; the `delayed_update` kernel), cross-checked against
-`reference.per_tensor.AmaxHistory` in tests.
+`reference.per_tensor.AmaxHistory` in tests. A call plan (`QuantizePlan`) launches the cast programmatically after
+the amax kernel or its clearing `fill_given` (sm_90 on; docs/design.md §4.1).
 """
 
 from __future__ import annotations
@@ -235,24 +236,36 @@ def lt_alpha(a_view, b_view) -> float:
 # ---- the cached call plan (native.plan) ----------------------------------------------------------------------
 
 FILL_CONFIG = QuantConfig("fp8_current")  # the build of fp8_per_tensor.cu whose fill_given other plans launch
+# An own-amax plan (fp8_current here, NVFP4 in native/nvfp4.py) for an X of at least this many bytes clears its zeroed
+# slots with fill_given (programmatic) and launches its amax kernel programmatically after it: ~1.5 us less GPU time a
+# call than the block's cudaMemsetAsync and an ordinary amax launch, for ~3 us more host time (a cuLaunchKernelEx, 4.5-6
+# us, against a memset's 1.3-2.4: docs/design.md §4.1). Below it the call's GPU work (an own-amax NVFP4 call at 4096^2
+# bf16, 32 MiB: ~30 us) is shorter than its host work (~35-40 us fresh), so the host sets the pace and the memset wins.
+CLEAR_LAUNCH_MIN_X_BYTES = 48 << 20
+
+
+def clears_by_launch(x_bytes: int) -> bool:
+    """Whether an own-amax plan for an X of `x_bytes` clears its block by fill_given (CLEAR_LAUNCH_MIN_X_BYTES)."""
+    return x_bytes >= CLEAR_LAUNCH_MIN_X_BYTES
 
 
 def fill_given(block: OutputBlock, slots: tuple[str | None, str | None], index: int, *,
-               given: bool = True) -> PreparedLaunch:  # fmt: skip
+               given: bool = True, module=None) -> PreparedLaunch:  # fmt: skip
     """The `fill_given` launch of a plan whose kernels read a given amax from its own slots (NVFP4's A_g,
     docs/numerics.md §5.1): the caller's amax (role "given", per call) into the block's parts `slots` and the
     block's zero-filled buffers cleared, in one launch (the plan sets `clears`). Launched programmatically on sm_90
     and later (the kernel waits for the grid before it first, then lets the next one start: the gap after the
     previous call's quantize kernel, which lets dependents start as its CTAs finish their tiles, is hidden).
-    given=False (no slots): the clearing alone, an own-amax NVFP4 plan's first launch in place of the block's
-    cudaMemsetAsync, so that its amax kernel can be launched programmatically after it."""
+    given=False (no slots): the clearing alone, an own-amax plan's first launch (NVFP4, fp8_current) in place of the
+    block's cudaMemsetAsync, so that its amax kernel can be launched programmatically after it. `module`: the build
+    of fp8_per_tensor.cu to launch it from (every build has it; default FILL_CONFIG's)."""
     n_words = -(-block.zero_bytes // 4)  # (rounding up stays in the ALIGN padding before the next buffer)
     assert all(s is None or block.offsets[s] >= 4 * n_words for s in slots)  # the slots lie outside the cleared bytes
     assert given or slots == (None, None)
     args = (Patched("given", torch.float32) if given else None,
             *(None if s is None else Patched(s, torch.float32) for s in slots),
             Patched("_block", torch.int32) if n_words else None, np.int64(n_words))  # fmt: skip
-    return PreparedLaunch(module_for(CU_FILE, FILL_CONFIG, index), "fill_given",
+    return PreparedLaunch(module or module_for(CU_FILE, FILL_CONFIG, index), "fill_given",
                           grid_stride_blocks(max(n_words, 1), ELEMENTWISE_THREADS, index), ELEMENTWISE_THREADS, args,
                           index, programmatic=programmatic_supported(index))  # fmt: skip
 
@@ -292,6 +305,14 @@ class QuantizePlan(QuantizePlanBase):
             return Patched(name, dtype)
 
         steps = []
+        pdl = programmatic_supported(index)
+        # The zeroed slots (the amax kernel's atomicMax target, the delayed cast's amax and CTA counter) are cleared per
+        # call by the block's memset, or for a large X (not a given amax: nothing it reads is zeroed) by fill_given,
+        # the call's first launch (programmatic: it waits for the grid before it, X may be that kernel's).
+        self.clear_launch = not given and clears_by_launch(m * k * dtype.itemsize)
+        if self.clear_launch:
+            steps.append(fill_given(block, (None, None), index, given=False, module=mod))
+            self.clears = True
         x = ptr(X, dtype)
         copy_amax, copy_sinv = (ptr(self.amax_c), ptr(self.sinv_c)) if both else (None, None)
         if self.delayed:
@@ -305,14 +326,23 @@ class QuantizePlan(QuantizePlanBase):
                           None, None)  # fmt: skip
         else:
             n = m * k
+            # NUMERICS: §1 - amax(X) into the cleared slot; after fill_given the amax kernel is programmatic (it reads
+            # X, then waits for the grid before it before its atomic).
             grid = grid_stride_blocks(math.ceil(n / 8), ELEMENTWISE_THREADS, index)
             steps.append(PreparedLaunch(mod, f"tensor_amax_{sfx}", grid, THREADS,
-                                        (x, np.int64(n), int(aligned), ptr(self.amax)), index))  # fmt: skip
+                                        (x, np.int64(n), int(aligned), ptr(self.amax)), index,
+                                        programmatic=self.clear_launch and pdl))  # fmt: skip
             cast_slots = (ptr(self.amax), ptr("_scale"), ptr(self.sinv), None, copy_amax, copy_sinv, None, None, None)
+        # The cast is programmatic (sm_90 on) after the amax kernel or fill_given: X was complete when that kernel
+        # started (an ordinary launch after the memset, or programmatic after fill_given, which waited for the grid
+        # before it), so the cast's CTAs read their tile as that kernel's finish, then wait for the grid before they
+        # read the amax or scale or touch the slots (fp8_per_tensor.cu). As the call's first launch (a given amax, a
+        # delayed call after the memset) it is an ordinary one: the kernel before it may write X or what it reads.
         steps.append(PreparedLaunch(mod, f"per_tensor_cast_{sfx}", n_tiles(m, k), THREADS,
                                     (x, np.int64(m), np.int64(k), vec_in, vec_row, vec_col, *cast_slots,
                                      ptr("rowwise_data", torch.uint8) if rowwise else None,
-                                     ptr("colwise_data", torch.uint8) if colwise else None), index))  # fmt: skip
+                                     ptr("colwise_data", torch.uint8) if colwise else None), index,
+                                    programmatic=pdl and bool(steps)))  # fmt: skip
         self.steps = tuple(Step(s, block) for s in steps)
 
     def _run(self, x2d, seed, given, state, out) -> None:

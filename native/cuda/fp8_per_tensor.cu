@@ -34,6 +34,7 @@ __device__ __forceinline__ void tensor_amax(const T* __restrict__ x, i64 n, int 
     }
   }
   for (i64 i = n_vec * kVec + tid; i < n; i += stride) a = amax_step(a, to_f32(x[i]));
+  allow_dependent_launch();  // the cast kernel's CTAs may start as these finish (it waits for the amax)
   a = group_max<32>(a);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (lane == 0) warp_part[warp] = a;
@@ -41,6 +42,9 @@ __device__ __forceinline__ void tensor_amax(const T* __restrict__ x, i64 n, int 
   if (warp == 0) {
     a = lane < static_cast<int>(blockDim.x >> 5) ? warp_part[lane] : 0.0f;
     a = group_max<32>(a);
+    // A plan's fill_given clears `amax` first (it let this kernel start once X was complete: the loads above are
+    // safe); an ordinary launch returns at once.
+    wait_for_prior_grid();
     if (lane == 0) atomic_amax(amax, a);
   }
 }
@@ -91,6 +95,10 @@ __device__ __forceinline__ void per_tensor_cast(CastShared& sh, const T* __restr
   const TileThread th;
   TileVals<T> v;
   load_tile<FULL>(x, M, K, m0, k0, vec_in != 0, th, v);
+  // A plan launches the cast programmatically after its amax kernel or fill_given (X was complete when that one
+  // started): the tile above is read first; the amax, the scale and the slots only after that grid is done
+  // (docs/design.md §4.1). An ordinary launch (the full path, a call's first launch) returns at once.
+  wait_for_prior_grid();
   const float s = amax_in ? compute_scale(amax_in[0], ELEM_MAX, POW2 != 0, EPS, FP32_MAX) : scale[0];
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     const float si = scale_inverse(s);  // NUMERICS: §1/§2 sinv = RN(1/s)
@@ -134,6 +142,7 @@ __device__ __forceinline__ void per_tensor_cast(CastShared& sh, const T* __restr
 
   // NUMERICS: §1 q = sat(RN(x*s)) for both copies (the colwise copy is the byte-exact transpose).
   quantize_tile_one_scale<FULL>(v, s, th, m0, k0, M, K, q_row, vec_row != 0, q_col ? qT : nullptr);
+  allow_dependent_launch();  // a later call's first launch (fill_given) may start; it waits for this grid first
   if (q_col) {
     __syncthreads();
     store_transposed<FULL>(qT, q_col, M, K, m0, k0, vec_col != 0);
@@ -169,12 +178,12 @@ NH_CAST(f16, __half)
 // start while the kernel before it, any kernel, still runs, so it waits for that grid before it reads or writes
 // anything (the given amax, X and the block may be that kernel's), and only then lets the quantize kernel after it
 // start (which reads X before its own wait: X is complete by then). A null `given`: the clearing alone (an own-amax
-// NVFP4 plan's first launch, in place of the block's cudaMemsetAsync: its amax kernel, launched programmatically
-// after it, reads X before it waits for these zeros).
+// plan's first launch, NVFP4 or fp8_current, in place of the block's cudaMemsetAsync: its amax kernel, launched
+// programmatically after it, reads X before it waits for these zeros).
 extern "C" __global__ void fill_given(const float* __restrict__ given, float* __restrict__ slot0,
                                       float* __restrict__ slot1, unsigned int* __restrict__ zero, i64 n_words) {
   wait_for_prior_grid();
-  allow_dependent_launch();  // the NVFP4 quantize or amax kernel after it may start now (it waits for these writes)
+  allow_dependent_launch();  // the quantize or amax kernel after it may start now (it waits for these writes)
   const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
   for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_words; i += stride) zero[i] = 0u;
   if (given != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {

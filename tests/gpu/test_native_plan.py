@@ -555,45 +555,124 @@ extern "C" __global__ void late_copy(unsigned short* dst, const unsigned short* 
 """
 
 
-@pytest.mark.parametrize("name", ["nvfp4-1x16", "nvfp4-rht-sr"])
-def test_a_planned_nvfp4_call_reads_the_x_a_kernel_writes_after_letting_it_start(name, monkeypatch):
-    """An own-amax plan for a large X (nvfp4.CLEAR_LAUNCH_MIN_X_BYTES, here lowered to 0) clears its A_g slots and
-    tile counter with a programmatic fill_given and launches its amax kernel programmatically after it; the amax
-    kernel reads X before it waits, so fill_given must wait for the grid before it before it lets the amax kernel
-    start. Here that grid lets dependents start at once and writes X only after a ~0.5 ms spin, a new X each call:
-    every planned call, fresh and out=, equals the golden of the X written."""
+@pytest.mark.parametrize("name", ["nvfp4-1x16", "nvfp4-rht-sr", "fp8_current", "fp8_current-e5m2-pow2", "fp8_delayed"])
+@pytest.mark.parametrize("large", [False, True], ids=["memset", "clear-launch"])
+def test_a_planned_call_reads_the_x_a_kernel_writes_after_letting_it_start(name, large, monkeypatch):
+    """An own-amax plan (NVFP4, fp8_current) launches its quantize or cast kernel programmatically after its amax
+    kernel, and for a large X (per_tensor.CLEAR_LAUNCH_MIN_X_BYTES, here lowered to 0) clears its zeroed slots with
+    a programmatic fill_given first, every kernel after it programmatic (fp8_delayed: fill_given, then its cast);
+    those kernels read X before they wait, so the call's first launch (the memset or an ordinary amax launch, or
+    fill_given, which waits for the grid before it first) must not let them start before X is written. Here the
+    kernel before the call lets dependents start at once and writes X only after a ~0.5 ms spin, a new X each call:
+    every planned call, fresh and out=, equals the golden of the X written (fp8_delayed: from a state whose scale
+    differs each call, and the history it records too)."""
     import cupy
 
     import native
-    from native import nvfp4 as native_nvfp4
+    from native import per_tensor as native_per_tensor
     from native import plan as native_plan
 
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic launch needs sm_90")
     cfg = CONFIGS[name]
-    monkeypatch.setattr(native_nvfp4, "CLEAR_LAUNCH_MIN_X_BYTES", 0)
+    monkeypatch.setattr(native_per_tensor, "CLEAR_LAUNCH_MIN_X_BYTES", 0 if large else 1 << 62)
     native_plan.clear_plans()  # (a plan this process cached at the default threshold would clear by a memset)
     late_copy = cupy.RawKernel(_LATE_WRITE, "late_copy")
     g = torch.Generator(device="cuda").manual_seed(11)
     m, k = 512, 1024
     x = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
     rng = SEED if cfg.stochastic else None
+    delayed = cfg.scheme == "fp8_delayed"
+
+    def state_on(device, i):
+        if not delayed:
+            return None
+        state = AmaxHistory(cfg, device=device)
+        state.scale.fill_(2.0 ** (i - 2))
+        return state
+
     q = None
     with cupy.cuda.Stream.from_external(torch.cuda.current_stream()):  # (the CUDA stream protocol)
         for i in range(5):
             src = torch.randn(m, k, device="cuda", generator=g, dtype=torch.bfloat16) * (i + 1)
+            state = state_on("cuda", i)
             torch.cuda.synchronize()
             x.fill_(1.0)  # what a call that does not wait would read
             late_copy((64,), (256,), (cupy.asarray(x.view(torch.int16)), cupy.asarray(src.view(torch.int16)),
                                       cupy.int64(m * k), cupy.int64(1_000_000)))  # fmt: skip
-            out = native.quantize(x, cfg, rowwise=True, colwise=True, rng=rng, **({"out": q} if i == 4 else {}))
+            out = native.quantize(x, cfg, rowwise=True, colwise=True, rng=rng, state=state,
+                                  **({"out": q} if i == 4 else {}))  # fmt: skip
             if i == 3:
                 q = out  # a plan's outputs (the first call of the signature is the full path's): out= on the next
             torch.cuda.synchronize()
             assert torch.equal(x, src)
-            gold = reference.quantize(src.cpu(), cfg, rowwise=True, colwise=True, rng=rng)
+            gold_state = state_on("cpu", i)
+            gold = reference.quantize(src.cpu(), cfg, rowwise=True, colwise=True, rng=rng, state=gold_state)
             assert_same(gold, out, f"{name} call {i}")
+            if delayed:  # NUMERICS: §2 H[0] <- fmax(H[0], amax(x)), recorded by the cast's last CTA
+                assert torch.equal(state.history.cpu(), gold_state.history) and gold_state.history[0] > 0
+    (plan,) = native_plan.QUANTIZE_PLANS._plans.values()  # (the launches tested: the plan's clear, as asked)
+    assert plan.clear_launch == plan.clears == large
+    # fill_given, the amax kernel (not fp8_delayed's), the quantize or cast kernel; or after the block's memset the
+    # amax kernel, then the quantize or cast kernel (fp8_delayed: its cast alone, the call's first launch).
+    small = [False] if delayed else [False, True]
+    assert [s.launch.programmatic for s in plan.steps] == ([True] * (1 + len(small)) if large else small)
     native_plan.clear_plans()  # later tests get plans at the default threshold
+
+
+@pytest.mark.parametrize("kernel", ["per_tensor_cast", "tensor_amax", "nvfp4_amax"])
+def test_a_programmatic_kernel_touches_its_slots_only_after_the_grid_before_it(kernel):
+    """The kernels a plan launches programmatically after another read X before they wait (X was complete when
+    the kernel before them started), but read or write what that kernel writes only after their wait (PTX
+    griddepcontrol.wait; fp8_per_tensor.cu, nvfp4.cu). In a plan the race is too narrow to show (the kernel before
+    has only its last atomics left when it lets them start), so each kernel is launched here programmatically right
+    after one that lets dependents start at once, spins ~0.5 ms, then writes the slot: fp8_current's cast must read
+    the amax written then (its codes and sinv are the golden of that amax, a given amax), an amax kernel's atomicMax
+    must land after a late clear (the slot holds a stale 2^100 until then; the result is amax(X) exactly)."""
+    import cupy
+    import numpy as np
+
+    from native import nvfp4 as native_nvfp4
+    from native import per_tensor as native_per_tensor
+    from native.launch import PreparedLaunch, module_for, raw_stream
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic launch needs sm_90")
+    late_write = cupy.RawKernel(_LATE_WRITE, "late_write")
+    index = torch.cuda.current_device()
+    m, k = 256, 512
+    x = make_x((m, k), torch.bfloat16, seed=23).cuda()
+    true_amax = x.abs().float().amax()
+    slot = torch.full((1,), 2.0**100, device="cuda") if kernel != "per_tensor_cast" else torch.zeros(1, device="cuda")
+    late_value = 0.0 if kernel != "per_tensor_cast" else 3.0 * true_amax.item()  # the late clear, or the amax
+    cfg = QuantConfig("fp8_current")
+    if kernel == "per_tensor_cast":
+        scale, sinv = torch.zeros(1, device="cuda"), torch.zeros(1, device="cuda")
+        q_row = torch.empty(m, k, dtype=torch.uint8, device="cuda")
+        q_col = torch.empty(k, m, dtype=torch.uint8, device="cuda")
+        args = (x, np.int64(m), np.int64(k), 1, 1, 1, slot, scale, sinv, None, None, None, None, None, None, q_row, q_col)
+        launch = PreparedLaunch(module_for(native_per_tensor.CU_FILE, cfg, index), "per_tensor_cast_bf16",
+                                native_per_tensor.n_tiles(m, k), native_per_tensor.THREADS, args, index,
+                                programmatic=True)  # fmt: skip
+    elif kernel == "tensor_amax":
+        launch = PreparedLaunch(module_for(native_per_tensor.CU_FILE, cfg, index), "tensor_amax_bf16", 64,
+                                native_per_tensor.THREADS, (x, np.int64(m * k), 1, slot), index, programmatic=True)
+    else:
+        bits = slot.view(torch.int32)
+        launch = PreparedLaunch(module_for(native_nvfp4.CU_FILE, QuantConfig("nvfp4"), index), "nvfp4_amax_bf16", 64,
+                                native_nvfp4.THREADS, (x, np.int64(m), np.int64(k), bits, None), index,
+                                programmatic=True)  # fmt: skip
+    torch.cuda.synchronize()
+    with cupy.cuda.Stream.from_external(torch.cuda.current_stream()):  # (the CUDA stream protocol)
+        late_write((1,), (32,), (cupy.asarray(slot), cupy.float32(late_value), cupy.int64(1_000_000)))
+        launch([], raw_stream(index))
+    torch.cuda.synchronize()
+    if kernel == "per_tensor_cast":  # NUMERICS: §1 - the codes and sinv of the amax written late
+        gold = reference.quantize(x.cpu(), cfg, rowwise=True, colwise=True, amax=torch.tensor([late_value]))
+        assert torch.equal(q_row.cpu(), gold.rowwise_data) and torch.equal(q_col.cpu(), gold.colwise_data)
+        assert torch.equal(sinv.cpu(), gold.rowwise_scale.reshape(1).float())
+    else:  # NUMERICS: §0.1 - amax(X) exactly, accumulated into the slot after its late clear
+        assert slot.item() == true_amax.item()
 
 
 @pytest.mark.parametrize("name", ["nvfp4-1x16", "nvfp4-sr"])

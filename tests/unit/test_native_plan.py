@@ -373,7 +373,12 @@ def test_fp8_plans_launch_what_quantize_2d_launches(monkeypatch, config, extra, 
     monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
     if mod is per_tensor:
         monkeypatch.setattr(per_tensor, "grid_stride_blocks", lambda n, t, i: max(1, min(-(-n // t), 132 * 32)))
+        monkeypatch.setattr(per_tensor, "programmatic_supported", lambda index: True)  # (device 0: any GPU or none)
     m, k = shape
+    own_amax = config.scheme == "fp8_current" and not extra.get("given")
+    clearable = config.scheme == "fp8_delayed" or own_amax  # (a large X: the slots cleared by fill_given)
+    # (fp8_current's own amax: below per_tensor.CLEAR_LAUNCH_MIN_X_BYTES, set to one byte more than the test's X)
+    monkeypatch.setattr(per_tensor, "CLEAR_LAUNCH_MIN_X_BYTES", m * k * dtype.itemsize + 1)
     for offset in (0, 2):  # a 16-byte aligned input, and one that is not (the vector-width flags)
         calls.clear()
         x2d = torch.randn(m * k + 8).to(dtype)[offset:offset + m * k].view(m, k)
@@ -391,7 +396,48 @@ def test_fp8_plans_launch_what_quantize_2d_launches(monkeypatch, config, extra, 
         assert _planned(plan, {}) == _today(calls, x2d, fields, named)
         _same_fields(_block_fields(plan, monkeypatch), fields)
         _check_bound_steps(plan, monkeypatch)
-        assert not any(step.launch.programmatic for step in plan.steps)  # (NVFP4's quantize kernel alone)
+        # fp8_current's cast after its own amax kernel is programmatic (fp8_per_tensor.cu: X is complete when it
+        # starts, and it waits for the amax); every other FP8 launch, a call's first, is an ordinary one.
+        cast = [f"per_tensor_cast_{per_tensor.SUFFIX[dtype]}"] if own_amax else []
+        assert [step.launch.name for step in plan.steps if step.launch.programmatic] == cast
+        assert not plan.clears and not getattr(plan, "clear_launch", False)
+    if clearable:
+        _check_per_tensor_clear_launch(monkeypatch, config, rowwise, colwise, dtype, m, k)
+
+
+def _check_per_tensor_clear_launch(monkeypatch, config, rowwise, colwise, dtype, m, k) -> None:
+    """An own-amax fp8_current or an fp8_delayed plan for an X at per_tensor.CLEAR_LAUNCH_MIN_X_BYTES: first, ONE
+    programmatic launch (fill_given, no given amax) clears exactly the scalar slots (the amax kernel's atomicMax
+    target, the delayed cast's amax and CTA counter) in place of the block's memset; then the small-X plan's kernels
+    (the amax kernel and the cast, or the cast), every one programmatic. A device before sm_90: the same launches,
+    none programmatic."""
+    monkeypatch.setattr(per_tensor, "CLEAR_LAUNCH_MIN_X_BYTES", m * k * dtype.itemsize)
+    small = None
+    sfx = per_tensor.SUFFIX[dtype]
+    kernels = [f"per_tensor_cast_{sfx}"] if config.scheme == "fp8_delayed" else [f"tensor_amax_{sfx}",
+                                                                                  f"per_tensor_cast_{sfx}"]  # fmt: skip
+    for pdl in (True, False):
+        monkeypatch.setattr(per_tensor, "programmatic_supported", lambda index, pdl=pdl: pdl)
+        plan = per_tensor.plan_quantize(config, m, k, dtype, rowwise=rowwise, colwise=colwise, aligned=True,
+                                        given=False, index=0)  # fmt: skip
+        assert plan.clear_launch and plan.clears
+        (name, geometry, slots), *rest = planned = _planned(plan, {})
+        n_words = -(-plan.block.zero_bytes // 4)
+        assert (name, slots) == ("fill_given", [0, 0, 0, "internal:torch.int32", n_words])
+        assert geometry == _geometry(-(-n_words // 256), 256)
+        a = plan.block.offsets  # the cleared words: exactly the scalar slots, never a code
+        assert a["slots"] == 0 and n_words == 5 * per_tensor.SCALAR_SLOT
+        assert all(a[f"{o}_data"] >= 4 * n_words for o, on in (("rowwise", rowwise), ("colwise", colwise)) if on)
+        assert [n for n, *_ in rest] == kernels
+        assert [step.launch.programmatic for step in plan.steps] == [pdl] * (1 + len(kernels))
+        _check_bound_steps(plan, monkeypatch)
+        if small is None:
+            small = planned
+        assert planned == small
+    monkeypatch.setattr(per_tensor, "CLEAR_LAUNCH_MIN_X_BYTES", m * k * dtype.itemsize + 1)
+    plan = per_tensor.plan_quantize(config, m, k, dtype, rowwise=rowwise, colwise=colwise, aligned=True, given=False,
+                                    index=0)  # fmt: skip
+    assert _planned(plan, {}) == small[1:] and not plan.clears  # the memset's plan: the same kernels, no fill
 
 
 NVFP4_CASES = [
@@ -417,7 +463,8 @@ def _variants_available():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("large", [False, True], ids=["small-x", "large-x"])
 def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, rowwise, colwise, given, dtype, large):
-    """(large: X at nvfp4.CLEAR_LAUNCH_MIN_X_BYTES, set to the test's X, where an own-amax plan clears by a launch.)"""
+    """(large: X at per_tensor.CLEAR_LAUNCH_MIN_X_BYTES, set to the test's X, where an own-amax plan clears by a
+    launch.)"""
     if config.rht and dtype != torch.bfloat16:
         pytest.skip("RHT needs bfloat16 (reference.spec)")
     if given and (config.rht or config.row_scaled):
@@ -437,7 +484,7 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
             calls.append((name, _geometry(min(-(-n_units // units_per_block), max_blocks), nvfp4.THREADS), args))
 
     m, k = 64, 160
-    monkeypatch.setattr(nvfp4, "CLEAR_LAUNCH_MIN_X_BYTES", m * k * dtype.itemsize + (0 if large else 1))
+    monkeypatch.setattr(per_tensor, "CLEAR_LAUNCH_MIN_X_BYTES", m * k * dtype.itemsize + (0 if large else 1))
     x2d = torch.randn(m, k).to(dtype)
     seed = SRSeed(0xDEAD_BEEF_1234, 0xFFFF_FFFF) if config.stochastic else None
     amax = torch.tensor([3.0]) if given else None
