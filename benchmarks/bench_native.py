@@ -24,7 +24,8 @@ read + written, CUDA events, median of max(20, --iters) after warm-up. Then each
   the interval includes the call's whole launch latency;
 - host_ms: host clock around synchronize -> call -> synchronize (Python overhead fully counted);
 - kernel_ms: the call's GPU activity (kernels, memsets) from torch.profiler (CUPTI), i.e. what the
-  kernels alone cost: a run of --iters profiled calls follows each stream_ms run (the median of the 3 runs'
+  kernels alone cost (the time at least one runs: a programmatic kernel's start in the tail of the kernel
+  before it counts once, timing.busy_us): a run of --iters profiled calls follows each stream_ms run (the median of the 3 runs'
   means), with the least and most of one call (kernel_min_ms, kernel_max_ms; omitted with --no-profile or when
   the profiler fails);
 - issue_us: host clock per call of --iters calls issued without waiting (the call's CPU-side cost).

@@ -10,6 +10,8 @@
 - kernel_time: the call's GPU activity (kernels, memsets, copies) from CUPTI via torch.profiler, over as many calls as
   the other timings (mean, and the least and most of one call: a power-capped 8192^3 FP8 GEMM's kernel took 0.70 -
   0.96 ms within 20 calls on an H200, so five calls' mean could come out above another run's back-to-back time);
+  the time at least one activity runs, so activities that overlap (a kernel launched programmatically starts in
+  the tail of the one before it and waits there: docs/design.md §4.1) count once, not each from its own start;
 - issue_us: host clock per call over calls issued back to back without waiting for the GPU: the
   call's CPU-side cost (Python, checks, launches), hidden whenever the GPU is the slower side; with a hold (a
   spin kernel queued first) the GPU runs none of the calls while they are issued, so a call whose GPU work is
@@ -153,8 +155,8 @@ def held(measure, hold_s: float, retries: int = HOLD_RETRIES) -> tuple[list[floa
 
 @dataclass(frozen=True)
 class KernelTime:
-    """A call's GPU activity over profiled calls: the mean per call, and the least and most of one call (None where
-    the calls' activities do not split evenly into calls)."""
+    """A call's GPU activity over profiled calls (overlapping activities counted once): the mean per call, and the
+    least and most of one call (None where the calls' activities do not split evenly into calls)."""
 
     mean_ms: float
     low_ms: float | None
@@ -180,18 +182,30 @@ def kernel_time(fn, calls: int = 20) -> KernelTime | None:
     except Exception as ex:  # the profiler is optional: report, do not fail the benchmark
         print(f"# kernel_time unavailable ({type(ex).__name__}: {str(ex).splitlines()[0][:100]})", flush=True)
         return None
-    busy_us = sum(r.elapsed_us() for r in ranges)
-    if busy_us <= 0:
+    intervals = [(r.start, r.end) for r in ranges]
+    total_us = busy_us(intervals)
+    if total_us <= 0:
         return None
-    each = per_call_ms([r.elapsed_us() for r in ranges], calls)
+    each = per_call_ms(intervals, calls)
     low, high = (None, None) if each is None else (min(each), max(each))
-    return KernelTime(mean_ms=busy_us / 1e3 / calls, low_ms=low, high_ms=high)
+    return KernelTime(mean_ms=total_us / 1e3 / calls, low_ms=low, high_ms=high)
 
 
-def per_call_ms(durations_us: list[float], calls: int) -> list[float] | None:
-    """Each call's GPU activity in ms from the activities' durations in issue order, or None where they do not split
-    into `calls` equal runs (a call whose activities vary: then which activity belongs to which call is unknown)."""
-    if not durations_us or len(durations_us) % calls:
+def busy_us(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of (start, end) intervals (us): the time at least one of them runs."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def per_call_ms(intervals: list[tuple[float, float]], calls: int) -> list[float] | None:
+    """Each call's GPU activity in ms (busy_us of its own activities) from the (start, end) intervals in issue order,
+    or None where they do not split into `calls` equal runs (a call whose activities vary: then which activity
+    belongs to which call is unknown)."""
+    if not intervals or len(intervals) % calls:
         return None
-    per = len(durations_us) // calls
-    return [sum(durations_us[i:i + per]) / 1e3 for i in range(0, len(durations_us), per)]
+    per = len(intervals) // calls
+    return [busy_us(intervals[i:i + per]) / 1e3 for i in range(0, len(intervals), per)]

@@ -97,6 +97,31 @@ def test_kernel_time_per_call_activity():
     assert ragged is not None and ragged.low_ms is None and ragged.high_ms is None
 
 
+def test_kernel_time_counts_overlapping_activity_once():
+    """timing.kernel_time: two spins that run at once (one on a side stream) are the time at least one runs, about
+    one spin's, not the sum of their durations (two spins'), as a programmatic kernel that starts in the tail of
+    the kernel before it must not count that tail twice (docs/design.md §4.1)."""
+    import torch
+    from timing import kernel_time
+
+    spin = lambda: torch.cuda._sleep(1_000_000)  # noqa: E731 - 0.4 - 1 ms at 1 - 2.5 GHz
+    side = torch.cuda.Stream()
+
+    def both():
+        main = torch.cuda.current_stream()
+        side.wait_stream(main)
+        spin()
+        with torch.cuda.stream(side):
+            spin()
+        main.wait_stream(side)
+
+    spin()
+    one = kernel_time(spin, 10)
+    two = kernel_time(both, 10)
+    assert one is not None and two is not None
+    assert 0.9 * one.mean_ms <= two.mean_ms <= 1.5 * one.mean_ms, (one, two)  # summed, it reads ~2x
+
+
 def test_bench_host_small_run(tmp_path, capsys):
     """benchmarks/bench_host.py end to end on the nvfp4 rows (few calls; no timing asserted): every quantize row has
     its out= time and both pieces of a fresh call (floor = alloc + launch), the GEMM row its own torch._scaled_mm

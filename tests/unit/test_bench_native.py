@@ -92,10 +92,23 @@ def test_fp8_b2b_goal():
 def test_per_call_ms_splits_activities_by_call():
     from timing import per_call_ms
 
-    # three calls of two activities each (a memset and a kernel), in issue order
-    assert per_call_ms([1.0, 700.0, 1.0, 960.0, 2.0, 800.0], 3) == pytest.approx([0.701, 0.961, 0.802], rel=1e-12)
-    assert per_call_ms([1.0, 700.0, 960.0, 2.0, 800.0], 3) is None  # 5 activities: which belongs to which call?
+    # three calls of two activities each (a memset and a kernel), in issue order, (start, end) in us: apart, with a
+    # gap between them (not activity), and a programmatic kernel started 40 us before the one before it ends
+    calls = [(0.0, 1.0), (3.0, 703.0), (1000.0, 1001.0), (1001.0, 1961.0), (2000.0, 2500.0), (2460.0, 2760.0)]
+    assert per_call_ms(calls, 3) == pytest.approx([0.701, 0.961, 0.760], rel=1e-12)
+    assert per_call_ms(calls[:5], 3) is None  # 5 activities: which belongs to which call?
     assert per_call_ms([], 3) is None
+
+
+def test_busy_us_counts_overlapping_activities_once():
+    from timing import busy_us
+
+    assert busy_us([]) == 0.0
+    assert busy_us([(10.0, 20.0), (30.0, 35.0)]) == 15.0  # apart: the sum, the gap not counted
+    assert busy_us([(10.0, 20.0), (15.0, 25.0)]) == 15.0  # overlapping: once
+    assert busy_us([(15.0, 25.0), (10.0, 20.0)]) == 15.0  # in any order
+    assert busy_us([(10.0, 40.0), (12.0, 18.0), (20.0, 30.0), (39.0, 45.0)]) == 35.0  # nested and chained
+    assert busy_us([(10.0, 20.0), (20.0, 30.0)]) == 20.0  # touching
 
 
 def test_time_call_alternates_stream_and_profiled_runs(monkeypatch):
