@@ -236,16 +236,17 @@ def lt_alpha(a_view, b_view) -> float:
 # ---- the cached call plan (native.plan) ----------------------------------------------------------------------
 
 FILL_CONFIG = QuantConfig("fp8_current")  # the build of fp8_per_tensor.cu whose fill_given other plans launch
-# An own-amax plan (fp8_current here, NVFP4 in native/nvfp4.py) for an X of at least this many bytes clears its zeroed
-# slots with fill_given (programmatic) and launches its amax kernel programmatically after it: ~1.5 us less GPU time a
-# call than the block's cudaMemsetAsync and an ordinary amax launch, for ~3 us more host time (a cuLaunchKernelEx, 4.5-6
-# us, against a memset's 1.3-2.4: docs/design.md §4.1). Below it the call's GPU work (an own-amax NVFP4 call at 4096^2
-# bf16, 32 MiB: ~30 us) is shorter than its host work (~35-40 us fresh), so the host sets the pace and the memset wins.
+# A plan that zeroes slots per call (an own amax: NVFP4 in native/nvfp4.py, fp8_current; fp8_delayed) for an X of at
+# least this many bytes clears them with fill_given (programmatic) and launches its next kernel programmatically after
+# it: 1.2-3.2 us less GPU time a call than the block's cudaMemsetAsync and an ordinary launch (H200, 8192^2 bf16), for
+# ~3 us more host time (a cuLaunchKernelEx, 4.5-6 us, against a memset's 1.3-2.4: docs/design.md §4.1). Below it the
+# call's GPU work (an own-amax NVFP4 call at 4096^2 bf16, 32 MiB: ~30 us) is shorter than its host work (~35-40 us
+# fresh), so the host sets the pace and the memset wins.
 CLEAR_LAUNCH_MIN_X_BYTES = 48 << 20
 
 
 def clears_by_launch(x_bytes: int) -> bool:
-    """Whether an own-amax plan for an X of `x_bytes` clears its block by fill_given (CLEAR_LAUNCH_MIN_X_BYTES)."""
+    """Whether a plan for an X of `x_bytes` clears its zeroed slots by fill_given (CLEAR_LAUNCH_MIN_X_BYTES)."""
     return x_bytes >= CLEAR_LAUNCH_MIN_X_BYTES
 
 
@@ -256,8 +257,8 @@ def fill_given(block: OutputBlock, slots: tuple[str | None, str | None], index: 
     block's zero-filled buffers cleared, in one launch (the plan sets `clears`). Launched programmatically on sm_90
     and later (the kernel waits for the grid before it first, then lets the next one start: the gap after the
     previous call's quantize kernel, which lets dependents start as its CTAs finish their tiles, is hidden).
-    given=False (no slots): the clearing alone, an own-amax plan's first launch (NVFP4, fp8_current) in place of the
-    block's cudaMemsetAsync, so that its amax kernel can be launched programmatically after it. `module`: the build
+    given=False (no slots): the clearing alone, a plan's first launch (an own amax: NVFP4, fp8_current; fp8_delayed)
+    in place of the block's cudaMemsetAsync, so that its next kernel can be launched programmatically after it. `module`: the build
     of fp8_per_tensor.cu to launch it from (every build has it; default FILL_CONFIG's)."""
     n_words = -(-block.zero_bytes // 4)  # (rounding up stays in the ALIGN padding before the next buffer)
     assert all(s is None or block.offsets[s] >= 4 * n_words for s in slots)  # the slots lie outside the cleared bytes

@@ -177,13 +177,13 @@ NH_CAST(f16, __half)
 // cudaMemcpyAsync per slot. The value is copied bit for bit. A plan launches it programmatically (sm_90 on): it may
 // start while the kernel before it, any kernel, still runs, so it waits for that grid before it reads or writes
 // anything (the given amax, X and the block may be that kernel's), and only then lets the quantize kernel after it
-// start (which reads X before its own wait: X is complete by then). A null `given`: the clearing alone (an own-amax
-// plan's first launch, NVFP4 or fp8_current, in place of the block's cudaMemsetAsync: its amax kernel, launched
-// programmatically after it, reads X before it waits for these zeros).
+// start (which reads X before its own wait: X is complete by then). A null `given`: the clearing alone (a plan's
+// first launch, in place of the block's cudaMemsetAsync: an own amax's, NVFP4 or fp8_current, whose amax kernel,
+// launched programmatically after it, reads X before it waits for these zeros; fp8_delayed's, whose cast does).
 extern "C" __global__ void fill_given(const float* __restrict__ given, float* __restrict__ slot0,
                                       float* __restrict__ slot1, unsigned int* __restrict__ zero, i64 n_words) {
   wait_for_prior_grid();
-  allow_dependent_launch();  // the quantize or amax kernel after it may start now (it waits for these writes)
+  allow_dependent_launch();  // the quantize, amax or cast kernel after it may start now (it waits for these writes)
   const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
   for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n_words; i += stride) zero[i] = 0u;
   if (given != nullptr && blockIdx.x == 0 && threadIdx.x == 0) {
