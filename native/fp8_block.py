@@ -15,7 +15,7 @@ from reference.layouts import copy_geometry
 from reference.types import QuantizedTensor
 
 from .kernels import Patched
-from .launch import PreparedLaunch, device_index, launch, module_for
+from .launch import PreparedLaunch, device_index, launch, module_for, programmatic_supported
 from .launchers import CublasLtMode, LtScale
 from .per_tensor import SUFFIX, THREADS, launch_dequantize, n_tiles, vec_flags
 from .plan import Buffer, OneLaunchPlan, OutputBlock, Step, X
@@ -83,7 +83,8 @@ def lt_alpha(a_view, b_view) -> float:
 
 class QuantizePlan(OneLaunchPlan):
     """quantize_2d above for one (config, M, K, dtype, copies, x alignment) signature, prepared once
-    (docs/design.md §4.1): the same launch with the same arguments."""
+    (docs/design.md §4.1): the same launch with the same arguments, programmatic on sm_90 and later (the kernel
+    waits for the grid before it first, then lets the next call's kernel start as its CTAs end)."""
 
     def __init__(self, config, m: int, k: int, dtype: torch.dtype, *, rowwise: bool, colwise: bool, aligned: bool,
                  given: bool, index: int):  # fmt: skip
@@ -102,7 +103,8 @@ class QuantizePlan(OneLaunchPlan):
         launch = PreparedLaunch(module_for(CU_FILE, config, index), f"fp8_block_quantize_{SUFFIX[dtype]}",
                                 n_tiles(m, k), THREADS,
                                 (Patched(X, dtype), np.int64(m), np.int64(k), vec_in, vec_row, vec_col,
-                                 *ptrs["rowwise"], lds["rowwise"], *ptrs["colwise"], lds["colwise"]), index)  # fmt: skip
+                                 *ptrs["rowwise"], lds["rowwise"], *ptrs["colwise"], lds["colwise"]), index,
+                                programmatic=programmatic_supported(index))  # fmt: skip
         self.steps = (Step(launch, block),)
 
 

@@ -16,7 +16,7 @@ from reference.types import QuantizedTensor
 
 from . import swizzle
 from .kernels import Patched
-from .launch import PreparedLaunch, device_index, launch, module_for
+from .launch import PreparedLaunch, device_index, launch, module_for, programmatic_supported
 from .launchers import CublasLtMode, LtScale
 from .per_tensor import SUFFIX, THREADS, launch_dequantize, n_tiles
 from .plan import Buffer, OneLaunchPlan, OutputBlock, Step, X
@@ -92,7 +92,8 @@ def lt_alpha(a_view, b_view) -> float:
 
 class QuantizePlan(OneLaunchPlan):
     """quantize_2d above for one (config, M, K, dtype, copies, x alignment) signature, prepared once
-    (docs/design.md §4.1): the same launch with the same arguments."""
+    (docs/design.md §4.1): the same launch with the same arguments, programmatic on sm_90 and later (the kernel
+    waits for the grid before it first, then lets the next call's kernel start as its CTAs end)."""
 
     def __init__(self, config, m: int, k: int, dtype: torch.dtype, *, rowwise: bool, colwise: bool, aligned: bool,
                  given: bool, index: int):  # fmt: skip
@@ -111,7 +112,8 @@ class QuantizePlan(OneLaunchPlan):
         ld_c = copy_geometry(config, "colwise", m, k).scale_padded_shape[1] if colwise else 0
         launch = PreparedLaunch(module_for(CU_FILE, config, index), f"mxfp8_quantize_{SUFFIX[dtype]}", n_tiles(m, k),
                                 THREADS, (Patched(X, dtype), np.int64(m), np.int64(k), vec_in, vec_out, *ptrs["rowwise"],
-                                          np.int64(ld_r), *ptrs["colwise"], np.int64(ld_c)), index)  # fmt: skip
+                                          np.int64(ld_r), *ptrs["colwise"], np.int64(ld_c)), index,
+                                programmatic=programmatic_supported(index))  # fmt: skip
         self.steps = (Step(launch, block),)
 
 

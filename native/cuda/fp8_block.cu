@@ -3,6 +3,7 @@
 // common/transpose/quantize_transpose_{vector,square}_blockwise.cu.
 // schemes: fp8_block
 #include "common.cuh"
+#include "dependent_launch.cuh"
 
 #ifndef SCHEME_FP8_BLOCK
 #error "fp8_block.cu needs the defines of an fp8_block config"
@@ -189,12 +190,14 @@ __device__ __forceinline__ void block_quantize(BlockShared& sh, const T* __restr
       fp8_block_quantize_##SUFFIX(const T* x, i64 M, i64 K, int vec_in, int vec_row, int vec_col,          \
                                   unsigned char* q_row, float* s_row, i64 ld_sr, unsigned char* q_col,     \
                                   float* s_col, i64 ld_sc) {                                               \
+    wait_for_prior_grid(); /* a plan launches it programmatically: X, outputs only after the grid before */         \
     __shared__ BlockShared sh;                                                                               \
     const TileOrigin tile = tile_origin(K);                                                                  \
     if (tile_interior(tile, M, K, vec_in && vec_row && vec_col))                                             \
       block_quantize<T, true>(sh, x, M, K, tile, vec_in, vec_row, vec_col, q_row, s_row, ld_sr, q_col, s_col, ld_sc); \
     else                                                                                                     \
       block_quantize<T, false>(sh, x, M, K, tile, vec_in, vec_row, vec_col, q_row, s_row, ld_sr, q_col, s_col, ld_sc); \
+    allow_dependent_launch(); /* the next call's kernel may start as these CTAs end (it waits) */            \
   }
 NH_BLOCK_QUANTIZE(f32, float)
 NH_BLOCK_QUANTIZE(bf16, __nv_bfloat16)

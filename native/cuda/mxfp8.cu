@@ -3,6 +3,7 @@
 // common/cast/mxfp8/quantize_mxfp8.cuh.
 // schemes: mxfp8
 #include "common.cuh"
+#include "dependent_launch.cuh"
 
 #ifndef SCHEME_MXFP8
 #error "mxfp8.cu needs the defines of an mxfp8 config"
@@ -201,12 +202,14 @@ __device__ __forceinline__ void mx_quantize(MxShared& sh, const T* __restrict__ 
       mxfp8_quantize_##SUFFIX(const T* x, i64 M, i64 K, int vec_in, int vec_out, unsigned char* q_row,      \
                               unsigned char* s_r, i64 ld_r, unsigned char* q_col, unsigned char* s_c,      \
                               i64 ld_c) {                                                                  \
+    wait_for_prior_grid(); /* a plan launches it programmatically: X, outputs only after the grid before */         \
     __shared__ MxShared sh;                                                                                  \
     const TileOrigin tile = tile_origin(K);                                                                  \
     if (tile_interior(tile, M, K, vec_in && vec_out))                                                        \
       mx_quantize<T, true>(sh, x, M, K, tile, vec_in, vec_out, q_row, s_r, ld_r, q_col, s_c, ld_c);             \
     else                                                                                                     \
       mx_quantize<T, false>(sh, x, M, K, tile, vec_in, vec_out, q_row, s_r, ld_r, q_col, s_c, ld_c);            \
+    allow_dependent_launch(); /* the next call's kernel may start as these CTAs end (it waits) */            \
   }
 NH_MX_QUANTIZE(f32, float)
 NH_MX_QUANTIZE(bf16, __nv_bfloat16)

@@ -371,9 +371,9 @@ def test_fp8_plans_launch_what_quantize_2d_launches(monkeypatch, config, extra, 
     monkeypatch.setattr(mod, "launch", lambda m, name, grid, block, args, index: calls.append(
         (name, _geometry(grid, block), args)))
     monkeypatch.setattr(launch_mod, "function", lambda *a: 0)
+    monkeypatch.setattr(mod, "programmatic_supported", lambda index: True)  # (device 0: any GPU or none)
     if mod is per_tensor:
         monkeypatch.setattr(per_tensor, "grid_stride_blocks", lambda n, t, i: max(1, min(-(-n // t), 132 * 32)))
-        monkeypatch.setattr(per_tensor, "programmatic_supported", lambda index: True)  # (device 0: any GPU or none)
     m, k = shape
     own_amax = config.scheme == "fp8_current" and not extra.get("given")
     clearable = config.scheme == "fp8_delayed" or own_amax  # (a large X: the slots cleared by fill_given)
@@ -396,11 +396,20 @@ def test_fp8_plans_launch_what_quantize_2d_launches(monkeypatch, config, extra, 
         assert _planned(plan, {}) == _today(calls, x2d, fields, named)
         _same_fields(_block_fields(plan, monkeypatch), fields)
         _check_bound_steps(plan, monkeypatch)
-        # fp8_current's cast after its own amax kernel is programmatic (fp8_per_tensor.cu: X is complete when it
-        # starts, and it waits for the amax); every other FP8 launch, a call's first, is an ordinary one.
-        cast = [f"per_tensor_cast_{per_tensor.SUFFIX[dtype]}"] if own_amax else []
+        # Programmatic: fp8_current's cast after its own amax kernel (fp8_per_tensor.cu: X is complete when it
+        # starts, and it waits for the amax), and the one launch of mxfp8 and fp8_block (their kernels wait for the
+        # grid before it first); the per-tensor casts that are a call's first launch are ordinary ones (they read X
+        # before they wait).
+        names = [step.launch.name for step in plan.steps]
+        one_launch = config.scheme in ("mxfp8", "fp8_block")
+        cast = [f"per_tensor_cast_{per_tensor.SUFFIX[dtype]}"] if own_amax else names if one_launch else []
         assert [step.launch.name for step in plan.steps if step.launch.programmatic] == cast
         assert not plan.clears and not getattr(plan, "clear_launch", False)
+        monkeypatch.setattr(mod, "programmatic_supported", lambda index: False)  # a device before sm_90: none
+        old = mod.plan_quantize(config, m, k, dtype, rowwise=rowwise, colwise=colwise, aligned=aligned,
+                                given="amax" in kw, index=0)  # fmt: skip
+        assert _planned(old, {}) == _planned(plan, {}) and not any(s.launch.programmatic for s in old.steps)
+        monkeypatch.setattr(mod, "programmatic_supported", lambda index: True)
     if clearable:
         _check_per_tensor_clear_launch(monkeypatch, config, rowwise, colwise, dtype, m, k)
 
