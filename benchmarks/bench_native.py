@@ -25,8 +25,8 @@ read + written, CUDA events, median of max(20, --iters) after warm-up. Then each
 - host_ms: host clock around synchronize -> call -> synchronize (Python overhead fully counted);
 - kernel_ms: the call's GPU activity (kernels, memsets) from torch.profiler (CUPTI), i.e. what the
   kernels alone cost (the time at least one runs: a programmatic kernel's start in the tail of the kernel
-  before it counts once, timing.busy_us): a run of --iters profiled calls follows each stream_ms run (the median of the 3 runs'
-  means), with the least and most of one call (kernel_min_ms, kernel_max_ms; omitted with --no-profile or when
+  before it counts once, timing.busy_us): a run of --iters profiled calls follows each stream_ms run (the
+  median of the 3 runs' means), with the least and most of one call (kernel_min_ms, kernel_max_ms; omitted with --no-profile or when
   the profiler fails);
 - issue_us: host clock per call of --iters calls issued without waiting (the call's CPU-side cost).
 Medians over --iters calls after --warmup calls (the first call also compiles with NVRTC; its
@@ -39,7 +39,8 @@ does not stay on chip between them), so contract = 2|X| + outputs for own-amax N
 for every other row (a given amax, TE's quantize_with_amax, reads X once). frac = contract bytes /
 stream_ms / copy bandwidth is set against the goals: mxfp8, fp8_block 1x128 >= 0.80, fp8_current
 >= 0.45; NVFP4 own amax 1-D >= 0.80, RHT + SR >= 0.50, given amax 1-D >= 0.70 (fp8_block 128x128,
-nvfp4 16x16 and fp8_delayed have no goal; fp8_delayed's calls share one AmaxHistory on the device, as a TE slot's). frac_1r is the same on the one-read count, frac_k on kernel time.
+nvfp4 16x16 and fp8_delayed have no goal; fp8_delayed's calls share one AmaxHistory on the device, as a
+TE slot's). frac_1r is the same on the one-read count, frac_k on kernel time.
 The given-amax row runs only where native supports it (native.supports, then one small call that
 must not raise Unsupported); otherwise it prints why it is skipped.
 
@@ -218,7 +219,8 @@ def _fmt(v: float | None, spec: str) -> str:
 def quant_header(n: int) -> str:
     return (f"{'quantizer (bf16 %dx%d)' % (n, n):<31} {'MiB_1r':>7} {'MiB':>7} {'first_s':>7} {'strm_ms':>8} "
             f"{'q_ms':>8} {'event_ms':>8} {'kern_ms':>8} {'issue_us':>8} {'ovh_us':>7} {'frac_1r':>7} {'frac':>6} "
-            f"{'goal':>5} {'frac_q':>6} {'frac_k':>6} {'b2b/k':>6}  verdict / host (issue <= {HOST_GOAL_US:g} us, FP8 b2b/k >= {B2B_GOAL}) / verify")
+            f"{'goal':>5} {'frac_q':>6} {'frac_k':>6} {'b2b/k':>6}  "
+            f"verdict / host (issue <= {HOST_GOAL_US:g} us, FP8 b2b/k >= {B2B_GOAL}) / verify")
 
 
 def quant_line(r: dict) -> str:
@@ -229,7 +231,8 @@ def quant_line(r: dict) -> str:
     return (f"{r['name']:<31} {r['bytes_1read'] / 2**20:>7.1f} {r['bytes'] / 2**20:>7.1f} {r['first_s']:>7.2f} "
             f"{r['stream_ms']:>8.3f} {_fmt(r['queued_ms'], '8.3f'):>8} {r['event_ms']:>8.3f} "
             f"{_fmt(r['kernel_ms'], '8.3f'):>8} {r['issue_us']:>8.1f} {_fmt(r['ovh_us'], '7.1f'):>7} "
-            f"{r['frac_1read']:>7.2f} {r['frac']:>6.2f} {_fmt(r['goal'], '5.2f'):>5} {_fmt(r['frac_queued'], '6.2f'):>6} "
+            f"{r['frac_1read']:>7.2f} {r['frac']:>6.2f} {_fmt(r['goal'], '5.2f'):>5} "
+            f"{_fmt(r['frac_queued'], '6.2f'):>6} "
             f"{_fmt(r['frac_kernel'], '6.2f'):>6} {_fmt(r['b2b_over_kernel'], '6.3f'):>6}  "
             f"{verdict} / {host}{b2b} / {r['verify']}")
 
@@ -361,7 +364,8 @@ def dry_run(args, rows: list[Row]) -> int:
     in_bytes = x.numel() * x.element_size()
     bw = 1000.0
     print(f"# DRY RUN: byte counts from reference.quantize on the CPU; every timing is a placeholder "
-          f"(copy bandwidth {bw} GB/s, stream 1 ms, queued 0.95 ms, kernel 0.9 ms; GEMM kernel 0.99 ms, one call's 0.9 - 1.1 ms)")
+          f"(copy bandwidth {bw} GB/s, stream 1 ms, queued 0.95 ms, kernel 0.9 ms; GEMM kernel 0.99 ms, one call's "
+          f"0.9 - 1.1 ms)")
     print(quant_header(n))
     for row in rows:
         amax = ref_amax(x).reshape(1) if row.given_amax else None
@@ -469,8 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         print(quant_line(rec), flush=True)
         results.append(rec)
     print("# frac = contract bytes / strm_ms / copy bandwidth (back-to-back calls; the goals' measure); frac_1r on "
-          "the one-read count; frac_q on q_ms (the calls issued with the GPU held); frac_k kernel time only; ovh_us = strm - kern; issue_us = host clock per call issued "
-          "back to back", flush=True)
+          "the one-read count; frac_q on q_ms (the calls issued with the GPU held); frac_k kernel time only; "
+          "ovh_us = strm - kern; issue_us = host clock per call issued back to back", flush=True)
     if not args.no_gemm:
         g = args.gemm_size or n
         print(GEMM_HEADER, flush=True)

@@ -258,8 +258,8 @@ def fill_given(block: OutputBlock, slots: tuple[str | None, str | None], index: 
     and later (the kernel waits for the grid before it first, then lets the next one start: the gap after the
     previous call's quantize kernel, which lets dependents start as its CTAs finish their tiles, is hidden).
     given=False (no slots): the clearing alone, a plan's first launch (an own amax: NVFP4, fp8_current; fp8_delayed)
-    in place of the block's cudaMemsetAsync, so that its next kernel can be launched programmatically after it. `module`: the build
-    of fp8_per_tensor.cu to launch it from (every build has it; default FILL_CONFIG's)."""
+    in place of the block's cudaMemsetAsync, so that its next kernel can be launched programmatically after it.
+    `module`: the build of fp8_per_tensor.cu to launch it from (every build has it; default FILL_CONFIG's)."""
     n_words = -(-block.zero_bytes // 4)  # (rounding up stays in the ALIGN padding before the next buffer)
     assert all(s is None or block.offsets[s] >= 4 * n_words for s in slots)  # the slots lie outside the cleared bytes
     assert given or slots == (None, None)

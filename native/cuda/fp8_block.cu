@@ -190,7 +190,7 @@ __device__ __forceinline__ void block_quantize(BlockShared& sh, const T* __restr
       fp8_block_quantize_##SUFFIX(const T* x, i64 M, i64 K, int vec_in, int vec_row, int vec_col,          \
                                   unsigned char* q_row, float* s_row, i64 ld_sr, unsigned char* q_col,     \
                                   float* s_col, i64 ld_sc) {                                               \
-    wait_for_prior_grid(); /* a plan launches it programmatically: X, outputs only after the grid before */         \
+    wait_for_prior_grid(); /* a plan launches it programmatically: X, outputs only after the grid before */  \
     __shared__ BlockShared sh;                                                                               \
     const TileOrigin tile = tile_origin(K);                                                                  \
     if (tile_interior(tile, M, K, vec_in && vec_row && vec_col))                                             \

@@ -202,7 +202,7 @@ __device__ __forceinline__ void mx_quantize(MxShared& sh, const T* __restrict__ 
       mxfp8_quantize_##SUFFIX(const T* x, i64 M, i64 K, int vec_in, int vec_out, unsigned char* q_row,      \
                               unsigned char* s_r, i64 ld_r, unsigned char* q_col, unsigned char* s_c,      \
                               i64 ld_c) {                                                                  \
-    wait_for_prior_grid(); /* a plan launches it programmatically: X, outputs only after the grid before */         \
+    wait_for_prior_grid(); /* a plan launches it programmatically: X, outputs only after the grid before */  \
     __shared__ MxShared sh;                                                                                  \
     const TileOrigin tile = tile_origin(K);                                                                  \
     if (tile_interior(tile, M, K, vec_in && vec_out))                                                        \

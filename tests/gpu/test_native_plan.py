@@ -655,7 +655,8 @@ def test_a_programmatic_kernel_touches_its_slots_only_after_the_grid_before_it(k
         scale, sinv = torch.zeros(1, device="cuda"), torch.zeros(1, device="cuda")
         q_row = torch.empty(m, k, dtype=torch.uint8, device="cuda")
         q_col = torch.empty(k, m, dtype=torch.uint8, device="cuda")
-        args = (x, np.int64(m), np.int64(k), 1, 1, 1, slot, scale, sinv, None, None, None, None, None, None, q_row, q_col)
+        # (vec flags 1: aligned; amax_in = the slot; no delayed accumulation, copy, store, history or counter)
+        args = (x, np.int64(m), np.int64(k), 1, 1, 1, slot, scale, sinv, *[None] * 6, q_row, q_col)
         launch = PreparedLaunch(module_for(native_per_tensor.CU_FILE, cfg, index), "per_tensor_cast_bf16",
                                 native_per_tensor.n_tiles(m, k), native_per_tensor.THREADS, args, index,
                                 programmatic=True)  # fmt: skip

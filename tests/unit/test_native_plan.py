@@ -414,6 +414,18 @@ def test_fp8_plans_launch_what_quantize_2d_launches(monkeypatch, config, extra, 
         _check_per_tensor_clear_launch(monkeypatch, config, rowwise, colwise, dtype, m, k)
 
 
+def _clearing_fill(plan, first, rowwise: bool, colwise: bool) -> int:
+    """`first` (a planned step) is fill_given with no given amax and no slots: the clearing alone of the block's
+    zeroed words, at its grid; no copy's codes lie in those words. Returns their count."""
+    name, geometry, slots = first
+    n_words = -(-plan.block.zero_bytes // 4)
+    assert (name, slots) == ("fill_given", [0, 0, 0, "internal:torch.int32", n_words])
+    assert geometry == _geometry(-(-n_words // 256), 256)
+    assert all(plan.block.offsets[f"{o}_data"] >= 4 * n_words for o, on in (("rowwise", rowwise), ("colwise", colwise))
+               if on)  # fmt: skip
+    return n_words
+
+
 def _check_per_tensor_clear_launch(monkeypatch, config, rowwise, colwise, dtype, m, k) -> None:
     """An own-amax fp8_current or an fp8_delayed plan for an X at per_tensor.CLEAR_LAUNCH_MIN_X_BYTES: first, ONE
     programmatic launch (fill_given, no given amax) clears exactly the scalar slots (the amax kernel's atomicMax
@@ -430,14 +442,10 @@ def _check_per_tensor_clear_launch(monkeypatch, config, rowwise, colwise, dtype,
         plan = per_tensor.plan_quantize(config, m, k, dtype, rowwise=rowwise, colwise=colwise, aligned=True,
                                         given=False, index=0)  # fmt: skip
         assert plan.clear_launch and plan.clears
-        (name, geometry, slots), *rest = planned = _planned(plan, {})
-        n_words = -(-plan.block.zero_bytes // 4)
-        assert (name, slots) == ("fill_given", [0, 0, 0, "internal:torch.int32", n_words])
-        assert geometry == _geometry(-(-n_words // 256), 256)
-        a = plan.block.offsets  # the cleared words: exactly the scalar slots, never a code
-        assert a["slots"] == 0 and n_words == 5 * per_tensor.SCALAR_SLOT
-        assert all(a[f"{o}_data"] >= 4 * n_words for o, on in (("rowwise", rowwise), ("colwise", colwise)) if on)
-        assert [n for n, *_ in rest] == kernels
+        planned = _planned(plan, {})
+        n_words = _clearing_fill(plan, planned[0], rowwise, colwise)
+        assert plan.block.offsets["slots"] == 0 and n_words == 5 * per_tensor.SCALAR_SLOT  # exactly the scalar slots
+        assert [n for n, *_ in planned[1:]] == kernels
         assert [step.launch.programmatic for step in plan.steps] == [pdl] * (1 + len(kernels))
         _check_bound_steps(plan, monkeypatch)
         if small is None:
@@ -510,14 +518,12 @@ def test_nvfp4_plans_launch_what_quantize_with_launches(monkeypatch, config, row
     clear_launch = not given and config.variant is None and large
     assert plan.clear_launch == clear_launch
     if clear_launch:  # first, ONE launch clears the A_g slots and the tile counter
-        (name, geometry, slots), *planned = planned
-        n_words = -(-plan.block.zero_bytes // 4)
-        assert (name, slots) == ("fill_given", [0, 0, 0, "internal:torch.int32", n_words])  # no given amax, no slots
-        assert geometry == _geometry(-(-n_words // 256), 256) and plan.clears
+        first, *planned = planned
+        _clearing_fill(plan, first, rowwise, colwise)
+        assert plan.clears
         # The cleared words are exactly both A_g slots (the amax kernel's atomicMax targets) and the tile counter.
         a_g = plan.block.offsets
         assert {n for n in ("_bits", "_drawn") if a_g[n] < plan.block.zero_bytes} == {"_bits", "_drawn"}
-        assert 4 * n_words <= min(a_g[f"{o}_data"] for o, on in (("rowwise", rowwise), ("colwise", colwise)) if on)
     elif given:  # NUMERICS: §5.1 - first, ONE launch puts the given amax in both A_g slots and clears the tile counter
         (name, geometry, slots), *planned = planned
         a_g = plan.block.offsets
