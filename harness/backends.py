@@ -10,9 +10,11 @@ never a silent fallback.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.metadata
 import inspect
+from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
@@ -85,6 +87,28 @@ def supports_case(backend: Any, case: Any, device: str | torch.device) -> tuple[
         if not ok:
             return False, why or ""
     return True, ""
+
+
+def one_copy(case: Any, backend: Any, device: str | torch.device) -> tuple[str, str] | None:
+    """(the orientation to run, why the other is skipped) when `backend` takes one copy of a both-copies
+    quantize/dequantize case and not both; None otherwise (docs/adapters.md §1)."""
+    if case.op not in ("quantize", "dequantize") or case.orientation != "both" or not asks_for_case(backend):
+        return None
+    import dataclasses  # noqa: PLC0415
+
+    answers = {o: supports_case(backend, dataclasses.replace(case, orientation=o), device)
+               for o in ("rowwise", "colwise")}
+    ok = [o for o, (yes, _) in answers.items() if yes]
+    if len(ok) != 1:
+        return None
+    other = "colwise" if ok[0] == "rowwise" else "rowwise"
+    return ok[0], answers[other][1]
+
+
+def support(backend: Any, case: Any, device: str | torch.device) -> tuple[bool, str, tuple[str, str] | None]:
+    """(ok, why not, split): `supports_case`, and for a "no" the one copy the backend runs (`one_copy`)."""
+    ok, why = supports_case(backend, case, device)
+    return ok, why, (None if ok else one_copy(case, backend, device))
 
 
 def skip_reason(backend: Any, e: BaseException) -> str:
@@ -500,6 +524,11 @@ def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in eps}
 
 
+def entry_point_names() -> list[str]:
+    """The names registered in the entry-point group (none of them is loaded)."""
+    return sorted(_entry_points())
+
+
 def backend_names() -> list[str]:
     """Built-in names, then entry-point names (sorted)."""
     return list(BUILTIN) + sorted(n for n in _entry_points() if n not in BUILTIN)
@@ -519,20 +548,94 @@ def _coerce(obj: Any, spec: str) -> Any:
     return obj
 
 
+def _is_path(module_part: str) -> bool:
+    return module_part.endswith(".py") or "/" in module_part
+
+
 def load_spec(spec: str) -> Any:
-    """`package.module:object` (dots after the colon walk attributes) to a backend instance."""
-    module_name, _, attr = spec.partition(":")
+    """`package.module:object` or `path/to/file.py:object` (dots after the colon walk attributes) to a backend
+    instance. A file is loaded under a name of its own, and its folder is not put on the import path, so an
+    adapter file named after its library (`torchao.py`) cannot shadow the library it wraps."""
+    module_name, _, attr = spec.rpartition(":")
     if not module_name or not attr:
-        raise UnknownBackend(f"backend spec {spec!r} is invalid: expected 'package.module:object'")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as e:
-        raise UnknownBackend(f"backend spec {spec!r}: cannot import module {module_name!r} ({e})") from e
+        raise UnknownBackend(f"backend spec {spec!r} is invalid: expected 'package.module:object' or "
+                             "'path/to/file.py:object'")
+    if _is_path(module_name):
+        obj: Any = _load_file(spec, Path(module_name).expanduser())
+    else:
+        try:
+            obj = importlib.import_module(module_name)
+        except ImportError as e:
+            raise UnknownBackend(f"backend spec {spec!r}: cannot import module {module_name!r} ({e})") from e
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise UnknownBackend(f"backend spec {spec!r}: module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     return _coerce(obj, spec)
+
+
+def _load_file(spec: str, path: Path) -> Any:
+    import importlib.util  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    if not path.is_file():
+        raise UnknownBackend(f"backend spec {spec!r}: no such file {str(path)!r}")
+    path = path.resolve()
+    name = f"harness_backend_{hashlib.sha256(str(path).encode()).hexdigest()[:16]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def module_file(module_name: str) -> Path | None:
+    """The source file of `module_name`, found on the import path without importing anything (no package's
+    __init__ runs), or None."""
+    import importlib.machinery  # noqa: PLC0415
+
+    path = None
+    found = None
+    parts = module_name.split(".")
+    for i in range(len(parts)):
+        found = importlib.machinery.PathFinder.find_spec(".".join(parts[: i + 1]), path)
+        if found is None:
+            return None
+        path = found.submodule_search_locations
+    return Path(found.origin) if found is not None and found.origin and Path(found.origin).is_file() else None
+
+
+def _dist_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def backend_identity(spec: str) -> dict:
+    """What identifies a backend's code for a report (run_meta.json, --resume), computed here without importing it:
+    the spec, the file that defines it and that file's sha256, and the version of the distribution it comes from
+    (built-ins: this harness's version). A changed digest or version means a changed backend."""
+    spec = spec.strip()
+    if spec in BUILTIN:  # this harness's own code: its commit is in run_meta.json
+        return {"spec": spec, "file": None, "sha256": None, "version": _dist_version("numerics-harness")}
+    target = spec
+    if ":" not in spec and spec in _entry_points():
+        target = _entry_points()[spec].value
+    module_name = target.rpartition(":")[0]
+    path = Path(module_name).expanduser() if _is_path(module_name) else module_file(module_name)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest() if path is not None and path.is_file() else None
+    version = None
+    if not _is_path(module_name):
+        dists = importlib.metadata.packages_distributions().get(module_name.split(".")[0], [])
+        version = _dist_version(dists[0]) if dists else None
+    return {"spec": spec, "file": None if path is None else str(path), "sha256": digest, "version": version}
 
 
 def get_backend(name_or_spec: Any) -> Any:

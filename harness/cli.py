@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import math
+import os
 import re
 import signal
 import subprocess
@@ -21,6 +23,10 @@ from typing import Sequence
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO_ROOT / "benchmarks"
+
+
+# The most worker processes `harness run` starts (each holds a golden, its inputs and one process per backend).
+MAX_WORKERS = 256
 
 
 class UsageError(Exception):
@@ -156,10 +162,39 @@ def _rules(excluded) -> str:
     return "; ".join(out)
 
 
-def resolve_backends(text: str, cases: Sequence, device: str) -> list:
-    """Backend objects for --backend (comma list); `auto` = every backend supporting some case."""
-    from . import backends as b  # noqa: PLC0415
+# A backend name: it keys the report's rows and the --backend comma list, so printable, no comma, short.
+_NAME_RE = re.compile(r"[A-Za-z0-9_.+\-:/@ ]{1,80}")
 
+
+def _start_backend(spec: str, device: str, import_timeout: float):
+    """A started harness.sandbox.BackendProcess for `spec` (its code runs in its own process, never here);
+    any failure (unknown name, a module raising or hanging at import) is a one-line UsageError."""
+    from . import backends as b  # noqa: PLC0415
+    from .sandbox import BackendFailed, BackendProcess  # noqa: PLC0415
+
+    if spec not in b.BUILTIN and ":" not in spec and spec not in b.entry_point_names():
+        raise UsageError(f"unknown backend {spec!r}: expected one of {', '.join(b.backend_names())} "
+                         f"(entry-point group {b.ENTRY_POINT_GROUP!r}), 'package.module:object' or "
+                         "'path/to/file.py:object'")
+    proc = BackendProcess(spec, device, import_timeout=import_timeout)
+    try:
+        proc.start()
+    except BackendFailed as e:
+        raise UsageError(f"--backend {spec!r} could not be loaded: {e}") from None
+    if not _NAME_RE.fullmatch(proc.name):
+        proc.kill()
+        raise UsageError(f"--backend {spec!r} is named {ascii(proc.name)[:90]}: a backend name must be 1-80 "
+                         "printable characters (letters, digits, _ . + - : / @ and spaces), no comma")
+    return proc
+
+
+def resolve_backends(text: str, cases: Sequence, device: str, import_timeout: float | None = None) -> list:
+    """Started backend processes for --backend (comma list); `auto` = every backend supporting some case.
+    Two backends with one name, or a backend taking a built-in's name, are refused (UsageError)."""
+    from . import backends as b  # noqa: PLC0415
+    from .sandbox import DEFAULT_IMPORT_TIMEOUT  # noqa: PLC0415
+
+    timeout = DEFAULT_IMPORT_TIMEOUT if import_timeout is None else import_timeout
     try:
         names = b.parse_backend_list(text)
     except b.UnknownBackend as e:
@@ -167,57 +202,53 @@ def resolve_backends(text: str, cases: Sequence, device: str) -> list:
     if not names:
         raise UsageError(f"--backend {text!r} names no backend (e.g. reference, torch, native, package.module:object)")
     out = []
-    for name in names:
-        if name == "auto":
-            for cand in b.backend_names():
-                try:
-                    be = b.get_backend(cand)
-                except Exception as e:  # noqa: BLE001 - a broken plug-in does not stop `auto`
-                    print(f"auto: skipping backend {cand!r}: {e}", file=sys.stderr)
-                    continue
-                if cand == "reference" or any(_supports(be, c, device) for c in cases):
-                    out.append(be)
-                else:
-                    print(f"auto: backend {cand!r} supports none of the selected cases on {device}", file=sys.stderr)
-        else:
-            out.append(load_backend(name))
-    seen, uniq = set(), []
-    for be in out:
-        if be.name not in seen:
-            seen.add(be.name)
-            uniq.append(be)
-    return uniq
-
-
-def load_backend(name: str):
-    """get_backend(name), with any failure (unknown name, a module raising at import) as a UsageError."""
-    from . import backends as b  # noqa: PLC0415
-
     try:
-        return b.get_backend(name)
-    except b.UnknownBackend as e:
-        raise UsageError(str(e)) from None
-    except Exception as e:  # noqa: BLE001 - a user's module: one line, no traceback
-        first = str(e).splitlines()[0][:300] if str(e) else ""
-        raise UsageError(f"--backend {name!r} could not be loaded: {type(e).__name__}: {first}") from None
+        for name in names:
+            if name == "auto":
+                for cand in b.backend_names():
+                    try:
+                        be = _start_backend(cand, device, timeout)
+                    except UsageError as e:  # a broken plug-in does not stop `auto`
+                        print(f"auto: skipping backend {cand!r}: {e}", file=sys.stderr)
+                        continue
+                    if cand == "reference" or any(m != "skip" for m in _support_marks(be, cases, device)):
+                        out.append(be)
+                    else:
+                        be.kill()
+                        print(f"auto: backend {cand!r} supports none of the selected cases on {device}",
+                              file=sys.stderr)
+            else:
+                out.append(_start_backend(name, device, timeout))
+        _check_names(out)
+    except BaseException:
+        for be in out:
+            be.kill()
+        raise
+    return out
 
 
-def _supports(backend, case, device) -> bool:
-    return _support_mark(backend, case, device) != "skip"
+def _check_names(backends: Sequence) -> None:
+    """Refuse two backends with one name, and a backend other than a built-in taking a built-in's name: rows are
+    keyed by name, so one would silently hide the other (and a user backend named `reference` the golden)."""
+    from .backends import BUILTIN  # noqa: PLC0415
+
+    seen: dict[str, str] = {}
+    for be in backends:
+        if be.name in seen and seen[be.name] == be.spec:
+            raise UsageError(f"--backend names {be.spec!r} twice")
+        if be.name in seen:
+            raise UsageError(f"backends {seen[be.name]!r} and {be.spec!r} are both named {be.name!r}: the report keys "
+                             "rows by backend name, so one would hide the other; rename one")
+        if be.name in BUILTIN and be.spec != be.name:
+            raise UsageError(f"backend {be.spec!r} is named {be.name!r}, the name of the built-in backend; rename it")
+        seen[be.name] = be.spec
 
 
-def _support_mark(backend, case, device) -> str:
-    """`yes`, `skip`, or the one copy (`rowwise` / `colwise`) a backend runs of a both-copies case."""
-    from . import backends as b  # noqa: PLC0415
-    from .runner import _one_copy  # noqa: PLC0415
-
-    try:
-        if b.supports_case(backend, case, device)[0]:
-            return "yes"
-        split = _one_copy(case, backend, device)
-    except Exception:  # noqa: BLE001
-        return "skip"
-    return "skip" if split is None else split[0]
+def _support_marks(backend, cases: Sequence, device) -> list[str]:
+    """Per case `yes`, `skip`, or the one copy (`rowwise` / `colwise`) a backend runs of a both-copies case,
+    asked of the backend's own process in one request."""
+    return ["yes" if ok is True else (split[0] if split else "skip")
+            for ok, _, split in backend.supports_many(cases, device)]
 
 
 def _device(arg: str | None) -> str:
@@ -242,8 +273,9 @@ def _device(arg: str | None) -> str:
 
 
 def _prepare(backends, cases, device) -> None:
-    """Each backend's optional one-time `prepare` (e.g. native's parallel kernel compile); a failure is
-    reported and the sweep goes on, so every case records its own outcome."""
+    """Each backend's optional one-time `prepare` (e.g. native's parallel kernel compile), in its own process and
+    bounded by --import-timeout; a failure is reported and the sweep goes on, so every case records its own
+    outcome."""
     for b in backends:
         prep = getattr(b, "prepare", None)
         if not callable(prep):
@@ -257,25 +289,36 @@ def _prepare(backends, cases, device) -> None:
 
 
 class Terminated(BaseException):
-    """SIGTERM, raised in the main thread so the sweep stops like it does on Ctrl-C."""
+    """SIGTERM or SIGHUP, raised in the main thread so the sweep stops like it does on Ctrl-C."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__(signum)
+        self.signum = int(signum)
+        self.label = signal.Signals(self.signum).name
+
+
+# The signals that stop a sweep the way Ctrl-C does: the report closed, the workers and backend processes ended,
+# a resume hint printed (a closed terminal sends SIGHUP).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
 def _sigterm_raises():
-    """While running, SIGTERM raises Terminated (the default would end the process without the
+    """While running, SIGTERM and SIGHUP raise Terminated (the default would end the process without the
     report's closing steps or stopping the workers)."""
     def handler(signum, frame):
-        raise Terminated()
+        raise Terminated(signum)
 
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread (an embedding caller): leave SIGTERM alone
+        previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    except ValueError:  # not the main thread (an embedding caller): leave the signals alone
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, h in previous.items():
+            signal.signal(sig, h)
 
 
 def _out_dir(args) -> Path:
@@ -292,40 +335,55 @@ def cmd_run(args) -> int:
     from .forkserver import context as forkserver_context  # noqa: PLC0415
     from .meta import EnvironmentProbe  # noqa: PLC0415
     from .pool import DEFAULT_CASE_TIMEOUT, WorkerPool  # noqa: PLC0415
+    from .sandbox import DEFAULT_IMPORT_TIMEOUT, zygote  # noqa: PLC0415
 
     if args.case_timeout is None:
         args.case_timeout = DEFAULT_CASE_TIMEOUT
-    if args.workers < 1:
-        raise UsageError(f"--workers {args.workers} is invalid: expected 1 or more worker processes")
-    if args.case_timeout < 0:
-        raise UsageError(f"--case-timeout {args.case_timeout:g} is invalid: expected seconds >= 0 (0 = no limit)")
+    if args.import_timeout is None:
+        args.import_timeout = DEFAULT_IMPORT_TIMEOUT
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise UsageError(f"--workers {args.workers} is invalid: expected 1 to {MAX_WORKERS} worker processes "
+                         f"(each holds a golden and one process per backend; this host has {os.cpu_count()} cores)")
+    for flag, v in (("--case-timeout", args.case_timeout), ("--import-timeout", args.import_timeout)):
+        if not math.isfinite(v) or v < 0:
+            raise UsageError(f"{flag} {v:g} is invalid: expected a finite number of seconds >= 0 (0 = no limit)")
     if args.resume and args.force:
         raise UsageError("--resume and --force exclude each other (--force replaces the report --resume continues)")
     out = _out_dir(args)
     device = _device(args.device)
+    zygote()  # backend processes fork from it: before this process starts threads (the workers' start, below)
     # The workers start first, on a thread (harness.pool.WorkerPool.start): they fork from the forkserver once it
     # has imported torch and the harness, and create their CUDA contexts, while this process selects the cases and
     # prepares the backends; every return below stops them. The environment probe (about a second of GPU
     # queries) runs meanwhile in a process of its own; its answer joins run_meta.json when it comes.
-    with WorkerPool(args.workers, args.device if args.device not in (None, "auto") else None) as workers:
+    with _sigterm_raises(), WorkerPool(args.workers, args.device if args.device not in (None, "auto") else None) \
+            as workers:
         return _run_with(args, out, device, workers.start(wait=False), EnvironmentProbe(forkserver_context()))
 
 
 def _run_with(args, out: Path, device: str, workers, env) -> int:
     """cmd_run once its workers are starting; `env`: the harness.meta.EnvironmentProbe of this run."""
-    from . import report  # noqa: PLC0415
-    from .artefacts import repro_command  # noqa: PLC0415
-    from .backends import backend_spec  # noqa: PLC0415
-    from .meta import adapter_info, run_meta  # noqa: PLC0415
-    from .pool import PoolSweep, WorkersDying  # noqa: PLC0415
-    from .progress import Progress  # noqa: PLC0415
-
     cases = select_cases(args.tier, args.cases, args.filter, args.shard)
     if not cases:
         why = why_no_cases(cases, args.cases or args.tier or "smoke", args.filter, args.shard)
         print(f"error: no cases selected: {why}", file=sys.stderr)
         return 2
-    backends = resolve_backends(args.backend, cases, device)
+    backends = resolve_backends(args.backend, cases, device, args.import_timeout)
+    try:
+        return _sweep(args, out, device, workers, env, cases, backends)
+    finally:
+        for b in backends:
+            b.kill()
+
+
+def _sweep(args, out: Path, device: str, workers, env, cases, backends) -> int:
+    """cmd_run once its cases are selected and its backends' processes answer (`backends`)."""
+    from . import report  # noqa: PLC0415
+    from .artefacts import repro_command  # noqa: PLC0415
+    from .meta import adapter_info, run_meta  # noqa: PLC0415
+    from .pool import PoolSweep, WorkersDying  # noqa: PLC0415
+    from .progress import Progress  # noqa: PLC0415
+
     options = {k: v for k, v in vars(args).items() if k != "func"}
     options.update(device=device, backends=[b.name for b in backends], n_cases=len(cases))
     # The environment and the adapters' packages (importlib.metadata scans every installed distribution: 1.8 s
@@ -351,14 +409,17 @@ def _run_with(args, out: Path, device: str, workers, env) -> int:
             try:
                 if todo:
                     _prepare(backends, cases, device)
-                PoolSweep(cases, [backend_spec(b) for b in backends], args.workers,
+                specs = {b.name: b.spec for b in backends}
+                for b in backends:  # the workers start their own; these answered for the selection and prepare
+                    b.kill()
+                PoolSweep(cases, specs, args.workers,
                           device=args.device if args.device not in (None, "auto") else None, writer=writer,
                           out_dir=out, progress=progress, golden=args.golden_device,
-                          case_timeout=args.case_timeout, workers=workers).run()
+                          case_timeout=args.case_timeout, import_timeout=args.import_timeout, workers=workers).run()
             except KeyboardInterrupt:
                 stopped = ("interrupted", 130)
-            except Terminated:
-                stopped = ("terminated (SIGTERM)", 143)
+            except Terminated as e:
+                stopped = (f"terminated ({e.label})", 128 + e.signum)
             except WorkersDying as e:
                 stopped = (f"stopped: {e}", 1)
             progress.close()
@@ -387,7 +448,7 @@ def _run_with(args, out: Path, device: str, workers, env) -> int:
     bad = cs[cs["status"].isin(["fail", "error"])]
     if len(bad):
         print(f"failing cases keep their inputs and a repro.sh under {out / report.FAILURES}/")
-        specs = {b.name: backend_spec(b) for b in backends}
+        specs = {b.name: b.spec for b in backends}
         for r in bad.head(10).itertuples(index=False):
             print(f"  {repro_command(r.case_id, specs.get(r.backend, r.backend))}")
         if len(bad) > 10:
@@ -397,29 +458,40 @@ def _run_with(args, out: Path, device: str, workers, env) -> int:
 
 def cmd_list(args) -> int:
     from . import backends as b  # noqa: PLC0415
+    from .sandbox import DEFAULT_IMPORT_TIMEOUT, zygote  # noqa: PLC0415
 
     if args.backends:
         device = _device(args.device)
+        zygote()
+        from .cases import Case  # noqa: PLC0415
+
+        probe = Case("quantize", _probe_config(), (128, 128))
         for name in b.backend_names():
             try:
-                be = b.get_backend(name)
-                from .cases import Case  # noqa: PLC0415
-
-                ok, why = b.supports_case(be, Case("quantize", _probe_config(), (128, 128)), device)
-                state = "ok" if ok else f"quantize(fp8_current): {why}"
-            except Exception as e:  # noqa: BLE001
-                state = f"cannot load: {e}"
+                be = _start_backend(name, device, DEFAULT_IMPORT_TIMEOUT)
+            except UsageError as e:
+                print(f"{name:12s} cannot load: {str(e).split(': ', 1)[-1]}")
+                continue
+            try:
+                ok, why, _ = be.supports_many([probe], device)[0]
+            finally:
+                be.kill()
+            state = "ok" if ok is True else f"quantize(fp8_current): {why}"
             print(f"{name:12s} {state}")
         return 0
     cases = select_cases(args.tier, args.cases, args.filter, args.shard)
     device = _device(args.device) if args.backend else None
+    if args.backend:
+        zygote()
     bes = resolve_backends(args.backend, cases, device) if args.backend else []
-    for c in cases:
+    try:
+        marks = {be.name: _support_marks(be, cases, device) for be in bes}
+    finally:
+        for be in bes:
+            be.kill()
+    for i, c in enumerate(cases):
         if bes:
-            marks = []
-            for be in bes:
-                marks.append(f"{be.name}:{_support_mark(be, c, device)}")
-            print(f"{c.id}  {' '.join(marks)}")
+            print(f"{c.id}  {' '.join(f'{n}:{m[i]}' for n, m in marks.items())}")
         else:
             print(c.id)
     if not cases:  # one line: why, with the grid values the spec rules excluded; still exit 0
@@ -440,9 +512,9 @@ def cmd_repro(args) -> int:
     import torch  # noqa: PLC0415
 
     from . import runner  # noqa: PLC0415
-    from .backends import UnknownBackend, get_backend  # noqa: PLC0415
     from .cases import Case  # noqa: PLC0415
     from .classify import EXAMPLES_SHOWN, format_examples  # noqa: PLC0415
+    from .sandbox import DEFAULT_IMPORT_TIMEOUT, zygote  # noqa: PLC0415
 
     try:
         case = Case.from_id(args.case_id)
@@ -458,12 +530,14 @@ def cmd_repro(args) -> int:
         except Exception as e:  # noqa: BLE001 - not a torch.save file: one line, no traceback
             raise UsageError(f"--inputs {args.inputs!r} is not an inputs.pt saved by a run: {type(e).__name__}") from None
     worst = "pass"
+    zygote()
     for name in args.backend.split(","):
+        be = _start_backend(name.strip(), device, DEFAULT_IMPORT_TIMEOUT)
         try:
-            be = get_backend(name.strip())
-        except UnknownBackend as e:
-            raise UsageError(str(e)) from e
-        rows = runner.run_case(case, be, device, inputs=inputs, worker="repro", golden=args.golden_device)
+            rows = runner.run_case(case, be, device, inputs=inputs, worker="repro", golden=args.golden_device,
+                                   timeout=args.case_timeout)
+        finally:
+            be.kill()
         print(f"== {case.id} [{be.name} on {device}]")
         for r in rows:
             metrics = " ".join(f"{k}={r[k]:.6g}" for k in ("max_abs", "max_rel", "sqnr_db", "delta_sqnr_db")
@@ -618,6 +692,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--case-timeout", type=float, default=None, metavar="SECONDS",
                    help="kill a (case, backend) running longer and record error/timeout (default "
                         "harness.pool.DEFAULT_CASE_TIMEOUT; 0 = no limit)")
+    p.add_argument("--import-timeout", type=float, default=None, metavar="SECONDS",
+                   help="bound on importing each backend in its process and on its prepare(), not charged to any "
+                        "case (default harness.sandbox.DEFAULT_IMPORT_TIMEOUT; 0 = no limit)")
     p.add_argument("--force", action="store_true", help="replace a previous report in --out (a fresh run refuses it)")
     _golden(p)
     g = p.add_mutually_exclusive_group()
@@ -638,6 +715,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", default=None, help="inputs.pt saved by a failing run (default: regenerate)")
     _golden(p)
     p.add_argument("--out", default=None, help="save a failure directory here")
+    p.add_argument("--case-timeout", type=float, default=0, metavar="SECONDS",
+                   help="kill the backend's process after this long and record error/timeout (default 0: no limit)")
     p.set_defaults(func=cmd_repro)
 
     p = sub.add_parser("report", help="summary table and plots of a report directory")
@@ -692,9 +771,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; rows of finished cases are in the report (use --resume to continue)", file=sys.stderr)
         return 130
-    except Terminated:
-        print("terminated; rows of finished cases are in the report (use --resume to continue)", file=sys.stderr)
-        return 143
+    except Terminated as e:
+        print(f"terminated ({e.label}); rows of finished cases are in the report (use --resume to continue)",
+              file=sys.stderr)
+        return 128 + e.signum
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -89,9 +89,13 @@ def adapter_info(backend) -> dict:
     distribution owning the module's top-level package, else none)."""
     import importlib.metadata  # noqa: PLC0415
 
-    module = type(backend).__module__
-    package = getattr(backend, "package", None)
-    version = getattr(backend, "package_version", None)
+    info = getattr(backend, "info", None)  # a harness.sandbox.BackendProcess: what its process said
+    if isinstance(info, dict) and info:
+        module, package, version = info.get("module", ""), info.get("package"), info.get("package_version")
+    else:
+        module = type(backend).__module__
+        package = getattr(backend, "package", None)
+        version = getattr(backend, "package_version", None)
     if package is None:
         top = module.split(".")[0]
         dists = importlib.metadata.packages_distributions().get(top, [])

@@ -5,7 +5,8 @@ scaling step), §5.6 (RHT copies), §6 (GEMM layouts, exact modes). Per (case, b
 - `golden(case, g)` fills the Golden (once per case, on the golden's device);
 - `handed(case, g, device)` gives the backend's inputs: private copies, each with the original it
   must still equal afterwards (harness.runner checks them: `mutated its input`);
-- `candidate(case, g, backend, device, given)` calls the backend and times the call;
+- `candidate(case, backend, device, given, ctx)` calls the backend and times the call (in the backend's own
+  process for a harness.sandbox.BackendProcess; `ctx` is `call_context(case, g)`, plain data);
 - `from_golden(case, g)` is the reference's own output when the candidate is the golden run itself;
 - `compare(case, g, output, base)` gives the conformance and accuracy rows.
 """
@@ -21,6 +22,8 @@ import torch
 
 import reference
 from reference.layouts import gemm_layout
+from reference.per_tensor import AmaxHistory
+from reference.types import QuantizedTensor
 
 from . import backends as backends_mod
 from . import sr_stats
@@ -193,15 +196,15 @@ def _x_handed(case, g: Golden, device) -> dict:
     return {"x": (fresh_copy(src, dev), src)}
 
 
-def _quantize_candidate(case, g: Golden, backend, device, given: Mapping) -> Output:
+def _quantize_candidate(case, backend, device, given: Mapping, ctx: Mapping) -> Output:
     rw, cw = copies(case.orientation)
     if sr_stats.applies(case, backend):  # own SR bits: N draws, compared statistically (docs/numerics.md §12.3)
         draws, wall = _timed(device, lambda: sr_stats.draw(backend.quantize, given["x"], case.config, rowwise=rw,
-                                                           colwise=cw, rng=g.inputs.get("rng")))
+                                                           colwise=cw, rng=ctx["rng"]))
         return Output({"q": draws[0], "state": None, "sr_draws": draws}, wall)
     update = getattr(backend, "update_amax_history", None)
     (q, state), wall = _timed(device, lambda: quantize_with_state(
-        backend.quantize, given["x"], case.config, device, rw, cw, g.inputs.get("rng"),
+        backend.quantize, given["x"], case.config, device, rw, cw, ctx["rng"],
         update if callable(update) else None))
     return Output({"q": q, "state": state}, wall)
 
@@ -310,9 +313,9 @@ def _dequantize_handed(case, g: Golden, device) -> dict:
     return {"q": (fresh_copy(g.quantized, device), g.quantized)}
 
 
-def _dequantize_candidate(case, g: Golden, backend, device, given: Mapping) -> Output:
+def _dequantize_candidate(case, backend, device, given: Mapping, ctx: Mapping) -> Output:
     dt = out_dtype(case, torch.float32)
-    outs, wall = _timed(device, lambda: {o: backend.dequantize(given["q"], o, dt) for o in g.dequantized})
+    outs, wall = _timed(device, lambda: {o: backend.dequantize(given["q"], o, dt) for o in ctx["orientations"]})
     return Output(outs, wall)
 
 
@@ -405,7 +408,7 @@ def _gemm_handed(case, g: Golden, device) -> dict:
     return given
 
 
-def _gemm_candidate(case, g: Golden, backend, device, given: Mapping) -> Output:
+def _gemm_candidate(case, backend, device, given: Mapping, ctx: Mapping) -> Output:
     if case.epilogue:  # docs/numerics.md §12.2: backends run epilogues through gemm_epilogue
         fn = getattr(backend, "gemm_epilogue", None)
         if not callable(fn):
@@ -488,10 +491,10 @@ def _grouped_golden(case, g: Golden) -> None:
                                    rng=g.inputs.get("rng"))
 
 
-def _grouped_candidate(case, g: Golden, backend, device, given: Mapping) -> Output:
+def _grouped_candidate(case, backend, device, given: Mapping, ctx: Mapping) -> Output:
     rw, cw = copies(case.orientation)
     groups, wall = _timed(device, lambda: backend.grouped_quantize(
-        given["x"], case.config, list(case.splits), rowwise=rw, colwise=cw, rng=g.inputs.get("rng")))
+        given["x"], case.config, list(case.splits), rowwise=rw, colwise=cw, rng=ctx["rng"]))
     return Output({"groups": groups}, wall)
 
 
@@ -563,7 +566,7 @@ def _linear_handed(case, g: Golden, device) -> dict:
     return {k: (fresh_copy(v, dev), v) for k, v in src.items() if isinstance(v, torch.Tensor)}
 
 
-def _linear_candidate(case, g: Golden, backend, device, given: Mapping) -> Output:
+def _linear_candidate(case, backend, device, given: Mapping, ctx: Mapping) -> Output:
     from .module_inputs import module_args  # noqa: PLC0415
 
     spec, params, steps = module_args(case, given)
@@ -612,7 +615,7 @@ class Op:
 
     golden: Callable[[Any, Golden], None]
     handed: Callable[[Any, Golden, Any], dict]
-    candidate: Callable[[Any, Golden, Any, Any, Mapping], Output]
+    candidate: Callable[[Any, Any, Any, Mapping, Mapping], Output]  # (case, backend, device, given, call_context)
     from_golden: Callable[[Any, Golden], Output]
     compare: Callable[[Any, Golden, Output, Mapping], list]
     method: str = ""  # the backend method the op calls (default: the op's name)
@@ -631,6 +634,75 @@ OPS: dict[str, Op] = {
     "linear": Op(_linear_golden, _linear_handed, _linear_candidate, _linear_from_golden, _linear_compare,
                  method="run_module"),
 }
+
+
+def _what(v: Any) -> str:
+    from .wire import Bad, describe  # noqa: PLC0415
+
+    return "None" if v is None else (v.what if isinstance(v, Bad) else describe(v))
+
+
+def _quantized_problem(q: Any, golden: QuantizedTensor | None, what: str) -> str | None:
+    """Why `q` is not a QuantizedTensor of the contract's field types (docs/adapters.md §2), or None."""
+    if not isinstance(q, QuantizedTensor):
+        return f"{what} returned {_what(q)}; the contract expects a reference.types.QuantizedTensor (docs/adapters.md §2)"
+    for name in QuantizedTensor.TENSOR_FIELDS:
+        v = getattr(q, name)
+        if v is None:
+            continue
+        if not isinstance(v, torch.Tensor):
+            return f"{what} returned a QuantizedTensor whose {name} is {_what(v)}; the contract expects a torch.Tensor"
+        want = getattr(golden, name, None) if golden is not None else None
+        if want is not None and v.dtype != want.dtype:
+            return (f"{what} returned {name} of dtype {str(v.dtype).removeprefix('torch.')}; the contract expects "
+                    f"{str(want.dtype).removeprefix('torch.')} (docs/adapters.md §2)")
+    return None
+
+
+def _tensor_problem(v: Any, what: str) -> str | None:
+    if not isinstance(v, torch.Tensor):
+        return f"{what} returned {_what(v)}; the contract expects a torch.Tensor"
+    return None
+
+
+def output_problem(case, values: Mapping, g: Golden) -> str | None:
+    """Why a candidate's decoded outputs (harness.sandbox) are not of the types its op's contract returns, in one
+    line naming what came back and what was expected; None when they are. Values are then compared as usual."""
+    op = case.op
+    if op == "quantize":
+        why = _quantized_problem(values.get("q"), g.quantized, "quantize")
+        if why is None and values.get("state") is not None and not isinstance(values["state"], AmaxHistory):
+            why = f"update_amax_history left the state as {_what(values['state'])}"
+        for q in values.get("sr_draws") or []:
+            why = why or _quantized_problem(q, g.quantized, "quantize")
+        return why
+    if op == "dequantize":
+        return next((w for o, y in values.items() if (w := _tensor_problem(y, f"dequantize({o!r})"))), None)
+    if op == "gemm":
+        name = "gemm_epilogue" if case.epilogue else "gemm"
+        if case.epilogue and not all(isinstance(k, str) for k in values):
+            return f"{name} returned a dict with keys that are not names"
+        return next((w for k, y in values.items() if y is not None and (w := _tensor_problem(y, f"{name} {k!r}"))),
+                    None)
+    if op == "grouped_quantize":
+        groups = values.get("groups")
+        if not isinstance(groups, (list, tuple)):
+            return f"grouped_quantize returned {_what(groups)}; the contract expects a list of QuantizedTensor"
+        return next((w for q in groups if q is not None and (w := _quantized_problem(q, None, "grouped_quantize"))),
+                    None)
+    if op == "linear":
+        from reference.linear import ModuleRun  # noqa: PLC0415
+
+        run = values.get("run")
+        if not isinstance(run, ModuleRun):
+            return f"run_module returned {_what(run)}; the contract expects a reference.linear.ModuleRun"
+    return None
+
+
+def call_context(case, g: Golden) -> dict:
+    """What a candidate call needs of the golden side besides its inputs: the SR seed and the copies to
+    dequantize (plain data: it travels to the backend's process, harness.sandbox)."""
+    return {"rng": g.inputs.get("rng"), "orientations": list(g.dequantized)}
 
 
 def op_for(case) -> Op:

@@ -41,7 +41,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import pebble
 import torch
@@ -51,10 +51,14 @@ from .forkserver import apply_heap_policy, context, heap_policy, worker_heap_env
 from .golden import InputCache, check_golden, golden_on_cpu
 from .rows import exc_text, pair_base, status_row
 from .runner import GoldenOnce, SweepResult, grouped, interleaved, record, run_backend, todo
+from .sandbox import DEFAULT_IMPORT_TIMEOUT, BackendFailed, BackendProcess, zygote
 
 # A generous default for --case-timeout (seconds per (case, backend), golden included): the largest
 # nightly cases take well under a minute on a 2-core host; 0 turns the limit off.
 DEFAULT_CASE_TIMEOUT = 900.0
+# Seconds past --case-timeout after which this process kills a worker whose pair has not ended: the worker times
+# the backend's call itself (and kills the backend's process), so this fires only for a worker that stopped.
+JUDGE_GRACE_S = 30.0
 # A task whose worker dies before it starts any pair is scheduled again at most this many times.
 MAX_SILENT_DEATHS = 3
 _POLL_S = 0.2
@@ -114,18 +118,24 @@ class _Worker:
         self.device = device
         self.golden = golden
         self.specs = specs
-        self.backends: dict[str, Any] = {}
+        self.backends: dict[str, BackendProcess] = {}
+        self.failed: dict[str, str] = {}  # backend name -> why its process could not load it (not retried)
+        self.case_timeout, self.import_timeout = DEFAULT_CASE_TIMEOUT, DEFAULT_IMPORT_TIMEOUT
         self.cache = InputCache()
         if gpus:
             slot = index if slot is None else slot
             os.environ["CUDA_VISIBLE_DEVICES"] = gpus[slot % len(gpus)]  # before CUDA starts
             os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", WORKER_CUDA_CONNECTIONS)
 
-    def configure(self, specs: dict[str, str], golden: str) -> None:
-        """Take the task's backend specs and golden device (the same for every task of a sweep)."""
+    def configure(self, specs: dict[str, str], golden: str, limits: tuple[float, float]) -> None:
+        """Take the task's backend specs, golden device and (case, import) timeouts (the same for every task of a
+        sweep)."""
         if specs != self.specs:
-            self.specs, self.backends = specs, {}
+            for b in self.backends.values():
+                b.kill()
+            self.specs, self.backends, self.failed = specs, {}, {}
         self.golden = golden
+        self.case_timeout, self.import_timeout = limits
 
     def warm_up(self) -> None:
         """Create this worker's CUDA context now, while the parent still selects the cases (a failure is
@@ -135,10 +145,22 @@ class _Worker:
             with contextlib.suppress(Exception):
                 torch.zeros(1, device=self.device)
 
-    def backend(self, name: str):
-        if name not in self.backends:
-            self.backends[name] = backends_mod.get_backend(self.specs[name])
-        return self.backends[name]
+    def backend(self, name: str) -> BackendProcess:
+        """The backend's process, started (its import bounded by the import timeout, not charged to a case).
+        Raises BackendFailed, at once for a backend that already failed to load in this worker."""
+        if name in self.failed:
+            raise BackendFailed(self.failed[name])
+        b = self.backends.get(name)
+        if b is None:
+            b = self.backends[name] = BackendProcess(self.specs[name], self.device,
+                                                     import_timeout=self.import_timeout)
+        try:
+            b.start()
+        except BackendFailed as e:
+            if b.starts <= 1:  # it never loaded here: every later pair gets this error at once
+                self.failed[name] = str(e)
+            raise
+        return b
 
 
 _WORKER: _Worker | None = None
@@ -187,6 +209,14 @@ def _alive(pid: int) -> bool:
         return True  # no /proc: trust kill(0)
 
 
+def not_inspectable() -> None:
+    """Make this process non-dumpable (PR_SET_DUMPABLE 0): another process of the same user, such as a backend's,
+    can then neither ptrace it nor open its /proc/<pid>/mem or fd/ entries (root still can)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+
+
 def claim_slot(pids) -> int:
     """Take the first slot of the shared pid array `pids` whose worker is gone (0 or a dead pid) and write this
     process's pid there. Slot i runs on GPU i mod (visible GPUs), so a worker that replaces a crashed one takes
@@ -208,6 +238,9 @@ def _init_worker(parent: int, counter, pids, gpus, device, threads, heap) -> Non
         index = counter.value
         counter.value += 1
     _WORKER = _Worker(index, gpus, {}, device, "same", slot=claim_slot(pids))
+    # Backend processes fork from this worker's zygote, forked now: before CUDA, and with the pinned GPU set.
+    zygote(max(1, threads))
+    not_inspectable()
     torch.set_num_threads(max(1, threads))
     _WORKER.warm_up()
 
@@ -233,27 +266,30 @@ def context_dead(device: str) -> str | None:
     return None
 
 
-def run_items(items: Sequence[tuple[Any, list[str]]], log: str, specs: dict[str, str], golden: str) -> None:
-    """Worker: run each (case, backend names) of one task, logging `start` and `rows` records.
+def run_items(items: Sequence[tuple[Any, list[str]]], log: str, specs: dict[str, str], golden: str,
+              limits: tuple[float, float] = (DEFAULT_CASE_TIMEOUT, DEFAULT_IMPORT_TIMEOUT)) -> None:
+    """Worker: run each (case, backend names) of one task, logging `start` and `rows` records. Every backend
+    runs in its own process (harness.sandbox); this process draws the inputs, computes the golden and judges.
 
-    After a pair that left the CUDA context unusable, the worker logs `retire` and exits: its rows are
+    After a pair that left this worker's CUDA context unusable, the worker logs `retire` and exits: its rows are
     recorded, and pebble starts a fresh worker (a fresh context) for the rest of the task.
     """
     w = _WORKER
-    w.configure(specs, golden)
+    w.configure(specs, golden, limits)
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         for case, names in items:
             once = GoldenOnce(case, w.device, w.golden, cache=w.cache)
             for name in names:
-                _put(fd, ("start", case.id, name))
                 try:
-                    backend = w.backend(name)
-                except Exception as e:  # noqa: BLE001 - one error row per pair, the sweep goes on
+                    backend = w.backend(name)  # before `start`: its import is not charged to the case
+                except BackendFailed as e:
+                    _put(fd, ("start", case.id, name))
                     rows = [status_row(pair_base(case, name, w.device, w.name), "error",
-                                       f"worker could not load backend {w.specs[name]!r}: {exc_text(e)}")]
+                                       f"worker could not load backend {w.specs[name]!r}: {e}")]
                 else:
-                    rows = run_backend(case, once, backend, w.device, worker=w.name)
+                    _put(fd, ("start", case.id, name))
+                    rows = run_backend(case, once, backend, w.device, worker=w.name, timeout=w.case_timeout)
                 _put(fd, ("rows", case.id, name, rows))
                 dead = context_dead(w.device)
                 if dead is not None:
@@ -383,9 +419,10 @@ class PoolSweep:
     """One sweep over `n_workers` pebble workers (a `WorkerPool`, started here unless `workers` gives one
     already started); `run()` returns a runner.SweepResult."""
 
-    def __init__(self, cases: Sequence, specs: Sequence[str], n_workers: int, *, device: str | None = None,
-                 writer=None, out_dir=None, progress=None, golden: str = "same",
-                 case_timeout: float = DEFAULT_CASE_TIMEOUT, workers: WorkerPool | None = None):
+    def __init__(self, cases: Sequence, specs: Sequence[str] | Mapping[str, str], n_workers: int, *,
+                 device: str | None = None, writer=None, out_dir=None, progress=None, golden: str = "same",
+                 case_timeout: float = DEFAULT_CASE_TIMEOUT, import_timeout: float = DEFAULT_IMPORT_TIMEOUT,
+                 workers: WorkerPool | None = None):
         check_golden(golden)  # before any worker starts
         if workers is not None and workers.n_workers != n_workers:
             raise ValueError(f"n_workers={n_workers} but the given WorkerPool has {workers.n_workers} workers")
@@ -395,8 +432,10 @@ class PoolSweep:
         self.writer, self.out_dir, self.progress = writer, out_dir, progress
         self.golden, self.case_timeout = golden, float(case_timeout or 0)
         self.gpus, self.device = self.workers.gpus, self.workers.device
-        names = [backends_mod.get_backend(s).name for s in specs]
-        self.specs = dict(zip(names, specs, strict=True))
+        self.import_timeout = float(import_timeout or 0)
+        # name -> spec; given as specs alone, each backend's name is asked of its own process (harness.sandbox)
+        self.specs = dict(specs) if isinstance(specs, Mapping) else backend_names(specs, self.device,
+                                                                                  self.import_timeout)
         self.result = SweepResult()
         self.by_id: dict[str, Any] = {}
         self._tmp: Path | None = None
@@ -415,7 +454,8 @@ class PoolSweep:
     def _new_task(self, pool, items: list, deaths: int = 0) -> _Task:
         self._n += 1
         t = _Task(items, self._tmp / f"task{self._n}.log", deaths)
-        t.future = pool.schedule(run_items, args=(items, str(t.log), self.specs, self.golden))
+        t.future = pool.schedule(run_items, args=(items, str(t.log), self.specs, self.golden,
+                                                  (self.case_timeout, self.import_timeout)))
         return t
 
     def _harvest(self, t: _Task) -> None:
@@ -508,7 +548,10 @@ class PoolSweep:
                 for t in list(active):
                     if not t.future.done():
                         self._harvest(t)
-                        late = t.current is not None and now - t.since > self.case_timeout > 0
+                        # the worker times its pair itself (killing the backend's process); this catches a worker
+                        # that stopped answering (its golden, or a backend that stopped the worker)
+                        late = t.current is not None and now - t.since > self.case_timeout + JUDGE_GRACE_S > \
+                            JUDGE_GRACE_S
                         if not late or not t.future.cancel():
                             continue
                         t.timed_out = True
@@ -530,6 +573,23 @@ class PoolSweep:
         finally:
             shutil.rmtree(self._tmp, ignore_errors=True)
         return self.result
+
+
+def backend_names(specs: Sequence[str], device: str, import_timeout: float = DEFAULT_IMPORT_TIMEOUT) -> dict[str, str]:
+    """name -> spec, each name asked of the backend's own process (this process never imports a backend).
+    Raises BackendFailed (one line) for a backend that cannot load and ValueError for two with one name."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        proc = BackendProcess(spec, device, import_timeout=import_timeout)
+        try:
+            name = proc.start()["name"]
+        finally:
+            proc.kill()
+        if name in out:
+            raise ValueError(f"backends {out[name]!r} and {spec!r} are both named {name!r}: rows are keyed by "
+                             "backend name, so one would hide the other; rename one")
+        out[name] = spec
+    return out
 
 
 def sweep_parallel(cases: Sequence, specs: Sequence[str], n_workers: int, *, device: str | None = None,

@@ -121,6 +121,12 @@ class _Recorder:
         self.writer.close()
 
 
+def pytest_unconfigure(config):
+    backend = getattr(config, "_harness_backend", None)
+    if backend is not None:
+        backend.kill()
+
+
 def pytest_configure(config):
     worker = _worker_id(config)
     config._harness_worker = worker
@@ -129,9 +135,11 @@ def pytest_configure(config):
         device = _pin_gpu(worker)
     config._harness_device = device
     config._harness_backend = None
-    backend = _backend(config)  # an unknown or failing backend is one usage error, before any item runs
     report_dir = config.getoption("--report-dir")
+    if report_dir or config.getoption("--backend") != "reference":
+        _backend(config)  # an unknown or failing backend is one usage error, before any item runs
     if report_dir and worker == "main":
+        backend = _backend(config)
         from .meta import run_meta  # noqa: PLC0415
         from .report import ReportWriter  # noqa: PLC0415
 
@@ -176,15 +184,18 @@ class CaseFailure(Exception):
 
 
 def _backend(config):
+    """The --backend as a harness.sandbox.BackendProcess: its code runs in a process of its own (forked from this
+    worker's zygote), never in the process that draws inputs, computes the golden and compares."""
     if config._harness_backend is None:
-        from .backends import get_backend  # noqa: PLC0415
+        from .sandbox import BackendFailed, BackendProcess  # noqa: PLC0415
 
         spec = config.getoption("--backend")
+        proc = BackendProcess(spec, _device(config))
         try:
-            config._harness_backend = get_backend(spec)
-        except Exception as e:  # noqa: BLE001 - one line, not a traceback per item
-            text = str(e).splitlines()[0][:300] if str(e) else ""
-            raise pytest.UsageError(f"--backend {spec!r} could not be loaded: {type(e).__name__}: {text}") from None
+            proc.start()
+        except BackendFailed as e:
+            raise pytest.UsageError(f"--backend {spec!r} could not be loaded: {e}") from None
+        config._harness_backend = proc
     return config._harness_backend
 
 
@@ -230,14 +241,14 @@ class CaseItem(pytest.Item):
         self.case = case
 
     def runtest(self):
-        from .backends import backend_spec  # noqa: PLC0415
         from .runner import as_jsonable, case_verdict, run_case, save_failure  # noqa: PLC0415
 
         backend = _backend(self.config)
         device = _device(self.config)
         try:
             rows = run_case(self.case, backend, device, worker=self.config._harness_worker,
-                            golden=self.config.getoption("--harness-golden-device"))
+                            golden=self.config.getoption("--harness-golden-device"),
+                            timeout=self.config.getoption("--case-timeout") or None)
         except pytest.fail.Exception as e:  # pytest-timeout's signal method ends a slow case with Failed
             if "Timeout" in str(e):
                 self._record_error(backend, device, f"timeout: {' '.join(str(e).split())[:200]}")
@@ -245,7 +256,7 @@ class CaseItem(pytest.Item):
         # Recorded before any assertion (docs/design.md §5): the controller writes them.
         self.user_properties.append((ROWS_PROPERTY, json.dumps(as_jsonable(rows))))
         verdict = case_verdict(rows)
-        spec = backend_spec(backend)
+        spec = backend.spec
         report_dir = self.config.getoption("--report-dir")
         if verdict in ("fail", "error"):
             if report_dir:

@@ -26,13 +26,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from reference.types import Unsupported
+import torch
+
+from reference.linear import ModuleRun
+from reference.per_tensor import AmaxHistory
+from reference.types import QuantizedTensor, Unsupported
 
 from . import backends as backends_mod
 from . import numerics_state
 from .artefacts import repro_command, safe_name, save_failure  # noqa: F401 - harness.runner API
 from .golden import GOLDEN_DEVICES, Golden, InputCache, check_golden, golden_device, prepare  # noqa: F401
-from .ops import gemm_truth, op_for  # noqa: F401
+from .ops import Output, call_context, gemm_truth, op_for, output_problem  # noqa: F401
 from .report import worst_status  # noqa: F401
 from .rows import (  # noqa: F401 - harness.runner API
     Row,
@@ -55,13 +59,17 @@ def crash_reason(e: BaseException) -> str:
     return f"crash: exit code {e.code!r} (SystemExit raised)" if isinstance(e, SystemExit) else f"crash: {exc_text(e)}"
 
 
-def run_backend(case, golden: Golden | Callable[[], Golden], backend, device, *, worker: str = "") -> list[Row]:
+def run_backend(case, golden: Golden | Callable[[], Golden], backend, device, *, worker: str = "",
+                timeout: float | None = None) -> list[Row]:
     """All rows of `backend` on `case`; never raises for a backend failure (error/skip rows instead).
 
-    `golden` may be a zero-argument callable, called only when the backend supports the case.
+    `golden` may be a zero-argument callable, called only when the backend supports the case. `backend` is
+    a harness.sandbox.BackendProcess (its code runs in its own process; `timeout` seconds, golden included,
+    bound its call) or, through the API, an object run in this process.
     Rows carry the timing columns: inputs_ms and golden_ms from the golden, check_ms for the rest.
     """
     t0 = time.perf_counter()
+    deadline = None if not timeout else time.monotonic() + timeout
     used: list[tuple[Golden, float]] = []
 
     def timed_golden() -> Golden:
@@ -73,7 +81,7 @@ def run_backend(case, golden: Golden | Callable[[], Golden], backend, device, *,
     base = pair_base(case, backend.name, str(device), worker)
     state = numerics_state.snapshot()
     try:
-        rows = _backend_rows(case, timed_golden, backend, device, base)
+        rows = _backend_rows(case, timed_golden, backend, device, base, deadline, timeout)
     finally:
         changed = numerics_state.changes(state)
         numerics_state.restore(state)
@@ -90,19 +98,32 @@ def run_backend(case, golden: Golden | Callable[[], Golden], backend, device, *,
     return [Row(**r, **times) for r in rows]
 
 
-def _backend_rows(case, golden: Callable[[], Golden], backend, device, base: Row) -> list[Row]:
+def _support(backend, case, device) -> tuple[Any, str, tuple[str, str] | None]:
+    """(ok, why, split) from the backend's own process (harness.sandbox) or, for an object given to the API, here."""
+    if getattr(backend, "isolated", False):
+        return backend.supports_many([case], device)[0]
+    return backends_mod.support(backend, case, device)
+
+
+def _implements(backend, method: str) -> bool:
+    return backend.has(method) if getattr(backend, "isolated", False) else callable(getattr(backend, method, None))
+
+
+def _backend_rows(case, golden: Callable[[], Golden], backend, device, base: Row, deadline: float | None,
+                  timeout: float | None = None) -> list[Row]:
     """run_backend's rows, before the timing columns."""
     try:
-        ok, why = backends_mod.supports_case(backend, case, device)
-        split = None if ok else _one_copy(case, backend, device)
+        ok, why, split = _support(backend, case, device)
     except Exception as e:  # noqa: BLE001
         return [status_row(base, "error", f"{backend.name}.supports raised {exc_text(e)}")]
     except SystemExit as e:
         return [status_row(base, "error", crash_reason(e))]
+    if ok == "error":
+        return [status_row(base, "error", why)]
     if not ok and split is None:
         return [status_row(base, "skip", why or f"{backend.name} does not support this case")]
     method = op_for(case).method or case.op  # the linear op calls run_module
-    if not callable(getattr(backend, method, None)):
+    if not _implements(backend, method):
         return [status_row(base, "skip", f"{backend.name} has no {method}()")]
     g = golden()
     if g.error:
@@ -113,6 +134,8 @@ def _backend_rows(case, golden: Callable[[], Golden], backend, device, base: Row
         other = "colwise" if orientation == "rowwise" else "rowwise"
         case, g = dataclasses.replace(case, orientation=orientation), _one_copy_golden(g, orientation)
         skipped = [status_row(base, "skip", f"{other} copy: {other_why or 'not supported'}", tensor=f"{other}_copy")]
+    if getattr(backend, "isolated", False):
+        return _run_isolated(case, g, backend, device, base, deadline, timeout) + skipped
     try:
         return _run_candidate(case, g, backend, device, base) + skipped
     except Unsupported as e:
@@ -123,21 +146,6 @@ def _backend_rows(case, golden: Callable[[], Golden], backend, device, base: Row
         tb = traceback.extract_tb(e.__traceback__)
         where = f" (at {Path(tb[-1].filename).name}:{tb[-1].lineno})" if tb else ""
         return [status_row(base, "error", f"{exc_text(e)}{where}")]
-
-
-def _one_copy(case, backend, device) -> tuple[str, str] | None:
-    """(the orientation to run, why the other is skipped) when `backend` takes one copy of a
-    both-copies quantize/dequantize case and not both; None otherwise (docs/adapters.md §1)."""
-    if case.op not in ("quantize", "dequantize") or case.orientation != "both" or \
-            not backends_mod.asks_for_case(backend):
-        return None
-    answers = {o: backends_mod.supports_case(backend, dataclasses.replace(case, orientation=o), device)
-               for o in ("rowwise", "colwise")}
-    ok = [o for o, (yes, _) in answers.items() if yes]
-    if len(ok) != 1:
-        return None
-    other = "colwise" if ok[0] == "rowwise" else "rowwise"
-    return ok[0], answers[other][1]
 
 
 def _one_copy_golden(g: Golden, orientation: str) -> Golden:
@@ -158,13 +166,69 @@ def _run_candidate(case, golden: Golden, backend, device, base: Row) -> list[Row
         out = op.from_golden(case, golden)
     else:
         handed = op.handed(case, golden, dev)
-        out = op.candidate(case, golden, backend, device, {k: copy for k, (copy, _) in handed.items()})
+        out = op.candidate(case, backend, device, {k: copy for k, (copy, _) in handed.items()},
+                           call_context(case, golden))
         out.evidence.preferred = declared_conventions(backend)  # tried first (docs/adapters.md §4)
         mutated = [k for k, (copy, original) in handed.items() if not _same(copy, original)]
         if mutated:
             return [status_row(base, "error", f"{backend.name} mutated its input ({', '.join(mutated)})")]
     base = Row(**base, wall_ms=out.wall_ms)
     return [Row(**r) for r in judge(op.compare(case, golden, out, base), out.evidence)]
+
+
+def _run_isolated(case, golden: Golden, backend, device, base: Row, deadline: float | None,
+                  timeout: float | None) -> list[Row]:
+    """Rows of a backend run in its own process (harness.sandbox): its inputs go out as bytes, its outputs come
+    back as bytes rebuilt into plain tensors here, and only this process compares and grades them."""
+    op = op_for(case)
+    dev = golden_device(device)
+    if backend.builtin == "reference" and dev == op.golden_device(golden):  # the golden run itself
+        out = op.from_golden(case, golden)
+    else:
+        given = {k: original for k, (_, original) in op.handed(case, golden, dev).items()}
+        left = None if deadline is None else max(1e-3, deadline - time.monotonic())
+        r = backend.call(case, device, given, call_context(case, golden), left)
+        if r.kind == "timeout":
+            return [status_row(base, "error", f"timeout: no result after {timeout:g} s (--case-timeout); its "
+                                              "backend process was killed")]
+        if r.kind in ("skip", "error"):
+            return [status_row(base, r.kind, r.reason or f"{backend.name}: no reason given")]
+        problem = output_problem(case, r.values, golden) or _device_problem(case, r.devices, device)
+        if problem:
+            return [status_row(base, "error", f"{backend.name}: {problem}")]
+        out = Output(place(r.values, device), r.wall_ms)
+        out.evidence.preferred = declared_conventions(backend)  # tried first (docs/adapters.md §4)
+    base = Row(**base, wall_ms=out.wall_ms)
+    return [Row(**r) for r in judge(op.compare(case, golden, out, base), out.evidence)]
+
+
+def _device_problem(case, devices: Sequence[str], device) -> str | None:
+    """A tensor returned on another kind of device than the case's inputs (docs/adapters.md §2)."""
+    want = backends_mod.device_type(device)
+    bad = sorted({d for d in devices if d.split(":")[0] != want})
+    if bad:
+        return f"{case.op} returned a tensor on {bad[0]}; the contract expects outputs on the input's device ({device})"
+    return None
+
+
+def place(v: Any, device) -> Any:
+    """Decoded outputs (plain CPU tensors) moved to the candidate's `device`, where the backend returned them."""
+    if backends_mod.device_type(device) == "cpu":
+        return v
+    if isinstance(v, (torch.Tensor, QuantizedTensor)):
+        return v.to(device)
+    if isinstance(v, AmaxHistory):
+        v.scale, v.history = v.scale.to(device), v.history.to(device)
+        return v
+    if isinstance(v, ModuleRun):
+        from .chain import run_to  # noqa: PLC0415
+
+        return run_to(v, device)
+    if isinstance(v, list):
+        return [place(x, device) for x in v]
+    if isinstance(v, dict):
+        return {k: place(x, device) for k, x in v.items()}
+    return v
 
 
 def _same(copy, original) -> bool:
@@ -174,11 +238,13 @@ def _same(copy, original) -> bool:
 
 
 def run_case(case, backend, device="cpu", *, inputs: Mapping | None = None, worker: str = "",
-             golden: str = "same") -> list[Row]:
-    """Rows of one backend on one case (docs/design.md §5: `harness.runner.run_case`); `golden`: GOLDEN_DEVICES."""
-    backend = backends_mod.get_backend(backend)
+             golden: str = "same", timeout: float | None = None) -> list[Row]:
+    """Rows of one backend on one case (docs/design.md §5: `harness.runner.run_case`); `golden`: GOLDEN_DEVICES.
+    `backend`: a harness.sandbox.BackendProcess (isolated), or a name, spec or object run in this process."""
+    if not getattr(backend, "isolated", False):
+        backend = backends_mod.get_backend(backend)
     gdev = golden_device(device, golden, case)
-    return run_backend(case, lambda: prepare(case, inputs, gdev), backend, device, worker=worker)
+    return run_backend(case, lambda: prepare(case, inputs, gdev), backend, device, worker=worker, timeout=timeout)
 
 
 class GoldenOnce:

@@ -136,3 +136,162 @@ def __getattr__(name: str):
             raise RuntimeError("no GPU driver in this worker")
         return Misbehaving("unloadable_in_workers", lambda x: None)
     raise AttributeError(name)
+
+
+# ----------------------------------------------------------------------------------------------
+# Backends that attack the judge, lie about their output or return what the contract does not (issue #38)
+# ----------------------------------------------------------------------------------------------
+
+
+def _wrong(q):
+    """`q` with every rowwise code one step off (a wrong kernel)."""
+    import dataclasses  # noqa: PLC0415
+
+    return dataclasses.replace(q, rowwise_data=q.rowwise_data ^ 1)
+
+
+class Patcher(Misbehaving):
+    """A wrong kernel that, in its own process, replaces the comparison, the verdict and the golden quantizer
+    with ones that say `pass` / `exact`, as a kernel rewarded for passing might."""
+
+    def __init__(self):
+        super().__init__("patcher", lambda x: None)
+
+    def quantize(self, x, config, **kw):
+        import harness.compare  # noqa: PLC0415
+        import harness.ops  # noqa: PLC0415
+        import harness.verdict  # noqa: PLC0415
+
+        q = _real_quantize(x, config, **kw)
+
+        def all_pass(golden, cand, x_hp, *a, **k):
+            return [r for r in _real_compare(golden, golden, x_hp, *a, **k)]
+
+        _real_compare = harness.compare.compare_quantized
+        harness.compare.compare_quantized = all_pass
+        reference.quantize = lambda x, config, **kw: _wrong(_real_quantize(x, config, **kw))
+        harness.verdict.judge = lambda rows, ev: [dict(r, status="pass", severity="exact") for r in rows]
+        return _wrong(q)
+
+
+_real_quantize = reference.quantize
+patcher = Patcher()
+
+
+class LyingTensor(torch.Tensor):
+    """A tensor subclass whose equality checks always answer "equal"."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.equal, torch.Tensor.equal, torch.allclose):
+            return True
+        if func in (torch.Tensor.__eq__, torch.eq):
+            out = super().__torch_function__(func, types, args, kwargs or {})
+            return torch.ones_like(out, dtype=torch.bool).as_subclass(torch.Tensor)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class Liar(Misbehaving):
+    """Wrong codes inside a LyingTensor."""
+
+    def __init__(self):
+        super().__init__("liar", lambda x: None)
+
+    def quantize(self, x, config, **kw):
+        q = _wrong(reference.quantize(x, config, **kw))
+        import dataclasses  # noqa: PLC0415
+
+        return dataclasses.replace(q, rowwise_data=q.rowwise_data.as_subclass(LyingTensor))
+
+
+liar = Liar()
+
+
+class CustomStop(BaseException):
+    """A BaseException of a backend's own (not Exception, not KeyboardInterrupt)."""
+
+
+class Raises(Misbehaving):
+    """Raises a BaseException (KeyboardInterrupt, GeneratorExit, CustomStop) on every call."""
+
+    def __init__(self, name: str, exc: BaseException):
+        super().__init__(name, lambda x: None)
+        self.exc = exc
+
+    def quantize(self, x, config, **kw):
+        raise self.exc
+
+
+keyboard_interrupt = Raises("keyboard_interrupt", KeyboardInterrupt("from the kernel"))
+generator_exit = Raises("generator_exit", GeneratorExit("from the kernel"))
+custom_stop = Raises("custom_stop", CustomStop("from the kernel"))
+
+
+class Returns(Misbehaving):
+    """Returns `make(q)`, q the right QuantizedTensor: None, a numpy array, int8 codes..."""
+
+    def __init__(self, name: str, make):
+        super().__init__(name, lambda x: None)
+        self.make = make
+
+    def quantize(self, x, config, **kw):
+        return self.make(reference.quantize(x, config, **kw))
+
+
+def _int8_codes(q):
+    import dataclasses  # noqa: PLC0415
+
+    return dataclasses.replace(q, rowwise_data=q.rowwise_data.view(torch.int8))
+
+
+def _numpy_scale(q):
+    import dataclasses  # noqa: PLC0415
+
+    return dataclasses.replace(q, rowwise_scale=q.rowwise_scale.numpy())
+
+
+returns_none = Returns("returns_none", lambda q: None)
+returns_numpy = Returns("returns_numpy", lambda q: q.rowwise_data.numpy())
+returns_int8 = Returns("returns_int8", _int8_codes)
+returns_numpy_scale = Returns("returns_numpy_scale", _numpy_scale)
+
+
+class Spawner(Misbehaving):
+    """The reference, after starting a process that would outlive the run: one in its own session (setsid),
+    and one in this process's group. Both carry the environment of the run (the tests find them by it)."""
+
+    def __init__(self):
+        super().__init__("spawner", lambda x: None)
+
+    def quantize(self, x, config, **kw):
+        import subprocess  # noqa: PLC0415
+
+        subprocess.Popen(["sleep", "300"], start_new_session=True)
+        subprocess.Popen(["sleep", "301"])
+        return reference.quantize(x, config, **kw)
+
+
+spawner = Spawner()
+
+
+class Garbage(Misbehaving):
+    """Writes junk into every socket it holds (its channel to the judge) before answering."""
+
+    def __init__(self):
+        super().__init__("garbage", lambda x: None)
+
+    def quantize(self, x, config, **kw):
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                    os.write(int(fd), b"\xff" * 64)
+            except OSError:
+                pass
+        return reference.quantize(x, config, **kw)
+
+
+garbage = Garbage()
+# Two backends that claim one name, and one that claims the golden's.
+same_name_a = Misbehaving("twin", lambda x: None)
+same_name_b = Misbehaving("twin", lambda x: None)
+named_reference = Misbehaving("reference", lambda x: None)
