@@ -503,7 +503,8 @@ def cmd_report(args) -> int:
     print(f"\n{len(df)} rows, {len(cs)} (case, backend) pairs in {report.results_path(args.dir)}")
     bad = df[df["status"].isin(["fail", "error"])]
     for r in bad.drop_duplicates(["case_id", "backend"]).head(args.show).itertuples(index=False):
-        print(f"  {r.status:5s} {r.case_id} [{r.backend}] {r.tensor}: {r.reason}")
+        line = f"  {r.status:5s} {r.case_id} [{r.backend}] {r.tensor}: {r.reason}"
+        print(report.escape_text(line))  # a report written before the sanitizer may hold raw escapes
     if not args.no_plots:
         from . import plots  # noqa: PLC0415
 

@@ -12,6 +12,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -89,7 +90,11 @@ NUMERIC_COLUMNS = ("n", "n_mismatch", "mismatch_frac", "max_abs", "max_rel", "rm
                    *TIME_COLUMNS)
 INT_COLUMNS = ("n", "n_mismatch")
 TEXT_COLUMNS = tuple(c for c in COLUMNS if c not in NUMERIC_COLUMNS)
+_NUMERIC = frozenset(NUMERIC_COLUMNS)
 
+# The longest cell the writer writes (characters): Python's csv module, which check_results reads with, refuses
+# fields over 131072; a longer cell (a backend's own scale chain, say) is cut, a JSON cell replaced by {"cut": ...}.
+CELL_LIMIT = 100_000
 # diff: an SQNR drop larger than this (dB) is a regression (the issue's threshold).
 SQNR_DROP_DB = 0.5
 
@@ -133,8 +138,51 @@ def to_json(v) -> str:
     return json.dumps(_clean(v), sort_keys=True, separators=(",", ":"))
 
 
+# Text a backend controls (a reason, an exception message, its name) reaches every cell of a row. What would
+# damage a report or the terminal showing it is written visibly instead: C0/C1 control characters (NUL, ESC,
+# newlines), DEL, line and paragraph separators, bidi and zero-width format characters, and unpaired surrogates
+# (which UTF-8 cannot encode) become `\x1b`, `\n`, `\u202e`, `\ud800` (the backslash itself is kept: the escape is
+# for reading, not reversible).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ud800-\udfff]")
+_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+# A cell starting with one of these is a formula to a spreadsheet (OWASP "CSV injection"); `+` and `-` only
+# when the cell is not a number ("-3.5", "-inf" stay numbers).
+_FORMULA = frozenset("=+-@\t\r")
+
+
+def _escape_char(m: re.Match) -> str:
+    c = m.group()
+    if c in _NAMED:
+        return _NAMED[c]
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+
+
+def escape_text(text: str) -> str:
+    """`text` with every control, format or unpaired-surrogate character written as a visible escape
+    (`\x1b`, `\x00`, `\n`, `\u202e`, `\ud800`): safe to print on a terminal and to encode as UTF-8."""
+    return text if _UNSAFE.search(text) is None else _UNSAFE.sub(_escape_char, text)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def sanitize_cell(text: str) -> str:
+    """The one sanitizer of report text cells (normalize_row applies it to every text column): escape_text,
+    and a cell that a spreadsheet would run as a formula (starting with = + - @, tab or CR; a number such as
+    "-3.5" excepted) gets a leading single quote. Idempotent: a sanitized cell comes back unchanged."""
+    if text and text[0] in _FORMULA and (text[0] not in "+-" or not _is_number(text)):
+        return "'" + escape_text(text)
+    return escape_text(text)
+
+
 def normalize_row(row: Mapping) -> dict:
-    """A row with exactly COLUMNS, JSON columns encoded, missing cells empty; unknown keys are an error."""
+    """A row with exactly COLUMNS, JSON columns encoded, missing cells empty, text cells sanitized
+    (sanitize_cell); unknown keys are an error."""
     extra = set(row) - set(COLUMNS)
     if extra:
         raise KeyError(f"report row has columns not in report.COLUMNS: {sorted(extra)} (add them to COLUMNS and reports/README.md)")
@@ -147,6 +195,14 @@ def normalize_row(row: Mapping) -> dict:
             v = ""
         elif isinstance(v, float) and math.isnan(v):
             v = ""
+        if isinstance(v, str):
+            if v and (c not in _NUMERIC or not _is_number(v)):  # "inf" / "-inf" in a metric column stay
+                v = sanitize_cell(v)
+        elif not isinstance(v, (int, float)):  # bools are ints; anything else is written as its str()
+            v = sanitize_cell(str(v))
+        if isinstance(v, str) and len(v) > CELL_LIMIT:
+            v = (json.dumps({"cut": f"{len(v)} characters, over report.CELL_LIMIT"}) if c in JSON_COLUMNS
+                 else f"{v[:CELL_LIMIT - 60]}... (cut: {len(v)} characters, over report.CELL_LIMIT)")
         out[c] = v
     return out
 
@@ -208,6 +264,13 @@ def check_results(path: str | os.PathLike, *, allow_cut_end: bool = False) -> in
         raise CorruptReport(f"{p} line {text.count(chr(10)) + 1}: the last line is cut short (no newline); "
                             "`python -m harness run --resume` drops it and re-runs that (case, backend)")
     reader = csv.reader(io.StringIO(text))
+    try:
+        return _check_rows(p, reader)
+    except csv.Error as e:  # e.g. a cell over the csv module's field size limit
+        raise CorruptReport(f"{p} line {reader.line_num}: not CSV the harness writes ({e})") from None
+
+
+def _check_rows(p: Path, reader) -> int:
     header = tuple(next(reader, ()))
     if header not in _headers():
         raise CorruptReport(f"{p} line 1: the header is not a harness report's (expected the columns of "
@@ -352,10 +415,10 @@ class ReportWriter:
         self._need_header = False
         self.n_written += len(rows)
         for r in rows:
-            self.completed.add((str(r.get("case_id")), str(r.get("backend"))))
+            self.completed.add(_pair_key(r.get("case_id"), r.get("backend")))
 
     def is_complete(self, case_id: str, backend: str) -> bool:
-        return (case_id, backend) in self.completed
+        return _pair_key(case_id, backend) in self.completed
 
     def close(self) -> None:
         if self._fd is not None:
@@ -372,6 +435,11 @@ class ReportWriter:
         self.close()
 
 
+def _pair_key(case_id, backend) -> tuple[str, str]:
+    """(case_id, backend) as the report holds them (sanitized), for comparing with completed_pairs."""
+    return sanitize_cell(str(case_id)), sanitize_cell(str(backend))
+
+
 def _lock_dir(out_dir: Path) -> int:
     """An exclusive, non-blocking flock on `<out_dir>/.lock` (released when the descriptor closes,
     also when the process is killed); ReportError if another run holds it."""
@@ -383,11 +451,12 @@ def _lock_dir(out_dir: Path) -> int:
     except OSError:
         holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
         os.close(fd)
-        raise ReportError(f"{out_dir} is in use by another run (pid {holder or '?'}); wait for it to end or "
-                          "choose another --out") from None
+        raise ReportError(f"{out_dir} is in use by another run (pid {escape_text(holder) or '?'}); wait for it to "
+                          "end or choose another --out") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
 
 
 # ----------------------------------------------------------------------------------------------
@@ -585,7 +654,7 @@ def format_table(df: pd.DataFrame) -> str:
                 return "-"
             # delta_sqnr_db: small differences matter (the equivalent bound is 0.01 dB), so 3 significant digits
             return (f"{v:.3g}" if v else "0") if col.endswith("delta_sqnr_db") else f"{v:.2f}"
-        return str(v)
+        return escape_text(str(v))  # a backend's text (its name, a skip reason) never drives the terminal
 
     cols = list(df.columns)
     body = [[cell(v, c) for v, c in zip(row, cols, strict=True)] for row in df.itertuples(index=False)]
@@ -628,7 +697,7 @@ def diff(old: pd.DataFrame, new: pd.DataFrame, sqnr_drop_db: float = SQNR_DROP_D
                 f"SQNR {r.sqnr_db_old:.2f} -> {r.sqnr_db_new:.2f} dB (drop > {sqnr_drop_db} dB): "
                 f"{r.case_id} [{r.backend}] {r.tensor}"
             )
-    return regressions, notes
+    return [escape_text(t) for t in regressions], [escape_text(t) for t in notes]
 
 
 def merge(out_dir: str | os.PathLike, shard_dirs: Sequence[str | os.PathLike]) -> pd.DataFrame:

@@ -314,7 +314,8 @@ def test_csv_text_reads_back_as_pandas_own_rendering_does():
         index=False, lineterminator="\n")
     a, b = pd.read_csv(io.StringIO(ours)), pd.read_csv(io.StringIO(theirs))
     pd.testing.assert_frame_equal(a, b)
-    assert a.loc[0, "reason"] == 'line one\nline "two", with commas' and a.loc[0, "max_abs"] == float("inf")
+    # a newline is a control character: written visibly (report.sanitize_cell), the line stays one CSV line
+    assert a.loc[0, "reason"] == 'line one\\nline "two", with commas' and a.loc[0, "max_abs"] == float("inf")
     assert report.rows_to_csv_text(rows[1:2], header=False).count("\n") == 1
 
 
@@ -482,3 +483,78 @@ def test_read_results_checks_the_file_unless_its_writer_says_it_is_checked(tmp_p
     p.write_text(p.read_text() + "garbage\n")
     with pytest.raises(report.CorruptReport, match=f"line {n + 1}: 1 cells"):
         report.read_results(d)
+
+
+# ---- hostile text (issue #38) ----------------------------------------------------------------
+
+HOSTILE = {  # what a backend controls -> the cell the report holds (report.sanitize_cell)
+    "NUL \x00 byte": "NUL \\x00 byte",
+    "\x1b[31mred\x1b[0m": "\\x1b[31mred\\x1b[0m",
+    "lone \ud800 surrogate": "lone \\ud800 surrogate",
+    '=HYPERLINK("http://x.example","click")': '\'=HYPERLINK("http://x.example","click")',
+    "+cmd|' /C calc'!A0": "'+cmd|' /C calc'!A0",
+    "-2+3": "'-2+3",
+    "@SUM(A1)": "'@SUM(A1)",
+    "\t=1": "'\\t=1",
+    "\r=1": "'\\r=1",
+    "two\nlines\x85and C1": "two\\nlines\\x85and C1",
+    "bidi \u202e override": "bidi \\u202e override",
+    "-3.5": "-3.5",  # a number stays a number
+    "-inf": "-inf",
+    "plain text, with commas": "plain text, with commas",
+}
+
+
+@pytest.mark.parametrize("text, cell", HOSTILE.items(), ids=range(len(HOSTILE)))
+def test_sanitize_cell_escapes_controls_and_surrogates_and_quotes_formulas(text, cell):
+    assert report.sanitize_cell(text) == cell
+    assert report.sanitize_cell(cell) == cell  # idempotent: rows shipped as normalized rows pass unchanged
+    cell.encode("utf-8")  # never raises (no surrogate left)
+
+
+def test_normalize_row_sanitizes_text_columns_and_leaves_numbers_alone():
+    n = report.normalize_row(row(reason="=1+1", backend="b\x1b", max_abs=-3.5, sqnr_db="-inf", delta_sqnr_db=-0.25,
+                                 seed=-1, rht=True, shape="-8x8"))
+    assert (n["reason"], n["backend"], n["shape"]) == ("'=1+1", "b\\x1b", "'-8x8")
+    assert (n["max_abs"], n["sqnr_db"], n["delta_sqnr_db"], n["seed"], n["rht"]) == (-3.5, "-inf", -0.25, -1, True)
+
+
+def test_hostile_reasons_and_backend_names_round_trip_through_the_writer_report_diff_and_resume(tmp_path, capsys):
+    rows = [row("c1", backend="evil\x1b[2J", tensor="case", status="error", kind="conformance", reason=text,
+                n=None, n_mismatch=None) for text in HOSTILE]
+    rows = [dict(r, case_id=f"c{i}") for i, r in enumerate(rows)]
+    d = write_report(tmp_path / "r", rows)
+    df = report.read_results(d)
+    assert df["reason"].tolist() == list(HOSTILE.values())
+    assert set(df["backend"]) == {"evil\\x1b[2J"}
+    assert cli.main(["report", str(d), "--no-plots", "--show", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x00" not in out
+    assert "  error c1 [evil\\x1b[2J] case: \\x1b[31mred\\x1b[0m" in out.splitlines()
+    assert "  error c2 [evil\\x1b[2J] case: lone \\ud800 surrogate" in out.splitlines()
+    new = write_report(tmp_path / "new", rows[1:])
+    assert cli.main(["diff", str(d), str(new)]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == "REGRESSION: missing from NEW: c0 [evil\\x1b[2J] (was error)"
+    with report.ReportWriter(d, {"test": True}, resume=True) as w:  # the raw name finds its sanitized pair
+        assert w.is_complete("c3", "evil\x1b[2J") and len(w.completed) == len(HOSTILE)
+
+
+def test_report_prints_raw_escapes_of_a_report_written_before_the_sanitizer_visibly(tmp_path, capsys):
+    r = report.normalize_row(row("c1", status="fail", reason="x"))
+    r["reason"] = "\x1b]0;title\x07 then \x1b[31mred"  # a hand-written or older results.csv
+    (tmp_path / report.RESULTS).write_text(",".join(report.COLUMNS) + "\n" + report.rows_to_csv_text([], False)
+                                           + ",".join(f'"{r[c]}"' for c in report.COLUMNS) + "\n")
+    assert cli.main(["report", str(tmp_path), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "  fail  c1 [reference] rowwise_data: \\x1b]0;title\\x07 then \\x1b[31mred" in out
+
+
+def test_a_cell_over_the_limit_is_cut_and_the_report_still_reads(tmp_path):
+    big = "x" * (report.CELL_LIMIT + 10)
+    d = write_report(tmp_path / "r", [row(reason=big, first_mismatch={"chain": big})])
+    df = report.read_results(d)
+    assert df.loc[0, "reason"].endswith(f"... (cut: {len(big)} characters, over report.CELL_LIMIT)")
+    assert len(df.loc[0, "reason"]) <= report.CELL_LIMIT
+    cell = report.to_json({"chain": big})
+    assert json.loads(df.loc[0, "first_mismatch"]) == {"cut": f"{len(cell)} characters, over report.CELL_LIMIT"}
+
