@@ -279,12 +279,16 @@ def _sigterm_raises():
 
 
 def _out_dir(args) -> Path:
+    from .report import ReportError, check_out_dir  # noqa: PLC0415
+
     out = Path(args.out or Path("reports") / (Path(args.cases).stem if args.cases else (args.tier or "smoke")))
     if out.suffix == ".csv":
         raise UsageError(f"--out {str(out)!r} names a CSV file; --out is the report directory (results.csv and "
                          "run_meta.json are written inside it)")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {str(out)!r} is a file; --out is the report directory")
+    try:
+        check_out_dir(out)  # a file, a dangling link, a path under a file, a directory it cannot write in
+    except ReportError as e:
+        raise UsageError(str(e)) from None
     return out
 
 

@@ -7,6 +7,7 @@ checks that table against `COLUMNS`.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -14,6 +15,8 @@ import math
 import os
 import re
 import shutil
+import sys
+import threading
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -339,6 +342,39 @@ def _previous_report(out_dir: Path) -> list[str]:
     return [n for n in (RESULTS, META, FAILURES) if (out_dir / n).exists()]
 
 
+def check_out_dir(path: str | os.PathLike, flag: str = "--out") -> None:
+    """ReportError, in one line, when `path` cannot be a report directory: a file, a dangling symbolic link, a
+    path under a file (or under a dangling link), a directory (or the nearest existing one above it) this
+    process cannot write in."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ReportError(f"{flag} {str(p)!r} is a file; the report is a directory (results.csv and run_meta.json "
+                          "are written inside it)")
+    up = next((a for a in (p, *p.absolute().parents) if a.exists() or a.is_symlink()), None)
+    if up is None:
+        return
+    where = f"{flag} {str(p)!r}" + ("" if up == p else f": {str(up)!r}")
+    if up.is_symlink() and not up.exists():
+        raise ReportError(f"{where} is a symbolic link to {os.readlink(up)!r}, which does not exist; create that "
+                          f"directory or choose another {flag}")
+    if not up.is_dir():
+        raise ReportError(f"{where} is a file, not a directory; choose another {flag}")
+    if not os.access(up, os.W_OK | os.X_OK):
+        raise ReportError(f"{flag} {str(p)!r}: no permission to write in {str(up)!r}; choose another {flag}")
+
+
+def _os_error(e: OSError) -> str:
+    return e.strerror or type(e).__name__
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write until every byte is written: one call unless the write comes up short (a full disk: then the next
+    call raises)."""
+    done = os.write(fd, data)
+    while done < len(data):
+        done += os.write(fd, data[done:])
+
+
 class ReportWriter:
     """Appends result rows to `<out_dir>/results.csv` as cases finish and writes `run_meta.json`.
 
@@ -347,29 +383,49 @@ class ReportWriter:
     (`fcntl.flock` on `<out_dir>/.lock`) for the writer's lifetime: a second run on it refuses. A
     fresh run refuses a directory holding a previous report unless `force` (then that report is
     replaced); with `resume=True` the CSV is checked (CorruptReport names a bad line), a cut last
-    line drops its (case, backend) to run again, and `completed` holds the pairs already there.
+    line drops its (case, backend) to run again, and `completed` holds the pairs already there. Before each append the writer checks that `results.csv` is still the file it writes:
+    one removed or replaced under the sweep is written again whole, from the writer's own descriptor (it
+    holds every row: those read at resume and this run's), with a note in run_meta.json's
+    `report_restored` and on stderr. A failing write (a full disk) is cut back to the last whole pair
+    and raised as a ReportError naming the file.
     """
 
     def __init__(self, out_dir: str | os.PathLike, meta: Mapping | None = None, resume: bool = False,
                  force: bool = False):
         self.out_dir = Path(out_dir)
-        if self.out_dir.exists() and not self.out_dir.is_dir():
-            raise ReportError(f"{self.out_dir} is a file; the report is a directory (results.csv, run_meta.json)")
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        check_out_dir(self.out_dir, "report directory")
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ReportError(f"cannot create the report directory {str(self.out_dir)!r}: {_os_error(e)}; "
+                              "choose another --out") from None
         self.path = self.out_dir / RESULTS
         self.meta_path = self.out_dir / META
         self.completed: set[tuple[str, str]] = set()
         self.n_written = 0
         self.notes: list[str] = []
         self._fd = None
+        self._lock = None
+        self._meta_lock = threading.Lock()  # run_meta.json is written from harness run's meta thread too
         self._lock = _lock_dir(self.out_dir)
         try:
             self._open(meta, resume, force)
+        except OSError as e:
+            self.close()
+            raise ReportError(f"cannot write the report in {str(self.out_dir)!r}: {_os_error(e)} "
+                              f"({e.filename or self.out_dir}); choose another --out") from None
         except BaseException:
             self.close()
             raise
 
     def _open(self, meta, resume: bool, force: bool) -> None:
+        meta = dict(meta or {})
+        previous_meta = None
+        if resume and self.meta_path.exists():
+            try:
+                previous_meta = json.loads(self.meta_path.read_text())
+            except ValueError:
+                previous_meta = {}
         if resume and self.path.exists():
             note = _drop_cut_pair(self.path)
             if note:
@@ -386,36 +442,103 @@ class ReportWriter:
             if self.path.exists():
                 self.path.unlink()
             shutil.rmtree(self.out_dir / FAILURES, ignore_errors=True)
-        meta = dict(meta or {})
-        if resume and self.meta_path.exists():
-            try:
-                previous_meta = json.loads(self.meta_path.read_text())
-            except ValueError:
-                previous_meta = {}
-            meta["resumed"] = int(previous_meta.get("resumed", 0)) + 1
+        if previous_meta is not None:
+            meta["resumed"] = int(previous_meta.get("resumed", 0) or 0) + 1
             meta["resumed_with_cases"] = len(self.completed)
         self.meta = meta
         self.write_meta()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # Read-write, so that the rows can be read back from this descriptor if the file is removed (_restore).
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         self._need_header = os.fstat(self._fd).st_size == 0
 
     def write_meta(self, **updates) -> None:
         """(Re)write run_meta.json, merging `updates` into the stored meta."""
-        self.meta.update(updates)
-        tmp = self.meta_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(_clean(self.meta), indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, self.meta_path)
+        with self._meta_lock:
+            self.meta.update(updates)
+            tmp = self.meta_path.with_suffix(".json.tmp")
+            try:
+                tmp.write_text(json.dumps(_clean(self.meta), indent=2, sort_keys=True) + "\n")
+                os.replace(tmp, self.meta_path)
+            except OSError as e:
+                raise ReportError(f"cannot write {self.meta_path}: {_os_error(e)}; free space (or fix the error) "
+                                  "and continue with --resume") from None
 
     def write(self, rows: Sequence[Mapping]) -> None:
         """Append the rows of one finished (case, backend) and flush them to the OS."""
         if not rows:
             return
-        text = rows_to_csv_text(rows, header=self._need_header)
-        os.write(self._fd, text.encode("utf-8"))
+        size = self._check_file()
+        data = rows_to_csv_text(rows, header=self._need_header).encode("utf-8")
+        try:
+            _write_all(self._fd, data)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, size)  # never half a pair: --resume runs this one again
+            raise ReportError(f"cannot append to {self.path}: {_os_error(e)}; it keeps the "
+                              f"{len(self.completed)} (case, backend) pairs finished before, whole: free space (or "
+                              "fix the error) and continue with --resume") from None
         self._need_header = False
         self.n_written += len(rows)
         for r in rows:
             self.completed.add(_pair_key(r.get("case_id"), r.get("backend")))
+
+    def _check_file(self) -> int:
+        """The size of the file this writer appends to, after writing it again at `self.path` if it was removed
+        or replaced there since the last append."""
+        held = os.fstat(self._fd)
+        try:
+            there = os.stat(self.path)
+        except FileNotFoundError:
+            there = None
+        except OSError:  # e.g. the directory replaced by a file: mend what can be mended below
+            there = None
+        if there is not None and (there.st_ino, there.st_dev) == (held.st_ino, held.st_dev):
+            return held.st_size
+        return self._restore("removed" if there is None else "replaced", held.st_size)
+
+    def _restore(self, how: str, size: int) -> int:
+        data, pos = bytearray(), 0
+        while pos < size:
+            chunk = os.pread(self._fd, min(size - pos, 1 << 24), pos)
+            if not chunk:
+                break
+            data += chunk
+            pos += len(chunk)
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)  # `rm -rf OUT` too
+            self._relock()
+            tmp = self.path.with_name(RESULTS + ".restore.tmp")
+            fd = os.open(tmp, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                _write_all(fd, bytes(data))
+                os.replace(tmp, self.path)
+            except BaseException:
+                os.close(fd)
+                raise
+        except OSError as e:
+            raise ReportError(f"{self.path} was {how} under the running sweep and cannot be written again: "
+                              f"{_os_error(e)}; the sweep stops (its rows up to now are lost with it)") from None
+        os.close(self._fd)
+        self._fd = fd
+        rows = max(0, data.count(b"\n") - 1)
+        note = (f"{self.path} was {how} while the sweep wrote it; wrote it again from the writer's own copy "
+                f"({rows} rows, {len(data)} bytes)")
+        self.notes.append(note)
+        print(f"harness: {note}", file=sys.stderr)
+        self.write_meta(report_restored=[*self.meta.get("report_restored", []), note])
+        return len(data)
+
+    def _relock(self) -> None:
+        """Lock `<out_dir>/.lock` again if it is no longer the file this writer holds (a removed directory)."""
+        try:
+            there = os.stat(self.out_dir / LOCK)
+        except FileNotFoundError:
+            there = None
+        held = os.fstat(self._lock)
+        if there is None or (there.st_ino, there.st_dev) != (held.st_ino, held.st_dev):
+            fd = _lock_dir(self.out_dir)  # ReportError if another run took the directory meanwhile
+            os.close(self._lock)
+            self._lock = fd
 
     def is_complete(self, case_id: str, backend: str) -> bool:
         return _pair_key(case_id, backend) in self.completed

@@ -1,16 +1,31 @@
-"""Tamper-proof, loss-free sweeps, the report side (issue #38): a cases file nested too deeply, repro.sh quoting.
-Commands go through `harness.cli.main` in this process (exit code, stdout, stderr)."""
+"""Tamper-proof, loss-free sweeps, the report side (issue #38): a cases file nested too deeply, repro.sh quoting,
+unusable --out paths, a full disk. Commands go through `harness.cli.main` in this process (exit code, stdout,
+stderr); the sweeps run a few tiny fp8_current cases of the test's own cases file on the CPU."""
 
 from __future__ import annotations
 
+import errno
+import os
 import shlex
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
-from harness import artefacts, cli
+from harness import artefacts, cli, report
+
+TINY = """
+[[grid]]
+scheme = "fp8_current"
+element = ["e4m3", "e5m2"]
+orientation = "rowwise"
+in_dtype = "float32"
+shape = [[8, 32], [16, 32]]
+distribution = "normal"
+seed = 1
+"""
 
 
 def main(capsys, *args: str) -> tuple[int, str, str]:
@@ -18,6 +33,22 @@ def main(capsys, *args: str) -> tuple[int, str, str]:
     rc = cli.main(list(args))
     out = capsys.readouterr()
     return rc, out.out, out.err
+
+
+def tiny(tmp_path: Path, text: str = TINY) -> Path:
+    f = tmp_path / "tiny.toml"
+    f.write_text(text)
+    return f
+
+
+def run(capsys, cases: Path, out: Path, *extra: str) -> tuple[int, str, str]:
+    return main(capsys, "run", "--cases", str(cases), "--backend", "reference", "--device", "cpu", "--out", str(out),
+                "--no-progress", *extra)
+
+
+def pairs(d: Path) -> set[tuple[str, str]]:
+    df = report.read_results(d)
+    return set(zip(df["case_id"], df["backend"], strict=True))
 
 
 def row(case_id: str) -> dict:
@@ -88,3 +119,60 @@ def test_repro_sh_quotes_every_path_and_argument_and_runs_nothing_they_hold(tmp_
         assert got == [f"{hostile}:{root}", "-m", "harness", "repro", case.id, "--backend", spec, "--inputs",
                        f"{d}/inputs.pt", "--device", "cpu"]
     assert not [p for p in tmp_path.rglob("PWNED*")] and not list(Path.cwd().glob("PWNED*"))
+
+
+# ---- unusable --out paths and a full disk: one line, exit 2; the finished pairs resume -----------
+
+
+def test_unusable_out_paths_are_one_line_errors_before_anything_runs(tmp_path, capsys):
+    f = tiny(tmp_path)
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "a_file").write_text("x")
+    for out, line in [
+        (tmp_path / "gone", f"--out {str(tmp_path / 'gone')!r} is a symbolic link to {str(tmp_path / 'nowhere')!r}, "
+                            "which does not exist; create that directory or choose another --out"),
+        (tmp_path / "a_file" / "out", f"--out {str(tmp_path / 'a_file' / 'out')!r}: {str(tmp_path / 'a_file')!r} is "
+                                      "a file, not a directory; choose another --out"),
+    ]:
+        assert run(capsys, f, out) == (2, "", f"error: {line}\n")
+    rc, _, err = run(capsys, f, Path("/proc/harness-out"))  # mkdir there fails even for root
+    assert rc == 2 and err.count("\n") == 1, err
+    assert err.startswith("error: cannot create the report directory '/proc/harness-out': " if os.geteuid() == 0 else
+                          "error: --out '/proc/harness-out': no permission to write in '/proc'; choose another --out")
+    assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
+def test_a_read_only_out_directory_is_a_one_line_error(tmp_path, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    rc, _, err = main(capsys, "run", "--cases", str(tiny(tmp_path)), "--out", str(ro / "out"), "--device", "cpu")
+    assert (rc, err) == (2, f"error: --out {str(ro / 'out')!r}: no permission to write in {str(ro)!r}; choose "
+                            "another --out\n")
+
+
+def test_a_full_disk_stops_the_run_in_one_line_and_resume_finishes_it(tmp_path, capsys, monkeypatch):
+    f, out = tiny(tmp_path), tmp_path / "out"
+    real, appended = os.write, []
+
+    def disk_fills_after_two_pairs(fd, data):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            target = ""
+        if target == str(out / report.RESULTS):
+            if len(appended) >= 2:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            appended.append(len(data))
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", disk_fills_after_two_pairs)
+    rc, _, err = run(capsys, f, out)
+    monkeypatch.setattr(os, "write", real)
+    assert rc == 2 and err.endswith(f"error: cannot append to {out / report.RESULTS}: No space left on device; it "
+                                    "keeps the 2 (case, backend) pairs finished before, whole: free space (or fix "
+                                    "the error) and continue with --resume\n"), err
+    assert "Traceback" not in err and report.check_results(out) > 0 and len(pairs(out)) == 2
+    rc, _, err = run(capsys, f, out, "--resume")
+    assert rc == 0 and "(resume: 2 already done)" in err, err
+    assert len(pairs(out)) == 4

@@ -485,7 +485,7 @@ def test_read_results_checks_the_file_unless_its_writer_says_it_is_checked(tmp_p
         report.read_results(d)
 
 
-# ---- hostile text (issue #38) ----------------------------------------------------------------
+# ---- hostile text, a report removed under its writer, a full disk (issue #38) -----------------
 
 HOSTILE = {  # what a backend controls -> the cell the report holds (report.sanitize_cell)
     "NUL \x00 byte": "NUL \\x00 byte",
@@ -558,3 +558,117 @@ def test_a_cell_over_the_limit_is_cut_and_the_report_still_reads(tmp_path):
     cell = report.to_json({"chain": big})
     assert json.loads(df.loc[0, "first_mismatch"]) == {"cut": f"{len(cell)} characters, over report.CELL_LIMIT"}
 
+
+def _pairs_on_disk(d: Path) -> list[tuple[str, str]]:
+    df = report.read_results(d)
+    return sorted(set(zip(df["case_id"], df["backend"], strict=True)))
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced", "directory removed"])
+def test_a_results_csv_removed_or_replaced_under_the_writer_is_written_again_whole(tmp_path, capsys, how):
+    d = tmp_path / "r"
+    with report.ReportWriter(d, {"test": True}) as w:
+        for c in ("a", "b", "c"):
+            w.write([row(c), acc(c)])
+        if how == "removed":
+            (d / report.RESULTS).unlink()
+        elif how == "replaced":
+            (tmp_path / "other.csv").write_text("not,a,report\n")
+            os.replace(tmp_path / "other.csv", d / report.RESULTS)
+        else:
+            import shutil  # noqa: PLC0415
+
+            shutil.rmtree(d)
+        w.write([row("d"), acc("d")])
+        w.write([row("e")])
+    assert _pairs_on_disk(d) == [(c, "reference") for c in "abcde"]
+    assert len(report.read_results(d)) == 9
+    size = sum(len(report.rows_to_csv_text([row(c), acc(c)], header=c == "a")) for c in "abc")
+    note = (f"{d / report.RESULTS} was {how.split()[-1]} while the sweep wrote it; wrote it again from the writer's "
+            f"own copy (6 rows, {size} bytes)")
+    assert json.loads((d / report.META).read_text())["report_restored"] == [note]
+    assert capsys.readouterr().err == f"harness: {note}\n"
+
+
+def test_a_resumed_report_removed_under_the_writer_keeps_the_rows_it_had(tmp_path):
+    d = write_report(tmp_path / "r", [row("a"), row("b")])
+    with report.ReportWriter(d, {"test": True}, resume=True) as w:
+        (d / report.RESULTS).unlink()
+        w.write([row("c")])
+    assert _pairs_on_disk(d) == [("a", "reference"), ("b", "reference"), ("c", "reference")]
+
+
+@pytest.mark.parametrize("short", [False, True], ids=["enospc", "short-write-then-enospc"])
+def test_a_full_disk_is_a_report_error_naming_the_file_and_the_finished_pairs_stay_resumable(tmp_path, monkeypatch,
+                                                                                            short):
+    import errno  # noqa: PLC0415
+
+    d = tmp_path / "r"
+    real = os.write
+    with report.ReportWriter(d, {"test": True}) as w:
+        for c in ("a", "b", "c"):
+            w.write([row(c), acc(c)])
+
+        def full(fd, data):
+            if fd != w._fd:
+                return real(fd, data)
+            if short and len(data) > 10:
+                return real(fd, bytes(data)[:len(data) // 2])  # half a pair, then the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(os, "write", full)
+        with pytest.raises(report.ReportError) as e:
+            w.write([row("d"), acc("d")])
+        monkeypatch.setattr(os, "write", real)
+    assert str(e.value) == (f"cannot append to {d / report.RESULTS}: No space left on device; it keeps the 3 (case, "
+                            "backend) pairs finished before, whole: free space (or fix the error) and continue with "
+                            "--resume")
+    assert report.check_results(d) == 6 and _pairs_on_disk(d) == [(c, "reference") for c in "abc"]
+    with report.ReportWriter(d, {"test": True}, resume=True) as w:
+        assert not w.notes and not w.is_complete("d", "reference")
+        w.write([row("d"), acc("d")])
+    assert _pairs_on_disk(d) == [(c, "reference") for c in "abcd"]
+
+
+# ---- report directories that cannot be used ----------------------------------------------------
+
+
+def test_check_out_dir_names_a_dangling_link_a_file_above_and_an_unwritable_directory(tmp_path):
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "a_file").write_text("x")
+    cases = [
+        (tmp_path / "gone", f"--out {str(tmp_path / 'gone')!r} is a symbolic link to {str(tmp_path / 'nowhere')!r}, "
+                            "which does not exist; create that directory or choose another --out"),
+        (tmp_path / "gone" / "sub", f"--out {str(tmp_path / 'gone' / 'sub')!r}: {str(tmp_path / 'gone')!r} is a "
+                                    f"symbolic link to {str(tmp_path / 'nowhere')!r}, which does not exist; create "
+                                    "that directory or choose another --out"),
+        (tmp_path / "a_file", f"--out {str(tmp_path / 'a_file')!r} is a file; the report is a directory "
+                              "(results.csv and run_meta.json are written inside it)"),
+        (tmp_path / "a_file" / "sub" / "out", f"--out {str(tmp_path / 'a_file' / 'sub' / 'out')!r}: "
+                                              f"{str(tmp_path / 'a_file')!r} is a file, not a directory; choose "
+                                              "another --out"),
+    ]
+    if os.geteuid() != 0:  # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o555)
+        cases.append((ro / "out", f"--out {str(ro / 'out')!r}: no permission to write in {str(ro)!r}; choose "
+                                  "another --out"))
+    for path, message in cases:
+        with pytest.raises(report.ReportError) as e:
+            report.check_out_dir(path)
+        assert str(e.value) == message
+        with pytest.raises(report.ReportError):
+            report.ReportWriter(path, {})
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_report_directory_the_system_refuses_is_a_report_error_naming_it(tmp_path):
+    target = Path("/proc/harness-out")  # mkdir there fails even for root
+    with pytest.raises(report.ReportError) as e:
+        report.ReportWriter(target, {})
+    if os.geteuid() == 0:  # past check_out_dir: the mkdir's own error
+        assert str(e.value).startswith(f"cannot create the report directory '{target}': ")
+        assert str(e.value).endswith("; choose another --out")
+    else:
+        assert str(e.value) == (f"report directory '{target}': no permission to write in '/proc'; choose another "
+                                "report directory")
