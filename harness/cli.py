@@ -305,6 +305,8 @@ def cmd_run(args) -> int:
         raise UsageError(f"--case-timeout {args.case_timeout:g} is invalid: expected seconds >= 0 (0 = no limit)")
     if args.resume and args.force:
         raise UsageError("--resume and --force exclude each other (--force replaces the report --resume continues)")
+    if args.resume_any and not args.resume:
+        raise UsageError("--resume-any goes with --resume (it lets --resume continue a report of another selection)")
     out = _out_dir(args)
     device = _device(args.device)
     # The workers start first, on a thread (harness.pool.WorkerPool.start): they fork from the forkserver once it
@@ -320,7 +322,7 @@ def _run_with(args, out: Path, device: str, workers, env) -> int:
     from . import report  # noqa: PLC0415
     from .artefacts import repro_command  # noqa: PLC0415
     from .backends import backend_spec  # noqa: PLC0415
-    from .meta import adapter_info, run_meta  # noqa: PLC0415
+    from .meta import adapter_info, run_meta, selection  # noqa: PLC0415
     from .pool import PoolSweep, WorkersDying  # noqa: PLC0415
     from .progress import Progress  # noqa: PLC0415
 
@@ -335,8 +337,12 @@ def _run_with(args, out: Path, device: str, workers, env) -> int:
     # The environment and the adapters' packages (importlib.metadata scans every installed distribution: 1.8 s
     # on the GPU host of issue #19) join run_meta.json on a thread, when the probe answers.
     meta = run_meta(options, env={})
+    # What --resume continues and merge joins (harness.meta.check_resume: refused unless the same, or --resume-any).
+    meta["selection"] = selection(tier=args.tier, cases_file=args.cases, filter=args.filter,
+                                  shard=parse_shard(args.shard), golden_device=args.golden_device,
+                                  backends=[backend_spec(b) for b in backends])
     try:
-        writer = report.ReportWriter(out, meta, resume=args.resume, force=args.force)
+        writer = report.ReportWriter(out, meta, resume=args.resume, force=args.force, resume_any=args.resume_any)
     except report.ReportError as e:
         raise UsageError(str(e)) from None
     ex = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="harness-meta")
@@ -624,6 +630,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kill a (case, backend) running longer and record error/timeout (default "
                         "harness.pool.DEFAULT_CASE_TIMEOUT; 0 = no limit)")
     p.add_argument("--force", action="store_true", help="replace a previous report in --out (a fresh run refuses it)")
+    p.add_argument("--resume-any", action="store_true",
+                   help="with --resume: continue a report made with another selection (tier, cases file, filter, "
+                        "shard, golden device, backends), which --resume refuses")
     _golden(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--progress", dest="progress", action="store_true", default=None, help="force the progress bar")

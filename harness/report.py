@@ -382,8 +382,10 @@ class ReportWriter:
     killed run keeps every finished (case, backend) and never half of one. The directory is locked
     (`fcntl.flock` on `<out_dir>/.lock`) for the writer's lifetime: a second run on it refuses. A
     fresh run refuses a directory holding a previous report unless `force` (then that report is
-    replaced); with `resume=True` the CSV is checked (CorruptReport names a bad line), a cut last
-    line drops its (case, backend) to run again, and `completed` holds the pairs already there. Before each append the writer checks that `results.csv` is still the file it writes:
+    replaced); with `resume=True` the report must have been made with the same selection
+    (meta.check_resume; `resume_any` skips that check), the CSV is checked (CorruptReport names a bad
+    line), a cut last line drops its (case, backend) to run again, and `completed` holds the pairs
+    already there. Before each append the writer checks that `results.csv` is still the file it writes:
     one removed or replaced under the sweep is written again whole, from the writer's own descriptor (it
     holds every row: those read at resume and this run's), with a note in run_meta.json's
     `report_restored` and on stderr. A failing write (a full disk) is cut back to the last whole pair
@@ -391,7 +393,7 @@ class ReportWriter:
     """
 
     def __init__(self, out_dir: str | os.PathLike, meta: Mapping | None = None, resume: bool = False,
-                 force: bool = False):
+                 force: bool = False, resume_any: bool = False):
         self.out_dir = Path(out_dir)
         check_out_dir(self.out_dir, "report directory")
         try:
@@ -409,7 +411,7 @@ class ReportWriter:
         self._meta_lock = threading.Lock()  # run_meta.json is written from harness run's meta thread too
         self._lock = _lock_dir(self.out_dir)
         try:
-            self._open(meta, resume, force)
+            self._open(meta, resume, force, resume_any)
         except OSError as e:
             self.close()
             raise ReportError(f"cannot write the report in {str(self.out_dir)!r}: {_os_error(e)} "
@@ -418,7 +420,7 @@ class ReportWriter:
             self.close()
             raise
 
-    def _open(self, meta, resume: bool, force: bool) -> None:
+    def _open(self, meta, resume: bool, force: bool, resume_any: bool) -> None:
         meta = dict(meta or {})
         previous_meta = None
         if resume and self.meta_path.exists():
@@ -426,6 +428,14 @@ class ReportWriter:
                 previous_meta = json.loads(self.meta_path.read_text())
             except ValueError:
                 previous_meta = {}
+            from .meta import check_resume  # noqa: PLC0415 - meta imports the environment probes
+
+            changed = check_resume(previous_meta, meta) if isinstance(previous_meta, dict) else None
+            if changed and not resume_any:
+                raise ReportError(f"--resume: the report at {self.out_dir} was {changed}; use another --out, or "
+                                  "--force to replace it (--resume-any mixes them)")
+            if changed:
+                meta["resumed_other_selection"] = changed
         if resume and self.path.exists():
             note = _drop_cut_pair(self.path)
             if note:

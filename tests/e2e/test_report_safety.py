@@ -1,10 +1,13 @@
 """Tamper-proof, loss-free sweeps, the report side (issue #38): a cases file nested too deeply, repro.sh quoting,
-unusable --out paths, a full disk. Commands go through `harness.cli.main` in this process (exit code, stdout,
-stderr); the sweeps run a few tiny fp8_current cases of the test's own cases file on the CPU."""
+unusable --out paths, a full disk, --resume only of the same selection. Commands go through `harness.cli.main` in
+this process (exit code, stdout, stderr); the sweeps run a few tiny fp8_current cases of the test's own cases file
+on the CPU."""
 
 from __future__ import annotations
 
 import errno
+import hashlib
+import json
 import os
 import shlex
 import subprocess
@@ -176,3 +179,37 @@ def test_a_full_disk_stops_the_run_in_one_line_and_resume_finishes_it(tmp_path, 
     rc, _, err = run(capsys, f, out, "--resume")
     assert rc == 0 and "(resume: 2 already done)" in err, err
     assert len(pairs(out)) == 4
+
+
+# ---- --resume continues only the selection the report was made with ------------------------------
+
+
+def test_resume_refuses_another_selection_in_one_line_and_resume_any_mixes_them(tmp_path, capsys):
+    f, out = tiny(tmp_path), tmp_path / "out"
+    rc, _, err = run(capsys, f, out, "--filter", "e4m3")
+    assert rc == 0, err
+    sel = json.loads((out / report.META).read_text())["selection"]
+    assert sel == {"tier": None, "cases": str(f), "cases_sha256": hashlib.sha256(f.read_bytes()).hexdigest(),
+                   "filter": "e4m3", "shard": None, "golden_device": "auto", "backends": ["reference"]}
+    before = (out / report.RESULTS).read_bytes()
+    rc, _, err = run(capsys, f, out, "--filter", "e5m2", "--resume")
+    assert rc == 2 and err == (f"error: --resume: the report at {out} was made with --filter 'e4m3', this run has "
+                               "--filter 'e5m2'; use another --out, or --force to replace it (--resume-any mixes "
+                               "them)\n")
+    f.write_text(TINY.replace("seed = 1", "seed = 2"))
+    digest = hashlib.sha256(f.read_bytes()).hexdigest()
+    rc, _, err = run(capsys, f, out, "--filter", "e4m3", "--resume")
+    assert rc == 2 and err == (f"error: --resume: the report at {out} was made with --cases {str(f)!r} with content "
+                               f"sha256 {sel['cases_sha256'][:12]}, this run has --cases {str(f)!r} with content "
+                               f"sha256 {digest[:12]}; use another --out, or --force to replace it (--resume-any "
+                               "mixes them)\n")
+    assert (out / report.RESULTS).read_bytes() == before  # refused before anything was written
+    rc, _, err = run(capsys, f, out, "--filter", "e4m3", "--resume-any")
+    assert rc == 2 and err == "error: --resume-any goes with --resume (it lets --resume continue a report of another " \
+                              "selection)\n"
+    rc, _, err = run(capsys, f, out, "--resume", "--resume-any")
+    assert rc == 0, err
+    ids = {c for c, _ in pairs(out)}
+    assert len(ids) == 6 and sum("e5m2" in c for c in ids) == 2  # 2 e4m3 of seed 1, then all 4 of seed 2
+    meta = json.loads((out / report.META).read_text())
+    assert meta["resumed_other_selection"].startswith("made with --cases") and meta["selection"]["filter"] is None

@@ -630,6 +630,66 @@ def test_a_full_disk_is_a_report_error_naming_the_file_and_the_finished_pairs_st
     assert _pairs_on_disk(d) == [(c, "reference") for c in "abcd"]
 
 
+# ---- the selection a report records: --resume refuses another ---------------------------------
+
+
+def _sel(**kw) -> dict:
+    base = {"tier": None, "cases": "cases/mine.toml", "cases_sha256": "ab" * 32, "filter": "e4m3", "shard": None,
+            "golden_device": "auto", "backends": ["reference", "torch"]}
+    return {"selection": {**base, **kw}}
+
+
+@pytest.mark.parametrize("new, says", [
+    (_sel(backends=["torch", "reference"]), None),  # the order of --backend is not the selection
+    (_sel(cases="elsewhere/mine.toml"), None),  # the same content at another path
+    (_sel(filter="e5m2"), "made with --filter 'e4m3', this run has --filter 'e5m2'"),
+    (_sel(filter=None), "made with --filter 'e4m3', this run has no --filter"),
+    (_sel(shard="1/4"), "made with no --shard, this run has --shard '1/4'"),
+    (_sel(cases_sha256="cd" * 32), "made with --cases 'cases/mine.toml' with content sha256 abababababab, this run "
+                                   "has --cases 'cases/mine.toml' with content sha256 cdcdcdcdcdcd"),
+    (_sel(cases=None, tier="smoke", cases_sha256="cd" * 32), "made with --cases 'cases/mine.toml', this run has "
+                                                             "--tier 'smoke'"),
+    (_sel(golden_device="cpu", backends=["native"]), "made with --golden-device 'auto' and --backend reference,torch, "
+                                                     "this run has --golden-device 'cpu' and --backend native"),
+])
+def test_check_resume_names_what_changed_in_the_selection(new, says):
+    from harness.meta import check_resume  # noqa: PLC0415
+
+    assert check_resume(_sel(), new) == says
+
+
+def test_check_resume_reads_the_options_of_a_report_made_before_the_selection_was_recorded():
+    from harness.meta import check_resume  # noqa: PLC0415
+
+    old = {"options": {"tier": None, "cases": None, "filter": "e4m3", "shard": None, "golden_device": "auto",
+                       "backends": ["reference"]}}
+    new = {"selection": {"tier": "smoke", "cases": None, "cases_sha256": "ab", "filter": "e4m3", "shard": None,
+                         "golden_device": "auto", "backends": ["pkg.mod:obj"]}}
+    assert check_resume(old, new) is None  # no digest, backend names are not specs: not compared
+    assert check_resume(old, {"selection": {**new["selection"], "shard": "0/2"}}) == (
+        "made with no --shard, this run has --shard '0/2'")
+    assert check_resume({"merged_from": []}, new) is None
+
+
+def test_resume_with_another_selection_refuses_before_touching_the_report_unless_resume_any(tmp_path):
+    d = tmp_path / "r"
+    with report.ReportWriter(d, _sel()) as w:
+        w.write([row("a")])
+        w.write([row("b")])
+    before = (d / report.RESULTS).read_bytes() + b"cut"
+    (d / report.RESULTS).write_bytes(before)  # a cut last line: resume would drop it, a refusal leaves it
+    with pytest.raises(report.ReportError) as e:
+        report.ReportWriter(d, _sel(filter="e5m2"), resume=True)
+    assert str(e.value) == (f"--resume: the report at {d} was made with --filter 'e4m3', this run has --filter "
+                            "'e5m2'; use another --out, or --force to replace it (--resume-any mixes them)")
+    assert (d / report.RESULTS).read_bytes() == before
+    with report.ReportWriter(d, _sel(filter="e5m2"), resume=True, resume_any=True) as w:
+        assert w.is_complete("a", "reference") and not w.is_complete("b", "reference")  # b's line was cut
+    meta = json.loads((d / report.META).read_text())
+    assert meta["resumed_other_selection"] == "made with --filter 'e4m3', this run has --filter 'e5m2'"
+    assert meta["selection"]["filter"] == "e5m2" and meta["resumed"] == 1
+
+
 # ---- report directories that cannot be used ----------------------------------------------------
 
 
