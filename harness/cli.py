@@ -546,10 +546,14 @@ def cmd_diff(args) -> int:
 def cmd_merge(args) -> int:
     from . import report  # noqa: PLC0415
 
+    notes: list[str] = []
     try:
-        df = report.merge(args.out, args.shards)
+        df = report.merge(args.out, args.shards, prefer=args.prefer, allow_incomplete=args.allow_incomplete,
+                          notes=notes)
     except FileNotFoundError as e:
-        raise UsageError(str(e)) from e
+        raise UsageError(str(e)) from None
+    for n in notes:
+        print(f"merge: {report.escape_text(n)}", file=sys.stderr)
     print(report.format_summary(df))
     print(f"\nmerged {len(args.shards)} shard(s), {len(df)} rows -> {report.results_path(args.out)}")
     return 0
@@ -670,6 +674,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("merge", help="join shard reports into OUT")
     p.add_argument("out")
     p.add_argument("shards", nargs="+")
+    p.add_argument("--prefer", choices=("first", "last"), default=None,
+                   help="a (case_id, backend) pair in several shards keeps the rows of the first or last of them "
+                        "(without it such a pair is refused)")
+    p.add_argument("--allow-incomplete", action="store_true",
+                   help="merge shards that are not every --shard i/n of one selection, or runs that did not finish")
     p.set_defaults(func=cmd_merge)
 
     p = sub.add_parser("bench", help="run benchmarks/bench_*.py scripts (args after -- are passed through)")

@@ -573,7 +573,7 @@ def _pair_key(case_id, backend) -> tuple[str, str]:
     return sanitize_cell(str(case_id)), sanitize_cell(str(backend))
 
 
-def _lock_dir(out_dir: Path) -> int:
+def _lock_dir(out_dir: Path, flag: str = "--out") -> int:
     """An exclusive, non-blocking flock on `<out_dir>/.lock` (released when the descriptor closes,
     also when the process is killed); ReportError if another run holds it."""
     import fcntl  # noqa: PLC0415 - POSIX only
@@ -585,11 +585,27 @@ def _lock_dir(out_dir: Path) -> int:
         holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
         os.close(fd)
         raise ReportError(f"{out_dir} is in use by another run (pid {escape_text(holder) or '?'}); wait for it to "
-                          "end or choose another --out") from None
+                          f"end or choose another {flag}") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
 
+
+def _held_by(out_dir: Path) -> str | None:
+    """The pid of the run holding `<out_dir>/.lock`, or None when no run holds it (the lock is not taken)."""
+    import fcntl  # noqa: PLC0415 - POSIX only
+
+    try:
+        fd = os.open(out_dir / LOCK, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return escape_text(os.pread(fd, 64, 0).decode("ascii", "replace").strip()) or "?"
+    finally:
+        os.close(fd)  # also releases the shared lock just taken
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -833,17 +849,139 @@ def diff(old: pd.DataFrame, new: pd.DataFrame, sqnr_drop_db: float = SQNR_DROP_D
     return [escape_text(t) for t in regressions], [escape_text(t) for t in notes]
 
 
-def merge(out_dir: str | os.PathLike, shard_dirs: Sequence[str | os.PathLike]) -> pd.DataFrame:
-    """Join shard reports into `out_dir` (rows of a repeated (case, backend, tensor): the last shard wins)."""
-    frames, metas = [], []
-    for d in shard_dirs:
-        frames.append(read_results(d))
-        mp = Path(d) / META
-        metas.append({"dir": str(d), **(json.loads(mp.read_text()) if mp.exists() else {})})
-    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLUMNS))
-    df = df.drop_duplicates(subset=["case_id", "backend", "tensor"], keep="last")
+def shard_problems(shards: Sequence[tuple[str, Mapping]]) -> list[str]:
+    """What keeps shard reports ((dir, run_meta) pairs) from making one whole report: runs that did not finish;
+    and among the reports of `--shard i/n` runs, an index 0..n-1 missing or given twice, different n, or a
+    selection (meta.SHARD_KEYS: tier, cases file content, filter, backends) not the first shard's. Reports of
+    runs without --shard (or without a run_meta.json) are not checked against the shards."""
+    from .meta import SHARD_KEYS, describe, differences, selection_of  # noqa: PLC0415
+
+    problems = []
+    for d, m in shards:
+        if "options" in m and m.get("finished") is not True:
+            how = m.get("stopped") or "killed, or still running"
+            problems.append(f"{d} is a sweep that did not finish ({how}; continue it with --resume)")
+    sharded = []
+    for d, m in shards:
+        sel = selection_of(m)
+        if not sel.get("shard"):
+            continue
+        match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(sel["shard"]))
+        if not match:
+            problems.append(f"{d} records --shard {str(sel['shard'])!r}, not i/n")
+            continue
+        sharded.append((d, sel, int(match.group(1)), int(match.group(2))))
+    if not sharded:
+        return problems
+    ns = sorted({n for *_, n in sharded})
+    if len(ns) > 1:
+        problems.append("the shards split the selection in different numbers of slices: "
+                        + ", ".join(f"{d} is --shard {i}/{n}" for d, _, i, n in sharded))
+    else:
+        n = ns[0]
+        given: dict[int, list[str]] = {}
+        for d, _, i, _ in sharded:
+            given.setdefault(i, []).append(str(d))
+        missing = [f"{i}/{n}" for i in range(n) if i not in given]
+        if missing:
+            problems.append(f"--shard {', '.join(missing)} of {n} missing")
+        for i, dirs in sorted(given.items()):
+            if len(dirs) > 1:
+                problems.append(f"--shard {i}/{n} given {len(dirs)} times ({', '.join(dirs)})")
+    d0, sel0 = sharded[0][0], sharded[0][1]
+    for d, sel, _, _ in sharded[1:]:
+        keys = differences(sel0, sel, SHARD_KEYS)
+        if keys:
+            problems.append(f"{d} was made with {' and '.join(describe(sel, k) for k in keys)}, {d0} with "
+                            f"{' and '.join(describe(sel0, k) for k in keys)}")
+    return problems
+
+
+_NEEDS_SANITIZING = re.compile("^[=+\\-@\t\r]|" + _UNSAFE.pattern)
+
+
+def _sanitize_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """sanitize_cell on every text cell of a report that needs it (a report written before the sanitizer)."""
+    for c in TEXT_COLUMNS:
+        col = df[c].astype(str)
+        need = col.str.contains(_NEEDS_SANITIZING)
+        if need.any():
+            df.loc[need, c] = col[need].map(sanitize_cell)
+    return df
+
+
+def merge(out_dir: str | os.PathLike, shard_dirs: Sequence[str | os.PathLike], *, prefer: str | None = None,
+          allow_incomplete: bool = False, notes: list[str] | None = None) -> pd.DataFrame:
+    """Join shard reports into `out_dir`, under its lock (ReportError: one in use, a file, shards that are not one
+    whole sweep (shard_problems; `allow_incomplete` lists them in `notes` and run_meta.json instead), a shard in
+    use by a running sweep, or a (case_id, backend) pair in two shards unless `prefer` is "first" or "last": the
+    rows of that pair are then all the first's or all the last's)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out / RESULTS, index=False, columns=list(COLUMNS), lineterminator="\n")
-    (out / META).write_text(json.dumps(_clean({"merged_from": metas}), indent=2, sort_keys=True) + "\n")
+    check_out_dir(out, "merge OUT")
+    if prefer not in (None, "first", "last"):
+        raise ReportError(f"--prefer {prefer!r} is not first or last")
+    shards = [Path(d) for d in shard_dirs]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ReportError(f"merge OUT {str(out)!r}: cannot create it: {_os_error(e)}; choose another OUT") from None
+    lock = _lock_dir(out, "OUT")
+    try:
+        return _merge_locked(out, shards, prefer, allow_incomplete, notes if notes is not None else [])
+    finally:
+        os.close(lock)
+
+
+def _merge_locked(out: Path, shards: list[Path], prefer, allow_incomplete: bool, notes: list[str]) -> pd.DataFrame:
+    metas = []
+    for d in shards:
+        pid = None if d.resolve() == out.resolve() else _held_by(d)
+        if pid:
+            raise ReportError(f"shard {d} is in use by a running sweep (pid {pid}); merge it when that run ends")
+        mp = d / META
+        try:
+            m = json.loads(mp.read_text()) if mp.exists() else {}
+        except (ValueError, OSError):
+            m = {}
+        metas.append(m if isinstance(m, dict) else {})
+    problems = shard_problems([(str(d), m) for d, m in zip(shards, metas, strict=True)])
+    if problems and not allow_incomplete:
+        raise ReportError(f"merge: the shards are not one whole sweep: {'; '.join(problems)}; merge every shard of "
+                          "one selection (or pass --allow-incomplete)")
+    notes += problems
+    frames = []
+    for i, d in enumerate(shards):
+        f = read_results(d)
+        f["_shard"] = i
+        frames.append(f)
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*COLUMNS, "_shard"])
+    pair = df.groupby(["case_id", "backend"], sort=False).ngroup()
+    in_shards = df.groupby(pair)["_shard"].agg(["min", "max"])
+    overlap = in_shards[in_shards["min"] != in_shards["max"]]
+    if len(overlap):
+        if prefer is None:
+            first = df[pair == overlap.index[0]].iloc[0]
+            raise ReportError(
+                f"merge: {len(overlap)} (case_id, backend) pair(s) are in more than one shard, e.g. "
+                f"{escape_text(first['case_id'])} [{escape_text(first['backend'])}] in {shards[overlap['min'].iloc[0]]} "
+                f"and {shards[overlap['max'].iloc[0]]}; pass --prefer first or --prefer last to say whose rows win")
+        winner = in_shards["min" if prefer == "first" else "max"]
+        df = df[df["_shard"].to_numpy() == winner.reindex(pair).to_numpy()]
+        notes.append(f"{len(overlap)} (case_id, backend) pair(s) in more than one shard: the {prefer} shard's rows "
+                     "kept (--prefer)")
+    df = _sanitize_frame(df.drop(columns="_shard").reset_index(drop=True))
+    meta = {"merged_from": [{"dir": str(d), **m} for d, m in zip(shards, metas, strict=True)], "prefer": prefer}
+    if notes:
+        meta["merge_notes"] = list(notes)
+    tmp, tmp_meta = out / (RESULTS + ".merge.tmp"), out / (META + ".merge.tmp")
+    try:
+        df.to_csv(tmp, index=False, columns=list(COLUMNS), lineterminator="\n")
+        tmp_meta.write_text(json.dumps(_clean(meta), indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, out / RESULTS)
+        os.replace(tmp_meta, out / META)
+    except OSError as e:
+        for t in (tmp, tmp_meta):
+            with contextlib.suppress(OSError):
+                t.unlink()
+        raise ReportError(f"merge: cannot write the merged report in {out}: {_os_error(e)}") from None
     return df

@@ -1,7 +1,7 @@
 """Tamper-proof, loss-free sweeps, the report side (issue #38): a cases file nested too deeply, repro.sh quoting,
-unusable --out paths, a full disk, --resume only of the same selection. Commands go through `harness.cli.main` in
-this process (exit code, stdout, stderr); the sweeps run a few tiny fp8_current cases of the test's own cases file
-on the CPU."""
+unusable --out paths, a full disk, --resume only of the same selection, merge under the run lock and only of whole
+shard sets. Commands go through `harness.cli.main` in this process (exit code, stdout, stderr); the sweeps run a few
+tiny fp8_current cases of the test's own cases file on the CPU."""
 
 from __future__ import annotations
 
@@ -213,3 +213,72 @@ def test_resume_refuses_another_selection_in_one_line_and_resume_any_mixes_them(
     assert len(ids) == 6 and sum("e5m2" in c for c in ids) == 2  # 2 e4m3 of seed 1, then all 4 of seed 2
     meta = json.loads((out / report.META).read_text())
     assert meta["resumed_other_selection"].startswith("made with --cases") and meta["selection"]["filter"] is None
+
+
+# ---- merge ---------------------------------------------------------------------------------------
+
+
+def shard(d: Path, shard: str | None, case_ids: list[str], finished=True, **sel) -> Path:
+    selection = {"tier": "smoke", "cases": None, "cases_sha256": "ab" * 32, "filter": "e4m3", "shard": shard,
+                 "golden_device": "auto", "backends": ["reference"], **sel}
+    with report.ReportWriter(d, {"options": {"shard": shard}, "selection": selection}) as w:
+        for c in case_ids:
+            w.write([row(c)])
+        w.write_meta(finished=finished, **({} if finished else {"stopped": "interrupted"}))
+    return d
+
+
+def test_merge_refuses_an_out_in_use_or_a_file_and_a_shard_in_use(tmp_path, capsys):
+    s0, s1 = shard(tmp_path / "s0", "0/2", ["a"]), shard(tmp_path / "s1", "1/2", ["b"])
+    out = tmp_path / "out"
+    out.mkdir()
+    held = report._lock_dir(out)  # a running sweep's lock
+    try:
+        rc, _, err = main(capsys, "merge", str(out), str(s0), str(s1))
+        assert (rc, err) == (2, f"error: {out} is in use by another run (pid {os.getpid()}); wait for it to end or "
+                                "choose another OUT\n")
+    finally:
+        os.close(held)
+    (tmp_path / "a_file").write_text("x")
+    rc, _, err = main(capsys, "merge", str(tmp_path / "a_file"), str(s0), str(s1))
+    assert (rc, err) == (2, f"error: merge OUT {str(tmp_path / 'a_file')!r} is a file; the report is a "
+                            "directory (results.csv and run_meta.json are written inside it)\n")
+    held = report._lock_dir(s1)  # a sweep still writing s1
+    try:
+        rc, _, err = main(capsys, "merge", str(out), str(s0), str(s1))
+    finally:
+        os.close(held)
+    assert (rc, err) == (2, f"error: shard {s1} is in use by a running sweep (pid {os.getpid()}); merge it when that "
+                            "run ends\n")
+    rc, _, err = main(capsys, "merge", str(out), str(s0), str(s1))
+    assert rc == 0, err
+    assert pairs(out) == {("a", "reference"), ("b", "reference")}
+
+
+def test_merge_refuses_shards_that_are_not_one_whole_sweep_unless_allow_incomplete(tmp_path, capsys):
+    s = tmp_path
+    a0, a0_again = shard(s / "a0", "0/3", ["a"]), shard(s / "a0b", "0/3", ["x"])
+    a2 = shard(s / "a2", "2/3", ["c"], filter="e5m2")
+    stopped = shard(s / "stopped", None, ["d"], finished=False)
+    rc, _, err = main(capsys, "merge", str(s / "out"), str(a0), str(a0_again), str(a2), str(stopped))
+    assert (rc, err) == (2, (
+        f"error: merge: the shards are not one whole sweep: {stopped} is a sweep that did not finish (interrupted; "
+        f"continue it with --resume); --shard 1/3 of 3 missing; --shard 0/3 given 2 times ({a0}, {a0_again}); {a2} "
+        f"was made with --filter 'e5m2', {a0} with --filter 'e4m3'; merge every shard of one selection (or pass "
+        "--allow-incomplete)\n"))
+    assert not (s / "out" / report.RESULTS).exists()
+    b = shard(s / "b", "0/2", ["e"], backends=["torch"])
+    rc, _, err = main(capsys, "merge", str(s / "out"), str(a0), str(b))
+    assert (rc, err) == (2, (
+        f"error: merge: the shards are not one whole sweep: the shards split the selection in different numbers of "
+        f"slices: {a0} is --shard 0/3, {b} is --shard 0/2; {b} was made with --backend torch, {a0} with --backend "
+        "reference; merge every shard of one selection (or pass --allow-incomplete)\n"))
+    rc, _, err = main(capsys, "merge", str(s / "out"), str(a0), str(a2), "--allow-incomplete")
+    assert rc == 0 and err == (f"merge: --shard 1/3 of 3 missing\nmerge: {a2} was made with --filter 'e5m2', {a0} "
+                               "with --filter 'e4m3'\n"), err
+    assert pairs(s / "out") == {("a", "reference"), ("c", "reference")}
+    assert json.loads((s / "out" / report.META).read_text())["merge_notes"] == [
+        "--shard 1/3 of 3 missing", f"{a2} was made with --filter 'e5m2', {a0} with --filter 'e4m3'"]
+    whole = [shard(s / f"w{i}", f"{i}/3", [f"w{i}"]) for i in range(3)]
+    rc, _, err = main(capsys, "merge", str(s / "whole"), *map(str, reversed(whole)))
+    assert rc == 0 and err == "", err

@@ -198,16 +198,29 @@ def test_diff_counts_more_mismatches_but_not_small_sqnr_moves_or_improvements(tm
     assert len(regressions) == 1 and regressions[0].startswith("mismatches 2 -> 4")
 
 
-def test_merge_joins_shards_and_the_last_shard_wins_on_repeats(tmp_path, capsys):
-    s0 = write_report(tmp_path / "s0", [row("a"), acc("a"), row("b", status="fail", n_mismatch=1)])
+def test_merge_joins_shards_and_prefer_last_keeps_the_last_shards_rows_of_a_repeated_pair(tmp_path, capsys):
+    s0 = write_report(tmp_path / "s0", [row("a"), acc("a"), row("b", status="fail", n_mismatch=1),
+                                        row("b", tensor="rowwise_scale", status="fail")])
     s1 = write_report(tmp_path / "s1", [row("c"), row("b")])
-    assert cli.main(["merge", str(tmp_path / "all"), str(s0), str(s1)]) == 0
+    capsys.readouterr()
+    assert cli.main(["merge", str(tmp_path / "all"), str(s0), str(s1)]) == 2  # a pair in two shards: say whose
+    assert capsys.readouterr().err == (
+        f"error: merge: 1 (case_id, backend) pair(s) are in more than one shard, e.g. b [reference] in {s0} and "
+        f"{s1}; pass --prefer first or --prefer last to say whose rows win\n")
+    assert not (tmp_path / "all" / report.RESULTS).exists()
+    assert cli.main(["merge", str(tmp_path / "all"), str(s0), str(s1), "--prefer", "last"]) == 0
     df = report.read_results(tmp_path / "all")
     assert sorted(zip(df["case_id"], df["tensor"], strict=True)) == [("a", "accuracy_rowwise"), ("a", "rowwise_data"),
                                                         ("b", "rowwise_data"), ("c", "rowwise_data")]
-    assert df[df["case_id"] == "b"]["status"].tolist() == ["pass"]
+    assert df[df["case_id"] == "b"]["status"].tolist() == ["pass"]  # the whole pair from s1, not a mixture
     meta = json.loads((tmp_path / "all" / report.META).read_text())
-    assert [m["dir"] for m in meta["merged_from"]] == [str(s0), str(s1)]
+    assert [m["dir"] for m in meta["merged_from"]] == [str(s0), str(s1)] and meta["prefer"] == "last"
+    assert meta["merge_notes"] == ["1 (case_id, backend) pair(s) in more than one shard: the last shard's rows kept "
+                                   "(--prefer)"]
+    assert cli.main(["merge", str(tmp_path / "first"), str(s0), str(s1), "--prefer", "first"]) == 0
+    df = report.read_results(tmp_path / "first")
+    assert df[df["case_id"] == "b"][["tensor", "status"]].values.tolist() == [["rowwise_data", "fail"],
+                                                                              ["rowwise_scale", "fail"]]
 
 
 # ---- report command and plots ----------------------------------------------------------------
