@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from .report import FAILURES
+from .report import FAILURES, ReportError, escape_text
 from .rows import exc_text
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -26,13 +26,19 @@ def safe_name(case_id: str) -> str:
 
 
 def repro_command(case_id: str, backend_spec: str, *, inputs_path: str | None = None, device: str | None = None) -> str:
+    """`python -m harness repro ...` as one shell command line: every argument shlex-quoted, so no case id, spec
+    or path is ever run by the shell that reads it."""
     cmd = ["python", "-m", "harness", "repro", case_id, "--backend", backend_spec]
     if device:
         cmd += ["--device", device]
-    text = " ".join(shlex.quote(c) for c in cmd)
     if inputs_path:
-        text += f" --inputs {inputs_path}"
-    return text
+        cmd += ["--inputs", inputs_path]
+    return " ".join(shlex.quote(str(c)) for c in cmd)
+
+
+def _comment(text: str) -> str:
+    """`text` for a `#` comment line of repro.sh: one line, control characters visible (report.escape_text)."""
+    return escape_text(str(text))
 
 
 def import_root(backend_spec: str) -> Path | None:
@@ -57,10 +63,19 @@ def import_root(backend_spec: str) -> Path | None:
 
 def save_failure(out_dir: str | os.PathLike, case, backend_spec: str, rows: Sequence[Mapping],
                  inputs: Mapping | None = None) -> Path:
-    """Write `<out>/failures/<case_id>/`: inputs.pt (torch.save), rows, and repro.sh."""
+    """Write `<out>/failures/<case_id>/`: inputs.pt (torch.save), rows, and repro.sh. A write that fails (a
+    full disk) is a report.ReportError naming the directory."""
+    d = Path(out_dir) / FAILURES / safe_name(case.id)
+    try:
+        return _save_failure(d, case, backend_spec, rows, inputs)
+    except OSError as e:
+        raise ReportError(f"cannot write the failure artefacts {d}: {e.strerror or type(e).__name__}; free space (or "
+                          "fix the error) and continue with --resume") from None
+
+
+def _save_failure(d: Path, case, backend_spec: str, rows: Sequence[Mapping], inputs: Mapping | None) -> Path:
     from .inputs import generate  # noqa: PLC0415 - harness core module, imported when used
 
-    d = Path(out_dir) / FAILURES / safe_name(case.id)
     d.mkdir(parents=True, exist_ok=True)
     inputs_file = d / "inputs.pt"
     if not inputs_file.exists():
@@ -74,24 +89,28 @@ def save_failure(out_dir: str | os.PathLike, case, backend_spec: str, rows: Sequ
     with open(d / f"rows.{safe_b}.jsonl", "w") as f:
         for r in rows:
             f.write(json.dumps({k: v for k, v in r.items()}, default=str) + "\n")
+    # repro.sh: every path and argument is shlex-quoted (a checkout or adapter under a directory named
+    # `a$(touch PWNED)b`, a spec or case id with quotes: all stay data); the script expands only its own variables.
     script = d / "repro.sh"
-    lines = script.read_text().splitlines() if script.exists() else [
+    text = script.read_text() if script.exists() else "\n".join([
         "#!/bin/sh",
-        f"# Repro of {case.id} (inputs saved beside this script; they are also regenerated from the seed).",
+        f"# Repro of {_comment(case.id)} (inputs saved beside this script; they are also regenerated from the seed).",
         "# Runs from any directory: the harness checkout and each adapter's import root go on PYTHONPATH",
         "# (set NUMERICS_HARNESS_ROOT when the checkout lives elsewhere).",
         'here="$(cd "$(dirname "$0")" && pwd)"',
-        f'root="${{NUMERICS_HARNESS_ROOT:-{REPO_ROOT}}}"',
+        f"root={shlex.quote(str(REPO_ROOT))}",
+        'root="${NUMERICS_HARNESS_ROOT:-$root}"',
         'export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"',
-    ]
+    ]) + "\n"
     adapter_root = import_root(backend_spec)
+    added = []
     if adapter_root is not None and adapter_root != REPO_ROOT:
-        line = f'export PYTHONPATH="{adapter_root}:$PYTHONPATH"  # imports {backend_spec.partition(":")[0]}'
-        if line not in lines:
-            lines.append(line)
-    cmd = repro_command(case.id, backend_spec, inputs_path='"$here/inputs.pt"') + ' "$@"'
-    if cmd not in lines:
-        lines.append(cmd)
-    script.write_text("\n".join(lines) + "\n")
+        added.append(f'export PYTHONPATH={shlex.quote(str(adapter_root) + ":")}"$PYTHONPATH"  '
+                     f'# imports {_comment(backend_spec.partition(":")[0])}')
+    added.append(repro_command(case.id, backend_spec) + ' --inputs "$here/inputs.pt" "$@"')
+    for line in added:  # each once (a quoted case id may hold a newline: whole lines of the text are compared)
+        if f"\n{line}\n" not in f"\n{text}":
+            text += line + "\n"
+    script.write_text(text)
     script.chmod(0o755)
     return d

@@ -1007,6 +1007,14 @@ def parse_cases(text: str, name: str = "<string>", *, tier: str | None = None, _
     A top-level `include = ["other.toml", ...]` (paths relative to this file) adds those files'
     cases first (their own tiers and covers apply; duplicates across files are dropped).
     """
+    try:
+        return _parse_cases(text, name, tier=tier, _stack=_stack)
+    except RecursionError:  # tomllib recurses per nested array / inline table, the grid expansion per level
+        raise CaseFileError(f"cases file {name}: nested too deeply (tables or arrays nested beyond Python's "
+                            "recursion limit); grid values are flat lists of values or shapes") from None
+
+
+def _parse_cases(text: str, name: str, *, tier: str | None, _stack: tuple) -> CaseList:
     loc = _Locator(text)
     try:
         data = tomllib.loads(text)

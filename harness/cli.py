@@ -322,12 +322,16 @@ def _sigterm_raises():
 
 
 def _out_dir(args) -> Path:
+    from .report import ReportError, check_out_dir  # noqa: PLC0415
+
     out = Path(args.out or Path("reports") / (Path(args.cases).stem if args.cases else (args.tier or "smoke")))
     if out.suffix == ".csv":
         raise UsageError(f"--out {str(out)!r} names a CSV file; --out is the report directory (results.csv and "
                          "run_meta.json are written inside it)")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {str(out)!r} is a file; --out is the report directory")
+    try:
+        check_out_dir(out)  # a file, a dangling link, a path under a file, a directory it cannot write in
+    except ReportError as e:
+        raise UsageError(str(e)) from None
     return out
 
 
@@ -349,6 +353,8 @@ def cmd_run(args) -> int:
             raise UsageError(f"{flag} {v:g} is invalid: expected a finite number of seconds >= 0 (0 = no limit)")
     if args.resume and args.force:
         raise UsageError("--resume and --force exclude each other (--force replaces the report --resume continues)")
+    if args.resume_any and not args.resume:
+        raise UsageError("--resume-any goes with --resume (it lets --resume continue a report of another selection)")
     out = _out_dir(args)
     device = _device(args.device)
     zygote()  # backend processes fork from it: before this process starts threads (the workers' start, below)
@@ -380,7 +386,8 @@ def _sweep(args, out: Path, device: str, workers, env, cases, backends) -> int:
     """cmd_run once its cases are selected and its backends' processes answer (`backends`)."""
     from . import report  # noqa: PLC0415
     from .artefacts import repro_command  # noqa: PLC0415
-    from .meta import adapter_info, run_meta  # noqa: PLC0415
+    from .backends import backend_identity  # noqa: PLC0415
+    from .meta import adapter_info, run_meta, selection  # noqa: PLC0415
     from .pool import PoolSweep, WorkersDying  # noqa: PLC0415
     from .progress import Progress  # noqa: PLC0415
 
@@ -389,8 +396,13 @@ def _sweep(args, out: Path, device: str, workers, env, cases, backends) -> int:
     # The environment and the adapters' packages (importlib.metadata scans every installed distribution: 1.8 s
     # on the GPU host of issue #19) join run_meta.json on a thread, when the probe answers.
     meta = run_meta(options, env={})
+    # What --resume continues and merge joins (harness.meta.check_resume: refused unless the same, or --resume-any).
+    meta["selection"] = selection(tier=args.tier, cases_file=args.cases, filter=args.filter,
+                                  shard=parse_shard(args.shard), golden_device=args.golden_device,
+                                  backends=[b.spec for b in backends],
+                                  backend_code=[backend_identity(b.spec) for b in backends])
     try:
-        writer = report.ReportWriter(out, meta, resume=args.resume, force=args.force)
+        writer = report.ReportWriter(out, meta, resume=args.resume, force=args.force, resume_any=args.resume_any)
     except report.ReportError as e:
         raise UsageError(str(e)) from None
     ex = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="harness-meta")
@@ -577,7 +589,8 @@ def cmd_report(args) -> int:
     print(f"\n{len(df)} rows, {len(cs)} (case, backend) pairs in {report.results_path(args.dir)}")
     bad = df[df["status"].isin(["fail", "error"])]
     for r in bad.drop_duplicates(["case_id", "backend"]).head(args.show).itertuples(index=False):
-        print(f"  {r.status:5s} {r.case_id} [{r.backend}] {r.tensor}: {r.reason}")
+        line = f"  {r.status:5s} {r.case_id} [{r.backend}] {r.tensor}: {r.reason}"
+        print(report.escape_text(line))  # a report written before the sanitizer may hold raw escapes
     if not args.no_plots:
         from . import plots  # noqa: PLC0415
 
@@ -609,10 +622,14 @@ def cmd_diff(args) -> int:
 def cmd_merge(args) -> int:
     from . import report  # noqa: PLC0415
 
+    notes: list[str] = []
     try:
-        df = report.merge(args.out, args.shards)
+        df = report.merge(args.out, args.shards, prefer=args.prefer, allow_incomplete=args.allow_incomplete,
+                          notes=notes)
     except FileNotFoundError as e:
-        raise UsageError(str(e)) from e
+        raise UsageError(str(e)) from None
+    for n in notes:
+        print(f"merge: {report.escape_text(n)}", file=sys.stderr)
     print(report.format_summary(df))
     print(f"\nmerged {len(args.shards)} shard(s), {len(df)} rows -> {report.results_path(args.out)}")
     return 0
@@ -696,6 +713,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="bound on importing each backend in its process and on its prepare(), not charged to any "
                         "case (default harness.sandbox.DEFAULT_IMPORT_TIMEOUT; 0 = no limit)")
     p.add_argument("--force", action="store_true", help="replace a previous report in --out (a fresh run refuses it)")
+    p.add_argument("--resume-any", action="store_true",
+                   help="with --resume: continue a report made with another selection (tier, cases file, filter, "
+                        "shard, golden device, backends), which --resume refuses")
     _golden(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--progress", dest="progress", action="store_true", default=None, help="force the progress bar")
@@ -735,6 +755,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("merge", help="join shard reports into OUT")
     p.add_argument("out")
     p.add_argument("shards", nargs="+")
+    p.add_argument("--prefer", choices=("first", "last"), default=None,
+                   help="a (case_id, backend) pair in several shards keeps the rows of the first or last of them "
+                        "(without it such a pair is refused)")
+    p.add_argument("--allow-incomplete", action="store_true",
+                   help="merge shards that are not every --shard i/n of one selection, or runs that did not finish")
     p.set_defaults(func=cmd_merge)
 
     p = sub.add_parser("bench", help="run benchmarks/bench_*.py scripts (args after -- are passed through)")

@@ -179,3 +179,101 @@ def run_meta(options: Mapping | None = None, *, probe_gpu: bool = True, backends
     }
     meta.update(env if env is not None else environment(probe_gpu))
     return meta
+
+
+# ----------------------------------------------------------------------------------------------
+# The selection a report holds: what `--resume` continues and what `merge` joins
+# ----------------------------------------------------------------------------------------------
+
+# The selection keys `--resume` compares: a report continues only the sweep it was made by (docs/design.md §6).
+# The backends are compared as their spec lists; when `backend_identity(spec)` (the backend's code and package
+# fingerprint) lands, its key joins here and `selection()` records it: one line each.
+RESUME_KEYS = ("tier", "cases_sha256", "filter", "shard", "golden_device", "backends", "backend_code")
+# The keys every shard of one `--shard i/n` sweep shares (`harness merge` checks them).
+SHARD_KEYS = ("tier", "cases_sha256", "filter", "backends")
+
+
+def file_sha256(path: str | os.PathLike) -> str | None:
+    """The sha256 of a file's bytes (hex), or None if it cannot be read."""
+    import hashlib  # noqa: PLC0415
+
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def selection(*, tier: str | None, cases_file: str | None, filter: str | None, shard: tuple[int, int] | None,
+              golden_device: str | None, backends: list[str], backend_code: list[dict] | None = None) -> dict:
+    """run_meta.json's `selection`: the tier (or None) or the cases file's path, the sha256 of the file the cases
+    came from (the tier's own file for a tier; an `include`d file is not part of it), the --filter, the --shard
+    as "i/n", the golden device and the backends' specs."""
+    from .cases import resolve  # noqa: PLC0415
+
+    source = cases_file or tier or "smoke"
+    return {"tier": None if cases_file else source, "cases": str(cases_file) if cases_file else None,
+            "cases_sha256": file_sha256(resolve(source)), "filter": filter or None,
+            "shard": f"{shard[0]}/{shard[1]}" if shard else None, "golden_device": golden_device,
+            "backends": list(backends),
+            # harness.backends.backend_identity of each: the file defining it, its sha256 and its package's version
+            "backend_code": [{k: d.get(k) for k in ("spec", "sha256", "version")} for d in (backend_code or [])]}
+
+
+def selection_of(meta: Mapping) -> dict:
+    """The selection a run_meta.json records: its `selection`, or for a report written before it, what its
+    `options` say (no cases digest; backend names are not specs, so no backends)."""
+    if isinstance(meta.get("selection"), Mapping):
+        return dict(meta["selection"])
+    opts = meta.get("options")
+    if not isinstance(opts, Mapping):
+        return {}
+    out = {k: opts[k] or None for k in ("filter", "shard", "golden_device") if k in opts}
+    if "tier" in opts or "cases" in opts:
+        out["tier"] = None if opts.get("cases") else (opts.get("tier") or "smoke")
+        out["cases"] = opts.get("cases") or None
+    return out
+
+
+def _same(key: str, a, b) -> bool:
+    if key == "backends" and isinstance(a, list) and isinstance(b, list):
+        return sorted(map(str, a)) == sorted(map(str, b))  # the order of --backend is not the selection
+    return a == b
+
+
+def differences(old: Mapping, new: Mapping, keys=RESUME_KEYS) -> list[str]:
+    """The keys of `keys` on which two selections differ (a key one of them does not record is not compared;
+    the cases digest not when the tier or file already differs)."""
+    out = [k for k in keys if k in old and k in new and not _same(k, old[k], new[k])]
+    if "cases_sha256" in out and ("tier" in out or old.get("cases") != new.get("cases")):
+        out.remove("cases_sha256")
+        if "tier" not in out:
+            out.append("tier")  # shown as the other --cases file
+    return out
+
+
+def describe(sel: Mapping, key: str) -> str:
+    """One selection key as the command line gave it: `--filter 'e4m3'`, `no --shard`, ..."""
+    v = sel.get(key)
+    if key == "tier":
+        return f"--cases {sel['cases']!r}" if sel.get("cases") else f"--tier {v!r}"
+    if key == "cases_sha256":
+        what = f"--cases {sel['cases']!r}" if sel.get("cases") else f"--tier {sel.get('tier')!r}"
+        return f"{what} with content sha256 {str(v)[:12]}"
+    if key == "backend_code" and isinstance(v, list):
+        return "; ".join(f"backend {d.get('spec')!r} at code sha256 {str(d.get('sha256'))[:12]}, version "
+                         f"{d.get('version')}" for d in v if isinstance(d, Mapping)) or "no backend code recorded"
+    if key == "backends":
+        return f"--backend {','.join(map(str, v))}" if isinstance(v, list) else f"--backend {v!r}"
+    flag = "--" + key.replace("_", "-")
+    return f"{flag} {v!r}" if v is not None else f"no {flag}"
+
+
+def check_resume(old_meta: Mapping, new_meta: Mapping) -> str | None:
+    """None if a run with `new_meta` may continue the report of `old_meta` (the same selection on every key of
+    RESUME_KEYS), else what changed: "made with --filter 'e4m3', this run has --filter 'e5m2'"."""
+    old, new = selection_of(old_meta), selection_of(new_meta)
+    keys = differences(old, new)
+    if not keys:
+        return None
+    return (f"made with {' and '.join(describe(old, k) for k in keys)}, "
+            f"this run has {' and '.join(describe(new, k) for k in keys)}")

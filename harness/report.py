@@ -7,12 +7,16 @@ checks that table against `COLUMNS`.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import math
 import os
+import re
 import shutil
+import sys
+import threading
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -89,7 +93,11 @@ NUMERIC_COLUMNS = ("n", "n_mismatch", "mismatch_frac", "max_abs", "max_rel", "rm
                    *TIME_COLUMNS)
 INT_COLUMNS = ("n", "n_mismatch")
 TEXT_COLUMNS = tuple(c for c in COLUMNS if c not in NUMERIC_COLUMNS)
+_NUMERIC = frozenset(NUMERIC_COLUMNS)
 
+# The longest cell the writer writes (characters): Python's csv module, which check_results reads with, refuses
+# fields over 131072; a longer cell (a backend's own scale chain, say) is cut, a JSON cell replaced by {"cut": ...}.
+CELL_LIMIT = 100_000
 # diff: an SQNR drop larger than this (dB) is a regression (the issue's threshold).
 SQNR_DROP_DB = 0.5
 
@@ -133,8 +141,51 @@ def to_json(v) -> str:
     return json.dumps(_clean(v), sort_keys=True, separators=(",", ":"))
 
 
+# Text a backend controls (a reason, an exception message, its name) reaches every cell of a row. What would
+# damage a report or the terminal showing it is written visibly instead: C0/C1 control characters (NUL, ESC,
+# newlines), DEL, line and paragraph separators, bidi and zero-width format characters, and unpaired surrogates
+# (which UTF-8 cannot encode) become `\x1b`, `\n`, `\u202e`, `\ud800` (the backslash itself is kept: the escape is
+# for reading, not reversible).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ud800-\udfff]")
+_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+# A cell starting with one of these is a formula to a spreadsheet (OWASP "CSV injection"); `+` and `-` only
+# when the cell is not a number ("-3.5", "-inf" stay numbers).
+_FORMULA = frozenset("=+-@\t\r")
+
+
+def _escape_char(m: re.Match) -> str:
+    c = m.group()
+    if c in _NAMED:
+        return _NAMED[c]
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+
+
+def escape_text(text: str) -> str:
+    """`text` with every control, format or unpaired-surrogate character written as a visible escape
+    (`\x1b`, `\x00`, `\n`, `\u202e`, `\ud800`): safe to print on a terminal and to encode as UTF-8."""
+    return text if _UNSAFE.search(text) is None else _UNSAFE.sub(_escape_char, text)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def sanitize_cell(text: str) -> str:
+    """The one sanitizer of report text cells (normalize_row applies it to every text column): escape_text,
+    and a cell that a spreadsheet would run as a formula (starting with = + - @, tab or CR; a number such as
+    "-3.5" excepted) gets a leading single quote. Idempotent: a sanitized cell comes back unchanged."""
+    if text and text[0] in _FORMULA and (text[0] not in "+-" or not _is_number(text)):
+        return "'" + escape_text(text)
+    return escape_text(text)
+
+
 def normalize_row(row: Mapping) -> dict:
-    """A row with exactly COLUMNS, JSON columns encoded, missing cells empty; unknown keys are an error."""
+    """A row with exactly COLUMNS, JSON columns encoded, missing cells empty, text cells sanitized
+    (sanitize_cell); unknown keys are an error."""
     extra = set(row) - set(COLUMNS)
     if extra:
         raise KeyError(f"report row has columns not in report.COLUMNS: {sorted(extra)} (add them to COLUMNS and reports/README.md)")
@@ -147,6 +198,14 @@ def normalize_row(row: Mapping) -> dict:
             v = ""
         elif isinstance(v, float) and math.isnan(v):
             v = ""
+        if isinstance(v, str):
+            if v and (c not in _NUMERIC or not _is_number(v)):  # "inf" / "-inf" in a metric column stay
+                v = sanitize_cell(v)
+        elif not isinstance(v, (int, float)):  # bools are ints; anything else is written as its str()
+            v = sanitize_cell(str(v))
+        if isinstance(v, str) and len(v) > CELL_LIMIT:
+            v = (json.dumps({"cut": f"{len(v)} characters, over report.CELL_LIMIT"}) if c in JSON_COLUMNS
+                 else f"{v[:CELL_LIMIT - 60]}... (cut: {len(v)} characters, over report.CELL_LIMIT)")
         out[c] = v
     return out
 
@@ -208,6 +267,13 @@ def check_results(path: str | os.PathLike, *, allow_cut_end: bool = False) -> in
         raise CorruptReport(f"{p} line {text.count(chr(10)) + 1}: the last line is cut short (no newline); "
                             "`python -m harness run --resume` drops it and re-runs that (case, backend)")
     reader = csv.reader(io.StringIO(text))
+    try:
+        return _check_rows(p, reader)
+    except csv.Error as e:  # e.g. a cell over the csv module's field size limit
+        raise CorruptReport(f"{p} line {reader.line_num}: not CSV the harness writes ({e})") from None
+
+
+def _check_rows(p: Path, reader) -> int:
     header = tuple(next(reader, ()))
     if header not in _headers():
         raise CorruptReport(f"{p} line 1: the header is not a harness report's (expected the columns of "
@@ -276,6 +342,39 @@ def _previous_report(out_dir: Path) -> list[str]:
     return [n for n in (RESULTS, META, FAILURES) if (out_dir / n).exists()]
 
 
+def check_out_dir(path: str | os.PathLike, flag: str = "--out") -> None:
+    """ReportError, in one line, when `path` cannot be a report directory: a file, a dangling symbolic link, a
+    path under a file (or under a dangling link), a directory (or the nearest existing one above it) this
+    process cannot write in."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ReportError(f"{flag} {str(p)!r} is a file; the report is a directory (results.csv and run_meta.json "
+                          "are written inside it)")
+    up = next((a for a in (p, *p.absolute().parents) if a.exists() or a.is_symlink()), None)
+    if up is None:
+        return
+    where = f"{flag} {str(p)!r}" + ("" if up == p else f": {str(up)!r}")
+    if up.is_symlink() and not up.exists():
+        raise ReportError(f"{where} is a symbolic link to {os.readlink(up)!r}, which does not exist; create that "
+                          f"directory or choose another {flag}")
+    if not up.is_dir():
+        raise ReportError(f"{where} is a file, not a directory; choose another {flag}")
+    if not os.access(up, os.W_OK | os.X_OK):
+        raise ReportError(f"{flag} {str(p)!r}: no permission to write in {str(up)!r}; choose another {flag}")
+
+
+def _os_error(e: OSError) -> str:
+    return e.strerror or type(e).__name__
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write until every byte is written: one call unless the write comes up short (a full disk: then the next
+    call raises)."""
+    done = os.write(fd, data)
+    while done < len(data):
+        done += os.write(fd, data[done:])
+
+
 class ReportWriter:
     """Appends result rows to `<out_dir>/results.csv` as cases finish and writes `run_meta.json`.
 
@@ -283,30 +382,60 @@ class ReportWriter:
     killed run keeps every finished (case, backend) and never half of one. The directory is locked
     (`fcntl.flock` on `<out_dir>/.lock`) for the writer's lifetime: a second run on it refuses. A
     fresh run refuses a directory holding a previous report unless `force` (then that report is
-    replaced); with `resume=True` the CSV is checked (CorruptReport names a bad line), a cut last
-    line drops its (case, backend) to run again, and `completed` holds the pairs already there.
+    replaced); with `resume=True` the report must have been made with the same selection
+    (meta.check_resume; `resume_any` skips that check), the CSV is checked (CorruptReport names a bad
+    line), a cut last line drops its (case, backend) to run again, and `completed` holds the pairs
+    already there. Before each append the writer checks that `results.csv` is still the file it writes:
+    one removed or replaced under the sweep is written again whole, from the writer's own descriptor (it
+    holds every row: those read at resume and this run's), with a note in run_meta.json's
+    `report_restored` and on stderr. A failing write (a full disk) is cut back to the last whole pair
+    and raised as a ReportError naming the file.
     """
 
     def __init__(self, out_dir: str | os.PathLike, meta: Mapping | None = None, resume: bool = False,
-                 force: bool = False):
+                 force: bool = False, resume_any: bool = False):
         self.out_dir = Path(out_dir)
-        if self.out_dir.exists() and not self.out_dir.is_dir():
-            raise ReportError(f"{self.out_dir} is a file; the report is a directory (results.csv, run_meta.json)")
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        check_out_dir(self.out_dir, "report directory")
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ReportError(f"cannot create the report directory {str(self.out_dir)!r}: {_os_error(e)}; "
+                              "choose another --out") from None
         self.path = self.out_dir / RESULTS
         self.meta_path = self.out_dir / META
         self.completed: set[tuple[str, str]] = set()
         self.n_written = 0
         self.notes: list[str] = []
         self._fd = None
+        self._lock = None
+        self._meta_lock = threading.Lock()  # run_meta.json is written from harness run's meta thread too
         self._lock = _lock_dir(self.out_dir)
         try:
-            self._open(meta, resume, force)
+            self._open(meta, resume, force, resume_any)
+        except OSError as e:
+            self.close()
+            raise ReportError(f"cannot write the report in {str(self.out_dir)!r}: {_os_error(e)} "
+                              f"({e.filename or self.out_dir}); choose another --out") from None
         except BaseException:
             self.close()
             raise
 
-    def _open(self, meta, resume: bool, force: bool) -> None:
+    def _open(self, meta, resume: bool, force: bool, resume_any: bool) -> None:
+        meta = dict(meta or {})
+        previous_meta = None
+        if resume and self.meta_path.exists():
+            try:
+                previous_meta = json.loads(self.meta_path.read_text())
+            except ValueError:
+                previous_meta = {}
+            from .meta import check_resume  # noqa: PLC0415 - meta imports the environment probes
+
+            changed = check_resume(previous_meta, meta) if isinstance(previous_meta, dict) else None
+            if changed and not resume_any:
+                raise ReportError(f"--resume: the report at {self.out_dir} was {changed}; use another --out, or "
+                                  "--force to replace it (--resume-any mixes them)")
+            if changed:
+                meta["resumed_other_selection"] = changed
         if resume and self.path.exists():
             note = _drop_cut_pair(self.path)
             if note:
@@ -323,39 +452,106 @@ class ReportWriter:
             if self.path.exists():
                 self.path.unlink()
             shutil.rmtree(self.out_dir / FAILURES, ignore_errors=True)
-        meta = dict(meta or {})
-        if resume and self.meta_path.exists():
-            try:
-                previous_meta = json.loads(self.meta_path.read_text())
-            except ValueError:
-                previous_meta = {}
-            meta["resumed"] = int(previous_meta.get("resumed", 0)) + 1
+        if previous_meta is not None:
+            meta["resumed"] = int(previous_meta.get("resumed", 0) or 0) + 1
             meta["resumed_with_cases"] = len(self.completed)
         self.meta = meta
         self.write_meta()
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # Read-write, so that the rows can be read back from this descriptor if the file is removed (_restore).
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         self._need_header = os.fstat(self._fd).st_size == 0
 
     def write_meta(self, **updates) -> None:
         """(Re)write run_meta.json, merging `updates` into the stored meta."""
-        self.meta.update(updates)
-        tmp = self.meta_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(_clean(self.meta), indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, self.meta_path)
+        with self._meta_lock:
+            self.meta.update(updates)
+            tmp = self.meta_path.with_suffix(".json.tmp")
+            try:
+                tmp.write_text(json.dumps(_clean(self.meta), indent=2, sort_keys=True) + "\n")
+                os.replace(tmp, self.meta_path)
+            except OSError as e:
+                raise ReportError(f"cannot write {self.meta_path}: {_os_error(e)}; free space (or fix the error) "
+                                  "and continue with --resume") from None
 
     def write(self, rows: Sequence[Mapping]) -> None:
         """Append the rows of one finished (case, backend) and flush them to the OS."""
         if not rows:
             return
-        text = rows_to_csv_text(rows, header=self._need_header)
-        os.write(self._fd, text.encode("utf-8"))
+        size = self._check_file()
+        data = rows_to_csv_text(rows, header=self._need_header).encode("utf-8")
+        try:
+            _write_all(self._fd, data)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, size)  # never half a pair: --resume runs this one again
+            raise ReportError(f"cannot append to {self.path}: {_os_error(e)}; it keeps the "
+                              f"{len(self.completed)} (case, backend) pairs finished before, whole: free space (or "
+                              "fix the error) and continue with --resume") from None
         self._need_header = False
         self.n_written += len(rows)
         for r in rows:
-            self.completed.add((str(r.get("case_id")), str(r.get("backend"))))
+            self.completed.add(_pair_key(r.get("case_id"), r.get("backend")))
+
+    def _check_file(self) -> int:
+        """The size of the file this writer appends to, after writing it again at `self.path` if it was removed
+        or replaced there since the last append."""
+        held = os.fstat(self._fd)
+        try:
+            there = os.stat(self.path)
+        except FileNotFoundError:
+            there = None
+        except OSError:  # e.g. the directory replaced by a file: mend what can be mended below
+            there = None
+        if there is not None and (there.st_ino, there.st_dev) == (held.st_ino, held.st_dev):
+            return held.st_size
+        return self._restore("removed" if there is None else "replaced", held.st_size)
+
+    def _restore(self, how: str, size: int) -> int:
+        data, pos = bytearray(), 0
+        while pos < size:
+            chunk = os.pread(self._fd, min(size - pos, 1 << 24), pos)
+            if not chunk:
+                break
+            data += chunk
+            pos += len(chunk)
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)  # `rm -rf OUT` too
+            self._relock()
+            tmp = self.path.with_name(RESULTS + ".restore.tmp")
+            fd = os.open(tmp, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                _write_all(fd, bytes(data))
+                os.replace(tmp, self.path)
+            except BaseException:
+                os.close(fd)
+                raise
+        except OSError as e:
+            raise ReportError(f"{self.path} was {how} under the running sweep and cannot be written again: "
+                              f"{_os_error(e)}; the sweep stops (its rows up to now are lost with it)") from None
+        os.close(self._fd)
+        self._fd = fd
+        rows = max(0, data.count(b"\n") - 1)
+        note = (f"{self.path} was {how} while the sweep wrote it; wrote it again from the writer's own copy "
+                f"({rows} rows, {len(data)} bytes)")
+        self.notes.append(note)
+        print(f"harness: {note}", file=sys.stderr)
+        self.write_meta(report_restored=[*self.meta.get("report_restored", []), note])
+        return len(data)
+
+    def _relock(self) -> None:
+        """Lock `<out_dir>/.lock` again if it is no longer the file this writer holds (a removed directory)."""
+        try:
+            there = os.stat(self.out_dir / LOCK)
+        except FileNotFoundError:
+            there = None
+        held = os.fstat(self._lock)
+        if there is None or (there.st_ino, there.st_dev) != (held.st_ino, held.st_dev):
+            fd = _lock_dir(self.out_dir)  # ReportError if another run took the directory meanwhile
+            os.close(self._lock)
+            self._lock = fd
 
     def is_complete(self, case_id: str, backend: str) -> bool:
-        return (case_id, backend) in self.completed
+        return _pair_key(case_id, backend) in self.completed
 
     def close(self) -> None:
         if self._fd is not None:
@@ -372,7 +568,12 @@ class ReportWriter:
         self.close()
 
 
-def _lock_dir(out_dir: Path) -> int:
+def _pair_key(case_id, backend) -> tuple[str, str]:
+    """(case_id, backend) as the report holds them (sanitized), for comparing with completed_pairs."""
+    return sanitize_cell(str(case_id)), sanitize_cell(str(backend))
+
+
+def _lock_dir(out_dir: Path, flag: str = "--out") -> int:
     """An exclusive, non-blocking flock on `<out_dir>/.lock` (released when the descriptor closes,
     also when the process is killed); ReportError if another run holds it."""
     import fcntl  # noqa: PLC0415 - POSIX only
@@ -383,11 +584,28 @@ def _lock_dir(out_dir: Path) -> int:
     except OSError:
         holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
         os.close(fd)
-        raise ReportError(f"{out_dir} is in use by another run (pid {holder or '?'}); wait for it to end or "
-                          "choose another --out") from None
+        raise ReportError(f"{out_dir} is in use by another run (pid {escape_text(holder) or '?'}); wait for it to "
+                          f"end or choose another {flag}") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def _held_by(out_dir: Path) -> str | None:
+    """The pid of the run holding `<out_dir>/.lock`, or None when no run holds it (the lock is not taken)."""
+    import fcntl  # noqa: PLC0415 - POSIX only
+
+    try:
+        fd = os.open(out_dir / LOCK, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return escape_text(os.pread(fd, 64, 0).decode("ascii", "replace").strip()) or "?"
+    finally:
+        os.close(fd)  # also releases the shared lock just taken
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -585,7 +803,7 @@ def format_table(df: pd.DataFrame) -> str:
                 return "-"
             # delta_sqnr_db: small differences matter (the equivalent bound is 0.01 dB), so 3 significant digits
             return (f"{v:.3g}" if v else "0") if col.endswith("delta_sqnr_db") else f"{v:.2f}"
-        return str(v)
+        return escape_text(str(v))  # a backend's text (its name, a skip reason) never drives the terminal
 
     cols = list(df.columns)
     body = [[cell(v, c) for v, c in zip(row, cols, strict=True)] for row in df.itertuples(index=False)]
@@ -628,20 +846,142 @@ def diff(old: pd.DataFrame, new: pd.DataFrame, sqnr_drop_db: float = SQNR_DROP_D
                 f"SQNR {r.sqnr_db_old:.2f} -> {r.sqnr_db_new:.2f} dB (drop > {sqnr_drop_db} dB): "
                 f"{r.case_id} [{r.backend}] {r.tensor}"
             )
-    return regressions, notes
+    return [escape_text(t) for t in regressions], [escape_text(t) for t in notes]
 
 
-def merge(out_dir: str | os.PathLike, shard_dirs: Sequence[str | os.PathLike]) -> pd.DataFrame:
-    """Join shard reports into `out_dir` (rows of a repeated (case, backend, tensor): the last shard wins)."""
-    frames, metas = [], []
-    for d in shard_dirs:
-        frames.append(read_results(d))
-        mp = Path(d) / META
-        metas.append({"dir": str(d), **(json.loads(mp.read_text()) if mp.exists() else {})})
-    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLUMNS))
-    df = df.drop_duplicates(subset=["case_id", "backend", "tensor"], keep="last")
+def shard_problems(shards: Sequence[tuple[str, Mapping]]) -> list[str]:
+    """What keeps shard reports ((dir, run_meta) pairs) from making one whole report: runs that did not finish;
+    and among the reports of `--shard i/n` runs, an index 0..n-1 missing or given twice, different n, or a
+    selection (meta.SHARD_KEYS: tier, cases file content, filter, backends) not the first shard's. Reports of
+    runs without --shard (or without a run_meta.json) are not checked against the shards."""
+    from .meta import SHARD_KEYS, describe, differences, selection_of  # noqa: PLC0415
+
+    problems = []
+    for d, m in shards:
+        if "options" in m and m.get("finished") is not True:
+            how = m.get("stopped") or "killed, or still running"
+            problems.append(f"{d} is a sweep that did not finish ({how}; continue it with --resume)")
+    sharded = []
+    for d, m in shards:
+        sel = selection_of(m)
+        if not sel.get("shard"):
+            continue
+        match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(sel["shard"]))
+        if not match:
+            problems.append(f"{d} records --shard {str(sel['shard'])!r}, not i/n")
+            continue
+        sharded.append((d, sel, int(match.group(1)), int(match.group(2))))
+    if not sharded:
+        return problems
+    ns = sorted({n for *_, n in sharded})
+    if len(ns) > 1:
+        problems.append("the shards split the selection in different numbers of slices: "
+                        + ", ".join(f"{d} is --shard {i}/{n}" for d, _, i, n in sharded))
+    else:
+        n = ns[0]
+        given: dict[int, list[str]] = {}
+        for d, _, i, _ in sharded:
+            given.setdefault(i, []).append(str(d))
+        missing = [f"{i}/{n}" for i in range(n) if i not in given]
+        if missing:
+            problems.append(f"--shard {', '.join(missing)} of {n} missing")
+        for i, dirs in sorted(given.items()):
+            if len(dirs) > 1:
+                problems.append(f"--shard {i}/{n} given {len(dirs)} times ({', '.join(dirs)})")
+    d0, sel0 = sharded[0][0], sharded[0][1]
+    for d, sel, _, _ in sharded[1:]:
+        keys = differences(sel0, sel, SHARD_KEYS)
+        if keys:
+            problems.append(f"{d} was made with {' and '.join(describe(sel, k) for k in keys)}, {d0} with "
+                            f"{' and '.join(describe(sel0, k) for k in keys)}")
+    return problems
+
+
+_NEEDS_SANITIZING = re.compile("^[=+\\-@\t\r]|" + _UNSAFE.pattern)
+
+
+def _sanitize_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """sanitize_cell on every text cell of a report that needs it (a report written before the sanitizer)."""
+    for c in TEXT_COLUMNS:
+        col = df[c].astype(str)
+        need = col.str.contains(_NEEDS_SANITIZING)
+        if need.any():
+            df.loc[need, c] = col[need].map(sanitize_cell)
+    return df
+
+
+def merge(out_dir: str | os.PathLike, shard_dirs: Sequence[str | os.PathLike], *, prefer: str | None = None,
+          allow_incomplete: bool = False, notes: list[str] | None = None) -> pd.DataFrame:
+    """Join shard reports into `out_dir`, under its lock (ReportError: one in use, a file, shards that are not one
+    whole sweep (shard_problems; `allow_incomplete` lists them in `notes` and run_meta.json instead), a shard in
+    use by a running sweep, or a (case_id, backend) pair in two shards unless `prefer` is "first" or "last": the
+    rows of that pair are then all the first's or all the last's)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out / RESULTS, index=False, columns=list(COLUMNS), lineterminator="\n")
-    (out / META).write_text(json.dumps(_clean({"merged_from": metas}), indent=2, sort_keys=True) + "\n")
+    check_out_dir(out, "merge OUT")
+    if prefer not in (None, "first", "last"):
+        raise ReportError(f"--prefer {prefer!r} is not first or last")
+    shards = [Path(d) for d in shard_dirs]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ReportError(f"merge OUT {str(out)!r}: cannot create it: {_os_error(e)}; choose another OUT") from None
+    lock = _lock_dir(out, "OUT")
+    try:
+        return _merge_locked(out, shards, prefer, allow_incomplete, notes if notes is not None else [])
+    finally:
+        os.close(lock)
+
+
+def _merge_locked(out: Path, shards: list[Path], prefer, allow_incomplete: bool, notes: list[str]) -> pd.DataFrame:
+    metas = []
+    for d in shards:
+        pid = None if d.resolve() == out.resolve() else _held_by(d)
+        if pid:
+            raise ReportError(f"shard {d} is in use by a running sweep (pid {pid}); merge it when that run ends")
+        mp = d / META
+        try:
+            m = json.loads(mp.read_text()) if mp.exists() else {}
+        except (ValueError, OSError):
+            m = {}
+        metas.append(m if isinstance(m, dict) else {})
+    problems = shard_problems([(str(d), m) for d, m in zip(shards, metas, strict=True)])
+    if problems and not allow_incomplete:
+        raise ReportError(f"merge: the shards are not one whole sweep: {'; '.join(problems)}; merge every shard of "
+                          "one selection (or pass --allow-incomplete)")
+    notes += problems
+    frames = []
+    for i, d in enumerate(shards):
+        f = read_results(d)
+        f["_shard"] = i
+        frames.append(f)
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*COLUMNS, "_shard"])
+    pair = df.groupby(["case_id", "backend"], sort=False).ngroup()
+    in_shards = df.groupby(pair)["_shard"].agg(["min", "max"])
+    overlap = in_shards[in_shards["min"] != in_shards["max"]]
+    if len(overlap):
+        if prefer is None:
+            first = df[pair == overlap.index[0]].iloc[0]
+            raise ReportError(
+                f"merge: {len(overlap)} (case_id, backend) pair(s) are in more than one shard, e.g. "
+                f"{escape_text(first['case_id'])} [{escape_text(first['backend'])}] in {shards[overlap['min'].iloc[0]]} "
+                f"and {shards[overlap['max'].iloc[0]]}; pass --prefer first or --prefer last to say whose rows win")
+        winner = in_shards["min" if prefer == "first" else "max"]
+        df = df[df["_shard"].to_numpy() == winner.reindex(pair).to_numpy()]
+        notes.append(f"{len(overlap)} (case_id, backend) pair(s) in more than one shard: the {prefer} shard's rows "
+                     "kept (--prefer)")
+    df = _sanitize_frame(df.drop(columns="_shard").reset_index(drop=True))
+    meta = {"merged_from": [{"dir": str(d), **m} for d, m in zip(shards, metas, strict=True)], "prefer": prefer}
+    if notes:
+        meta["merge_notes"] = list(notes)
+    tmp, tmp_meta = out / (RESULTS + ".merge.tmp"), out / (META + ".merge.tmp")
+    try:
+        df.to_csv(tmp, index=False, columns=list(COLUMNS), lineterminator="\n")
+        tmp_meta.write_text(json.dumps(_clean(meta), indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, out / RESULTS)
+        os.replace(tmp_meta, out / META)
+    except OSError as e:
+        for t in (tmp, tmp_meta):
+            with contextlib.suppress(OSError):
+                t.unlink()
+        raise ReportError(f"merge: cannot write the merged report in {out}: {_os_error(e)}") from None
     return df

@@ -232,3 +232,39 @@ def test_sighup_stops_like_sigterm_with_the_report_closed_and_no_leftovers(tmp_p
     assert not [p for p in tmp.iterdir() if p.name.startswith("harness-pool-")]
     time.sleep(0.5)
     assert not tagged(mark)
+
+
+ADAPTER = """
+import reference
+
+
+class Backend:
+    name = "filed"
+
+    def supports(self, op, config, device):
+        return op == "quantize", ""
+
+    def quantize(self, x, config, **kw):
+        return reference.quantize(x, config, **kw)  # {version}
+
+
+backend = Backend()
+"""
+
+
+@pytest.mark.slow
+def test_resume_with_a_changed_adapter_file_is_refused_with_what_changed(tmp_path):
+    # The backend is given as a file path (not on the import path); editing it between runs changes its code
+    # digest in run_meta.json's selection, and --resume refuses to mix the two versions' rows in one report.
+    f = tmp_path / "torchao.py"  # named after a library: loaded under a private name, it shadows nothing
+    f.write_text(ADAPTER.format(version="v1"))
+    spec = f"{f}:backend"
+    rc, _, err, out = run(tmp_path, spec)
+    assert rc == 0, err
+    f.write_text(ADAPTER.format(version="v2"))
+    rc, _, err, _ = run(tmp_path, spec, "--resume")
+    assert rc == 2, err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("error: ") and f"backend {spec!r} at code sha256 " in line and "this run has" in line, line
+    rc, _, err, _ = run(tmp_path, spec, "--resume", "--resume-any")
+    assert rc == 0, err

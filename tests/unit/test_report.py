@@ -198,16 +198,29 @@ def test_diff_counts_more_mismatches_but_not_small_sqnr_moves_or_improvements(tm
     assert len(regressions) == 1 and regressions[0].startswith("mismatches 2 -> 4")
 
 
-def test_merge_joins_shards_and_the_last_shard_wins_on_repeats(tmp_path, capsys):
-    s0 = write_report(tmp_path / "s0", [row("a"), acc("a"), row("b", status="fail", n_mismatch=1)])
+def test_merge_joins_shards_and_prefer_last_keeps_the_last_shards_rows_of_a_repeated_pair(tmp_path, capsys):
+    s0 = write_report(tmp_path / "s0", [row("a"), acc("a"), row("b", status="fail", n_mismatch=1),
+                                        row("b", tensor="rowwise_scale", status="fail")])
     s1 = write_report(tmp_path / "s1", [row("c"), row("b")])
-    assert cli.main(["merge", str(tmp_path / "all"), str(s0), str(s1)]) == 0
+    capsys.readouterr()
+    assert cli.main(["merge", str(tmp_path / "all"), str(s0), str(s1)]) == 2  # a pair in two shards: say whose
+    assert capsys.readouterr().err == (
+        f"error: merge: 1 (case_id, backend) pair(s) are in more than one shard, e.g. b [reference] in {s0} and "
+        f"{s1}; pass --prefer first or --prefer last to say whose rows win\n")
+    assert not (tmp_path / "all" / report.RESULTS).exists()
+    assert cli.main(["merge", str(tmp_path / "all"), str(s0), str(s1), "--prefer", "last"]) == 0
     df = report.read_results(tmp_path / "all")
     assert sorted(zip(df["case_id"], df["tensor"], strict=True)) == [("a", "accuracy_rowwise"), ("a", "rowwise_data"),
                                                         ("b", "rowwise_data"), ("c", "rowwise_data")]
-    assert df[df["case_id"] == "b"]["status"].tolist() == ["pass"]
+    assert df[df["case_id"] == "b"]["status"].tolist() == ["pass"]  # the whole pair from s1, not a mixture
     meta = json.loads((tmp_path / "all" / report.META).read_text())
-    assert [m["dir"] for m in meta["merged_from"]] == [str(s0), str(s1)]
+    assert [m["dir"] for m in meta["merged_from"]] == [str(s0), str(s1)] and meta["prefer"] == "last"
+    assert meta["merge_notes"] == ["1 (case_id, backend) pair(s) in more than one shard: the last shard's rows kept "
+                                   "(--prefer)"]
+    assert cli.main(["merge", str(tmp_path / "first"), str(s0), str(s1), "--prefer", "first"]) == 0
+    df = report.read_results(tmp_path / "first")
+    assert df[df["case_id"] == "b"][["tensor", "status"]].values.tolist() == [["rowwise_data", "fail"],
+                                                                              ["rowwise_scale", "fail"]]
 
 
 # ---- report command and plots ----------------------------------------------------------------
@@ -314,7 +327,8 @@ def test_csv_text_reads_back_as_pandas_own_rendering_does():
         index=False, lineterminator="\n")
     a, b = pd.read_csv(io.StringIO(ours)), pd.read_csv(io.StringIO(theirs))
     pd.testing.assert_frame_equal(a, b)
-    assert a.loc[0, "reason"] == 'line one\nline "two", with commas' and a.loc[0, "max_abs"] == float("inf")
+    # a newline is a control character: written visibly (report.sanitize_cell), the line stays one CSV line
+    assert a.loc[0, "reason"] == 'line one\\nline "two", with commas' and a.loc[0, "max_abs"] == float("inf")
     assert report.rows_to_csv_text(rows[1:2], header=False).count("\n") == 1
 
 
@@ -482,3 +496,252 @@ def test_read_results_checks_the_file_unless_its_writer_says_it_is_checked(tmp_p
     p.write_text(p.read_text() + "garbage\n")
     with pytest.raises(report.CorruptReport, match=f"line {n + 1}: 1 cells"):
         report.read_results(d)
+
+
+# ---- hostile text, a report removed under its writer, a full disk (issue #38) -----------------
+
+HOSTILE = {  # what a backend controls -> the cell the report holds (report.sanitize_cell)
+    "NUL \x00 byte": "NUL \\x00 byte",
+    "\x1b[31mred\x1b[0m": "\\x1b[31mred\\x1b[0m",
+    "lone \ud800 surrogate": "lone \\ud800 surrogate",
+    '=HYPERLINK("http://x.example","click")': '\'=HYPERLINK("http://x.example","click")',
+    "+cmd|' /C calc'!A0": "'+cmd|' /C calc'!A0",
+    "-2+3": "'-2+3",
+    "@SUM(A1)": "'@SUM(A1)",
+    "\t=1": "'\\t=1",
+    "\r=1": "'\\r=1",
+    "two\nlines\x85and C1": "two\\nlines\\x85and C1",
+    "bidi \u202e override": "bidi \\u202e override",
+    "-3.5": "-3.5",  # a number stays a number
+    "-inf": "-inf",
+    "plain text, with commas": "plain text, with commas",
+}
+
+
+@pytest.mark.parametrize("text, cell", HOSTILE.items(), ids=range(len(HOSTILE)))
+def test_sanitize_cell_escapes_controls_and_surrogates_and_quotes_formulas(text, cell):
+    assert report.sanitize_cell(text) == cell
+    assert report.sanitize_cell(cell) == cell  # idempotent: rows shipped as normalized rows pass unchanged
+    cell.encode("utf-8")  # never raises (no surrogate left)
+
+
+def test_normalize_row_sanitizes_text_columns_and_leaves_numbers_alone():
+    n = report.normalize_row(row(reason="=1+1", backend="b\x1b", max_abs=-3.5, sqnr_db="-inf", delta_sqnr_db=-0.25,
+                                 seed=-1, rht=True, shape="-8x8"))
+    assert (n["reason"], n["backend"], n["shape"]) == ("'=1+1", "b\\x1b", "'-8x8")
+    assert (n["max_abs"], n["sqnr_db"], n["delta_sqnr_db"], n["seed"], n["rht"]) == (-3.5, "-inf", -0.25, -1, True)
+
+
+def test_hostile_reasons_and_backend_names_round_trip_through_the_writer_report_diff_and_resume(tmp_path, capsys):
+    rows = [row("c1", backend="evil\x1b[2J", tensor="case", status="error", kind="conformance", reason=text,
+                n=None, n_mismatch=None) for text in HOSTILE]
+    rows = [dict(r, case_id=f"c{i}") for i, r in enumerate(rows)]
+    d = write_report(tmp_path / "r", rows)
+    df = report.read_results(d)
+    assert df["reason"].tolist() == list(HOSTILE.values())
+    assert set(df["backend"]) == {"evil\\x1b[2J"}
+    assert cli.main(["report", str(d), "--no-plots", "--show", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x00" not in out
+    assert "  error c1 [evil\\x1b[2J] case: \\x1b[31mred\\x1b[0m" in out.splitlines()
+    assert "  error c2 [evil\\x1b[2J] case: lone \\ud800 surrogate" in out.splitlines()
+    new = write_report(tmp_path / "new", rows[1:])
+    assert cli.main(["diff", str(d), str(new)]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == "REGRESSION: missing from NEW: c0 [evil\\x1b[2J] (was error)"
+    with report.ReportWriter(d, {"test": True}, resume=True) as w:  # the raw name finds its sanitized pair
+        assert w.is_complete("c3", "evil\x1b[2J") and len(w.completed) == len(HOSTILE)
+
+
+def test_report_prints_raw_escapes_of_a_report_written_before_the_sanitizer_visibly(tmp_path, capsys):
+    r = report.normalize_row(row("c1", status="fail", reason="x"))
+    r["reason"] = "\x1b]0;title\x07 then \x1b[31mred"  # a hand-written or older results.csv
+    (tmp_path / report.RESULTS).write_text(",".join(report.COLUMNS) + "\n" + report.rows_to_csv_text([], False)
+                                           + ",".join(f'"{r[c]}"' for c in report.COLUMNS) + "\n")
+    assert cli.main(["report", str(tmp_path), "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "  fail  c1 [reference] rowwise_data: \\x1b]0;title\\x07 then \\x1b[31mred" in out
+
+
+def test_a_cell_over_the_limit_is_cut_and_the_report_still_reads(tmp_path):
+    big = "x" * (report.CELL_LIMIT + 10)
+    d = write_report(tmp_path / "r", [row(reason=big, first_mismatch={"chain": big})])
+    df = report.read_results(d)
+    assert df.loc[0, "reason"].endswith(f"... (cut: {len(big)} characters, over report.CELL_LIMIT)")
+    assert len(df.loc[0, "reason"]) <= report.CELL_LIMIT
+    cell = report.to_json({"chain": big})
+    assert json.loads(df.loc[0, "first_mismatch"]) == {"cut": f"{len(cell)} characters, over report.CELL_LIMIT"}
+
+
+def _pairs_on_disk(d: Path) -> list[tuple[str, str]]:
+    df = report.read_results(d)
+    return sorted(set(zip(df["case_id"], df["backend"], strict=True)))
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced", "directory removed"])
+def test_a_results_csv_removed_or_replaced_under_the_writer_is_written_again_whole(tmp_path, capsys, how):
+    d = tmp_path / "r"
+    with report.ReportWriter(d, {"test": True}) as w:
+        for c in ("a", "b", "c"):
+            w.write([row(c), acc(c)])
+        if how == "removed":
+            (d / report.RESULTS).unlink()
+        elif how == "replaced":
+            (tmp_path / "other.csv").write_text("not,a,report\n")
+            os.replace(tmp_path / "other.csv", d / report.RESULTS)
+        else:
+            import shutil  # noqa: PLC0415
+
+            shutil.rmtree(d)
+        w.write([row("d"), acc("d")])
+        w.write([row("e")])
+    assert _pairs_on_disk(d) == [(c, "reference") for c in "abcde"]
+    assert len(report.read_results(d)) == 9
+    size = sum(len(report.rows_to_csv_text([row(c), acc(c)], header=c == "a")) for c in "abc")
+    note = (f"{d / report.RESULTS} was {how.split()[-1]} while the sweep wrote it; wrote it again from the writer's "
+            f"own copy (6 rows, {size} bytes)")
+    assert json.loads((d / report.META).read_text())["report_restored"] == [note]
+    assert capsys.readouterr().err == f"harness: {note}\n"
+
+
+def test_a_resumed_report_removed_under_the_writer_keeps_the_rows_it_had(tmp_path):
+    d = write_report(tmp_path / "r", [row("a"), row("b")])
+    with report.ReportWriter(d, {"test": True}, resume=True) as w:
+        (d / report.RESULTS).unlink()
+        w.write([row("c")])
+    assert _pairs_on_disk(d) == [("a", "reference"), ("b", "reference"), ("c", "reference")]
+
+
+@pytest.mark.parametrize("short", [False, True], ids=["enospc", "short-write-then-enospc"])
+def test_a_full_disk_is_a_report_error_naming_the_file_and_the_finished_pairs_stay_resumable(tmp_path, monkeypatch,
+                                                                                            short):
+    import errno  # noqa: PLC0415
+
+    d = tmp_path / "r"
+    real = os.write
+    with report.ReportWriter(d, {"test": True}) as w:
+        for c in ("a", "b", "c"):
+            w.write([row(c), acc(c)])
+
+        def full(fd, data):
+            if fd != w._fd:
+                return real(fd, data)
+            if short and len(data) > 10:
+                return real(fd, bytes(data)[:len(data) // 2])  # half a pair, then the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(os, "write", full)
+        with pytest.raises(report.ReportError) as e:
+            w.write([row("d"), acc("d")])
+        monkeypatch.setattr(os, "write", real)
+    assert str(e.value) == (f"cannot append to {d / report.RESULTS}: No space left on device; it keeps the 3 (case, "
+                            "backend) pairs finished before, whole: free space (or fix the error) and continue with "
+                            "--resume")
+    assert report.check_results(d) == 6 and _pairs_on_disk(d) == [(c, "reference") for c in "abc"]
+    with report.ReportWriter(d, {"test": True}, resume=True) as w:
+        assert not w.notes and not w.is_complete("d", "reference")
+        w.write([row("d"), acc("d")])
+    assert _pairs_on_disk(d) == [(c, "reference") for c in "abcd"]
+
+
+# ---- the selection a report records: --resume refuses another ---------------------------------
+
+
+def _sel(**kw) -> dict:
+    base = {"tier": None, "cases": "cases/mine.toml", "cases_sha256": "ab" * 32, "filter": "e4m3", "shard": None,
+            "golden_device": "auto", "backends": ["reference", "torch"]}
+    return {"selection": {**base, **kw}}
+
+
+@pytest.mark.parametrize("new, says", [
+    (_sel(backends=["torch", "reference"]), None),  # the order of --backend is not the selection
+    (_sel(cases="elsewhere/mine.toml"), None),  # the same content at another path
+    (_sel(filter="e5m2"), "made with --filter 'e4m3', this run has --filter 'e5m2'"),
+    (_sel(filter=None), "made with --filter 'e4m3', this run has no --filter"),
+    (_sel(shard="1/4"), "made with no --shard, this run has --shard '1/4'"),
+    (_sel(cases_sha256="cd" * 32), "made with --cases 'cases/mine.toml' with content sha256 abababababab, this run "
+                                   "has --cases 'cases/mine.toml' with content sha256 cdcdcdcdcdcd"),
+    (_sel(cases=None, tier="smoke", cases_sha256="cd" * 32), "made with --cases 'cases/mine.toml', this run has "
+                                                             "--tier 'smoke'"),
+    (_sel(golden_device="cpu", backends=["native"]), "made with --golden-device 'auto' and --backend reference,torch, "
+                                                     "this run has --golden-device 'cpu' and --backend native"),
+])
+def test_check_resume_names_what_changed_in_the_selection(new, says):
+    from harness.meta import check_resume  # noqa: PLC0415
+
+    assert check_resume(_sel(), new) == says
+
+
+def test_check_resume_reads_the_options_of_a_report_made_before_the_selection_was_recorded():
+    from harness.meta import check_resume  # noqa: PLC0415
+
+    old = {"options": {"tier": None, "cases": None, "filter": "e4m3", "shard": None, "golden_device": "auto",
+                       "backends": ["reference"]}}
+    new = {"selection": {"tier": "smoke", "cases": None, "cases_sha256": "ab", "filter": "e4m3", "shard": None,
+                         "golden_device": "auto", "backends": ["pkg.mod:obj"]}}
+    assert check_resume(old, new) is None  # no digest, backend names are not specs: not compared
+    assert check_resume(old, {"selection": {**new["selection"], "shard": "0/2"}}) == (
+        "made with no --shard, this run has --shard '0/2'")
+    assert check_resume({"merged_from": []}, new) is None
+
+
+def test_resume_with_another_selection_refuses_before_touching_the_report_unless_resume_any(tmp_path):
+    d = tmp_path / "r"
+    with report.ReportWriter(d, _sel()) as w:
+        w.write([row("a")])
+        w.write([row("b")])
+    before = (d / report.RESULTS).read_bytes() + b"cut"
+    (d / report.RESULTS).write_bytes(before)  # a cut last line: resume would drop it, a refusal leaves it
+    with pytest.raises(report.ReportError) as e:
+        report.ReportWriter(d, _sel(filter="e5m2"), resume=True)
+    assert str(e.value) == (f"--resume: the report at {d} was made with --filter 'e4m3', this run has --filter "
+                            "'e5m2'; use another --out, or --force to replace it (--resume-any mixes them)")
+    assert (d / report.RESULTS).read_bytes() == before
+    with report.ReportWriter(d, _sel(filter="e5m2"), resume=True, resume_any=True) as w:
+        assert w.is_complete("a", "reference") and not w.is_complete("b", "reference")  # b's line was cut
+    meta = json.loads((d / report.META).read_text())
+    assert meta["resumed_other_selection"] == "made with --filter 'e4m3', this run has --filter 'e5m2'"
+    assert meta["selection"]["filter"] == "e5m2" and meta["resumed"] == 1
+
+
+# ---- report directories that cannot be used ----------------------------------------------------
+
+
+def test_check_out_dir_names_a_dangling_link_a_file_above_and_an_unwritable_directory(tmp_path):
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "a_file").write_text("x")
+    cases = [
+        (tmp_path / "gone", f"--out {str(tmp_path / 'gone')!r} is a symbolic link to {str(tmp_path / 'nowhere')!r}, "
+                            "which does not exist; create that directory or choose another --out"),
+        (tmp_path / "gone" / "sub", f"--out {str(tmp_path / 'gone' / 'sub')!r}: {str(tmp_path / 'gone')!r} is a "
+                                    f"symbolic link to {str(tmp_path / 'nowhere')!r}, which does not exist; create "
+                                    "that directory or choose another --out"),
+        (tmp_path / "a_file", f"--out {str(tmp_path / 'a_file')!r} is a file; the report is a directory "
+                              "(results.csv and run_meta.json are written inside it)"),
+        (tmp_path / "a_file" / "sub" / "out", f"--out {str(tmp_path / 'a_file' / 'sub' / 'out')!r}: "
+                                              f"{str(tmp_path / 'a_file')!r} is a file, not a directory; choose "
+                                              "another --out"),
+    ]
+    if os.geteuid() != 0:  # root writes anywhere
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o555)
+        cases.append((ro / "out", f"--out {str(ro / 'out')!r}: no permission to write in {str(ro)!r}; choose "
+                                  "another --out"))
+    for path, message in cases:
+        with pytest.raises(report.ReportError) as e:
+            report.check_out_dir(path)
+        assert str(e.value) == message
+        with pytest.raises(report.ReportError):
+            report.ReportWriter(path, {})
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_report_directory_the_system_refuses_is_a_report_error_naming_it(tmp_path):
+    target = Path("/proc/harness-out")  # mkdir there fails even for root
+    with pytest.raises(report.ReportError) as e:
+        report.ReportWriter(target, {})
+    if os.geteuid() == 0:  # past check_out_dir: the mkdir's own error
+        assert str(e.value).startswith(f"cannot create the report directory '{target}': ")
+        assert str(e.value).endswith("; choose another --out")
+    else:
+        assert str(e.value) == (f"report directory '{target}': no permission to write in '/proc'; choose another "
+                                "report directory")
