@@ -51,7 +51,7 @@ ALU_OPCODES = {"LOP3", "IADD3", "SHF", "LEA", "ISETP", "FSETP", "FMNMX", "SEL", 
 # no `@` guard).
 _BRANCH = re.compile(r"BRA(?:\.U)? (?:!?U?P\d, )?`\((\.L_x_\d+)\)")
 # Functions whose instructions are the E2M1 encode (the element codes, their signs and their placement in a word).
-ENCODE_FUNCS = ("e2m1_", "rne_sat", "grid_", "floor_mag", "add_rz", "sr_word", "philox", "nibble_signs", "sign_masks",
+ENCODE_FUNCS = ("e2m1_", "rne_sat", "grid_", "floor_mag", "add_rz", "sr_draw", "philox", "nibble_signs", "sign_masks",
                 "row_signs", "column_signs", "block_signs", "byte_perm")
 # A constant into a register (a move, or HFMA2.MMA -RZ * RZ + constant): the compiler hoists a slow path's constants
 # into the blocks before it.

@@ -103,24 +103,26 @@ def seed_key(seed: int) -> tuple[int, int]:
     return seed & MASK32, (seed >> 32) & MASK32
 
 
-def x0_of_groups(groups: torch.Tensor, seed: int, stream: int, *, chunk: int | None = None) -> torch.Tensor:
-    """Output word x0 (int64 in [0, 2^32)) of Philox4x32-10 for counters (g lo, g hi, stream, 0).
+def words_of_groups(groups: torch.Tensor, seed: int, stream: int, *, chunk: int | None = None) -> torch.Tensor:
+    """The four output words (x0, x1, x2, x3) of Philox4x32-10 for counters (g lo, g hi, stream, 0).
 
-    `groups` is an int64 tensor of group indices g >= 0 (any shape). NUMERICS: §5.7 - counter =
-    (g mod 2^32, floor(g / 2^32), stream, 0), key from the 64-bit seed, one call per group, only
-    x0 used. Processed in chunks of `chunk` counters (default: CPU_CHUNK on CPU, DEVICE_CHUNK elsewhere).
+    `groups` is an int64 tensor of group indices g >= 0 (any shape); returns int64 [..., 4] in [0, 2^32), word w
+    at [..., w]. NUMERICS: §5.7 - counter = (g mod 2^32, floor(g / 2^32), stream, 0), key from the 64-bit seed,
+    one call per group of 16 elements, all four words used. Processed in chunks of `chunk` counters (default:
+    CPU_CHUNK on CPU, DEVICE_CHUNK elsewhere).
     """
     g = groups.to(torch.int64).reshape(-1)
     if chunk is None:
         chunk = CPU_CHUNK if g.device.type == "cpu" else DEVICE_CHUNK
     key = seed_key(seed)
     s = int(stream) & MASK32
-    out = torch.empty_like(g)
+    out = torch.empty((g.numel(), 4), dtype=torch.int64, device=g.device)
     for start in range(0, g.numel(), chunk):
         gc = g[start : start + chunk]
         lo = gc & MASK32
-        # NUMERICS: §5.7 - c1 = floor(g / 2^32), a Python 0 below 2^32 groups (2^34 elements).
+        # NUMERICS: §5.7 - c1 = floor(g / 2^32), a Python 0 below 2^32 groups (2^36 elements).
         hi = gc >> 32
         c1 = hi if bool((hi != 0).any()) else 0
-        out[start : start + chunk] = philox4x32((lo, c1, s, 0), key, x0_only=True)
-    return out.reshape(groups.shape)
+        for w, word in enumerate(philox4x32((lo, c1, s, 0), key)):  # fixed count: 4 words
+            out[start : start + chunk, w] = word
+    return out.reshape(*groups.shape, 4)

@@ -14,9 +14,12 @@ import torch
 from . import casts, fp32, philox
 from .formats import E2M1
 
-# Random bytes per Philox call: only word x0 is used, one byte per element (docs/numerics.md §5.7).
-GROUP = 4
+# NUMERICS: §5.7 - one Philox call serves GROUP = 16 consecutive elements: its four 32-bit words (x0, x1, x2, x3)
+# in turn, 4 elements a word, one byte per element (TE's get_rbits order, common/cast/nvfp4/core_nvfp4.cuh).
+WORDS = 4  # output words of one Philox4x32 call
 _BYTE_BITS = 8  # r in 0..255, u = r / 2^8
+PER_WORD = 32 // _BYTE_BITS  # elements per word
+GROUP = WORDS * PER_WORD  # elements per Philox call
 
 
 def e2m1_grid(device: torch.device | str | None = None) -> torch.Tensor:
@@ -84,31 +87,44 @@ def copy_stream(stream: int, orientation: str) -> int:
 
 
 def group_bytes(groups: torch.Tensor, seed: int, stream: int) -> torch.Tensor:
-    """uint8 [..., 4]: the random bytes r of the 4 elements of each group g (int64 tensor [...]).
+    """uint8 [..., 16]: the random bytes r of the 16 elements L = 16g .. 16g + 15 of each group g (int64 [...]).
 
-    NUMERICS: §5.7 - one Philox4x32-10 call per group (counter (g lo, g hi, stream, 0), key from
-    the 64-bit seed); element i = L mod 4 of the group takes bits [8i+7 : 8i] of x0.
+    NUMERICS: §5.7 - one Philox4x32-10 call per group (counter (g lo, g hi, stream, 0), key from the 64-bit
+    seed); element L takes word w = floor((L mod 16) / 4) of (x0, x1, x2, x3) and of it byte i = L mod 4,
+    bits [8i+7 : 8i].
     """
-    x0 = philox.x0_of_groups(groups, seed, stream)  # int64 [...]
-    out = torch.empty((*x0.shape, GROUP), dtype=torch.uint8, device=x0.device)
-    for i in range(GROUP):  # fixed tiny count
-        out[..., i] = (x0 >> (_BYTE_BITS * i)) & ((1 << _BYTE_BITS) - 1)
-    return out
+    words = philox.words_of_groups(groups, seed, stream)  # int64 [..., 4]
+    shifts = torch.arange(0, 32, _BYTE_BITS, dtype=torch.int64, device=words.device)  # byte i at bit 8i
+    r = (words[..., None] >> shifts) & ((1 << _BYTE_BITS) - 1)  # [..., word, byte]: element 4w + i
+    return r.reshape(*groups.shape, GROUP).to(torch.uint8)
+
+
+def element_bytes(lin: torch.Tensor, seed: int, stream: int) -> torch.Tensor:
+    """uint8 r of each element index L (int64 tensor, any shape, L >= 0), one Philox call per element.
+
+    The contract's rule element by element (NUMERICS: §5.7 - g = floor(L/16), word floor((L mod 16)/4), byte
+    L mod 4); random_bytes draws the same bytes once per group. For tests and spot checks.
+    """
+    lin = lin.to(torch.int64)
+    words = philox.words_of_groups(lin // GROUP, seed, stream)  # int64 [..., 4]
+    w = torch.gather(words, -1, ((lin % GROUP) // PER_WORD)[..., None])[..., 0]
+    return ((w >> (_BYTE_BITS * (lin % PER_WORD))) & ((1 << _BYTE_BITS) - 1)).to(torch.uint8)
 
 
 def random_bytes(
     cols: int, row0: int, row1: int, seed: int, stream: int, device: torch.device | str | None = None
 ) -> torch.Tensor:
-    """uint8 [row1 - row0, cols]: r for rows row0..row1-1 of a copy with `cols` columns (cols % 4 == 0).
+    """uint8 [row1 - row0, cols]: r for rows row0..row1-1 of a copy with `cols` columns (any cols >= 1).
 
     NUMERICS: §5.7 - index in the copy's own logical layout, L = row * cols + col (rowwise: row m,
-    col k of X; columnwise: row k, col m of the [K, M] source), group g = L // 4, i = L mod 4.
+    col k of X; columnwise: row k, col m of the [K, M] source); group g = L // 16 of one Philox call, so
+    a group may span two rows when cols % 16 != 0 (the groups overlapping the window are drawn whole).
     """
-    if cols % GROUP:
-        raise ValueError(f"random_bytes needs cols % {GROUP} == 0, got cols={cols}")
-    g0 = row0 * cols // GROUP
-    groups = torch.arange(g0, g0 + (row1 - row0) * cols // GROUP, dtype=torch.int64, device=device)
-    return group_bytes(groups, seed, stream).reshape(row1 - row0, cols)
+    lin0, lin1 = row0 * cols, row1 * cols
+    g0, g1 = lin0 // GROUP, -(-lin1 // GROUP)
+    groups = torch.arange(g0, g1, dtype=torch.int64, device=device)
+    flat = group_bytes(groups, seed, stream).reshape(-1)
+    return flat[lin0 - g0 * GROUP : lin1 - g0 * GROUP].reshape(row1 - row0, cols)
 
 
 def random_bytes_blocked(
@@ -117,13 +133,14 @@ def random_bytes_blocked(
     """uint8 (b1 - b0, rows, blk): r for a copy [rows, cols] in the blocked layout [b, row, j] = (row, (b0 + b)*blk + j).
 
     Used for the columnwise copy (rows = K, cols = M), processed one chunk of column blocks at a
-    time. NUMERICS: §5.7 - L = row * cols + col, g = L // 4, byte i = L mod 4 of x0 (blk % 4 == 0).
+    time. NUMERICS: §5.7 - L = row * cols + col, g = L // 16, word (L mod 16) // 4, byte L mod 4: with cols and
+    blk multiples of 16, each block row holds blk / 16 whole groups.
     """
     if cols % GROUP or blk % GROUP:
         raise ValueError(f"random_bytes_blocked needs cols and blk multiples of {GROUP}, got {cols}, {blk}")
     gpb = blk // GROUP  # groups per block
     row_g = torch.arange(rows, dtype=torch.int64, device=device) * (cols // GROUP)  # (rows,)
     blk_g = torch.arange(b0, b1, dtype=torch.int64, device=device) * gpb  # (nb,)
-    in_blk = torch.arange(gpb, dtype=torch.int64, device=device)  # (blk/4,)
-    groups = blk_g[:, None, None] + row_g[None, :, None] + in_blk[None, None, :]  # (nb, rows, blk/4)
+    in_blk = torch.arange(gpb, dtype=torch.int64, device=device)  # (blk/16,)
+    groups = blk_g[:, None, None] + row_g[None, :, None] + in_blk[None, None, :]  # (nb, rows, blk/16)
     return group_bytes(groups, seed, stream).reshape(b1 - b0, rows, blk)

@@ -240,11 +240,13 @@ NVFP4_HD void encode_words(const QuantArgs& a, float f, float amax_b, i64 r, i64
 #pragma unroll
     for (int e = 0; e < BLOCK; ++e) y[e] = mul_rn(v[e], f);  // NUMERICS: §5.4 y = RN(x * f)
     if (SR) {
-        // NUMERICS: §5.7 - L = r * C + c in the copy's own layout; group L / 4, byte L % 4 of x0.
+        // NUMERICS: §5.7 - L = r * C + c in the copy's own layout; group L / 16, byte L % 4 of word (L % 16) / 4.
+        // C is a multiple of 16, so the block's 16 elements l0 .. l0 + 15 are exactly group l0 / 16: one Philox
+        // call, element e taking byte e % 4 of word e / 4 (e2m1_sr_word's rnd[e / 4]).
+        static_assert(BLOCK == 16, "one SR group (16 elements, 4 words of one Philox call) per block");
         const u64 l0 = (u64)(r * a.cols + cb * BLOCK);  // a multiple of 16
-        u32 rnd[BLOCK / 4];
-#pragma unroll
-        for (int q = 0; q < BLOCK / 4; ++q) rnd[q] = sr_word(l0 / 4 + q, a.stream, a.seed);
+        const U4 draw = sr_draw(l0 / BLOCK, a.stream, a.seed);
+        const u32 rnd[4] = {draw.x, draw.y, draw.z, draw.w};
         word[0] = e2m1_sr_word(y, rnd);  // NUMERICS: §5.7 e2m1_sr_not_nan, §5.4 packing
         word[1] = e2m1_sr_word(y + PER_WORD, rnd + PER_WORD / 4);
     } else {  // a NaN, or some |y| >= ELEM_LINES_BOUND: clamped first
@@ -635,9 +637,11 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
     constexpr int ELEM_BYTES = DT == IN_F32 ? 4 : 2;
     constexpr int ROW_STEP = QUANT_THREADS / T::ROW_BLOCKS;  // tile rows between a thread's rowwise blocks
     // The blocks of a thread's colwise item and its rowwise blocks: unrolled wherever that spills on neither sm_90
-    // nor sm_100a at the 80-register cap (ptxas -v), else one after another: the columns but for RHT + SR and f16 SR,
-    // the rows but for SR without RHT (bf16 RHT + SR unrolls its rows, not its columns).
-    constexpr int COL_UNROLL = kSr && (Modes<DT>::rht_colwise || DT == IN_F16) ? 1 : T::PER_WORD;
+    // nor sm_100a at the 80-register cap (ptxas -v), else one after another: the columns but for SR with RHT or a
+    // 16-bit input (bf16 SR's unrolled columns spill 28 bytes on sm_90, 24 on sm_100a, since a block's one Philox call
+    // hands out all four words, §5.7), the rows but for SR without RHT (bf16 RHT + SR unrolls its rows, not its
+    // columns).
+    constexpr int COL_UNROLL = kSr && (Modes<DT>::rht_colwise || DT != IN_F32) ? 1 : T::PER_WORD;
     constexpr int ROW_UNROLL = kSr && !Modes<DT>::rht_colwise ? 1 : T::ROW_ITEMS;
     static_assert(!(k2d && Modes<DT>::rht_colwise), "RHT is never 2-D (§5.6): encode_words' amax_b bounds the RHT outputs");
     __shared__ __align__(16) u32 tiles[2][TILE_M * TILE_PITCH];  // double buffer: encode one, load the other

@@ -669,15 +669,16 @@ NVFP4_HD U4 philox4x32_10(U4 c, u32 k0, u32 k1) {
     return c;
 }
 
-// Random word x0 of group g = floor(L/4) (docs/numerics.md §5.7): key (seed lo, seed hi), counter
-// (g lo, g hi, stream, 0). Byte i of the word drives position L = 4g + i.
-NVFP4_HD u32 sr_word(u64 group, u32 stream, u64 seed) {
+// The random words (x0, x1, x2, x3) of group g = floor(L/16) (docs/numerics.md §5.7): key (seed lo, seed hi),
+// counter (g lo, g hi, stream, 0). Element L = 16g + 4w + i takes byte i of word w (x0 = .x, x1 = .y, x2 = .z,
+// x3 = .w): one call serves 16 consecutive elements, TE's get_rbits order (common/cast/nvfp4/core_nvfp4.cuh).
+NVFP4_HD U4 sr_draw(u64 group, u32 stream, u64 seed) {
     U4 c;
     c.x = (u32)group;
     c.y = (u32)(group >> 32);
     c.z = stream;
     c.w = 0u;
-    return philox4x32_10(c, (u32)seed, (u32)(seed >> 32)).x;
+    return philox4x32_10(c, (u32)seed, (u32)(seed >> 32));
 }
 
 // ---- 16-point random Hadamard transform --------------------------------------------------------

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from reference import QuantConfig, SpecViolation, casts, dequantize, fp32, nvfp4, quantize
 from reference.formats import E2M1, E4M3
 from tests.unit.test_hadamard import rht_oracle
-from tests.unit.test_philox import sr_x0_py
+from tests.unit.test_philox import sr_words_py
 from tests.unit.test_stochastic import sr_oracle
 
 RN1 = QuantConfig("nvfp4")
@@ -81,7 +81,7 @@ def oracle_copy(src: np.ndarray, tile_rows: int, a_g: np.float32, stream: int | 
             s_enc = f32(1)
         s_dec = f32(1) / s_enc
         m = s_enc * (f32(1) / f32(6))
-        x0_cache: dict[int, int] = {}
+        words_cache: dict[int, tuple[int, int, int, int]] = {}
         for r in range(rows):
             for c in range(cols // 16):
                 r0 = r - r % tile_rows
@@ -99,10 +99,11 @@ def oracle_copy(src: np.ndarray, tile_rows: int, a_g: np.float32, stream: int | 
                     if stream is None:
                         codes[r, 16 * c + j] = rn_oracle(y)
                     else:
-                        L = r * cols + 16 * c + j
-                        if L // 4 not in x0_cache:
-                            x0_cache[L // 4] = sr_x0_py(L // 4, seed, stream)
-                        codes[r, 16 * c + j] = sr_oracle(float(y), (x0_cache[L // 4] >> (8 * (L % 4))) & 0xFF)
+                        L = r * cols + 16 * c + j  # §5.7: group L // 16, word (L % 16) // 4, byte L % 4
+                        if L // 16 not in words_cache:
+                            words_cache[L // 16] = sr_words_py(L // 16, seed, stream)
+                        rb = (words_cache[L // 16][(L % 16) // 4] >> (8 * (L % 4))) & 0xFF
+                        codes[r, 16 * c + j] = sr_oracle(float(y), rb)
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
     return packed, scales
 

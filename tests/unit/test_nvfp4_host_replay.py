@@ -5,7 +5,8 @@ the kernels run the device build and this test replays the same source on the ho
 over every bf16 bit pattern, every E2M1 midpoint and its fp32 neighbours, specials and random fp32
 patterns, with random SR bytes, and compares each code with reference.nvfp4.e2m1_rn and
 reference.stochastic.e2m1_sr: the per-element functions and the word encodes the kernels run (e2m1_rn_word,
-e2m1_sr_word, 8 inputs a word). Skipped where nvcc is missing (CI has it).
+e2m1_sr_word, 8 inputs a word); and nvfp4.cu's SR block encode with its one Philox draw a block (§5.7) against
+reference.quantize. Skipped where nvcc is missing (CI has it).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 import torch
 
 from native import _compile
-from reference import QuantConfig, fp32, hadamard, stochastic
+from reference import QuantConfig, fp32, hadamard, quantize, stochastic
 from reference.nvfp4 import e2m1_rn
 from tests.unit.host_build import build_host_program
 
@@ -226,3 +227,55 @@ def test_scale_padding_zeroes_exactly_the_padding_for_any_grid(tmp_path):
         assert np.array_equal(buf, want), f"padded {padded}, valid {valid}, {threads} threads"
         padded_somewhere += tuple(padded) != tuple(valid)
     assert at == len(data) and 0 < padded_somewhere < len(cases)  # shapes with padding and shapes without
+
+
+# ---- the SR draw of the quantize kernel's blocks (§5.7) --------------------------------------------------------
+
+
+def _sr_inputs(seed: int, m: int, k: int) -> torch.Tensor:
+    """fp32 [m, k]: scaled normals, near-ties (multiples of 0.25, where most bytes decide), an all-zero row,
+    subnormals, a NaN and an inf."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.exp2(torch.randint(-6, 6, (m, 1), generator=g).float())
+    ties = torch.randint(-24, 25, (m, k), generator=g).to(torch.float32) * 0.25
+    x = torch.where(torch.rand(m, k, generator=g) < 0.4, ties, x)
+    x[1] = 0.0
+    x[2, :16] = torch.randint(-8, 9, (16,), generator=g).float() * 2.0**-140  # subnormals
+    x[4, 3], x[5, 40] = float("nan"), float("inf")
+    return x
+
+
+@pytest.fixture(scope="module")
+def sr_replay(tmp_path_factory) -> Path:
+    """nvfp4_sr_draw.cpp with the defines of the 1x16 SR build (nvfp4.cu's kernels still build for the device: its
+    PTX needs sm_80+, hence -arch=sm_90)."""
+    exe = tmp_path_factory.mktemp("nvfp4_host") / "sr_draw"
+    defines = _compile.defines_for(QuantConfig("nvfp4", stochastic=True))
+    return build_host_program("nvfp4_sr_draw.cpp", exe, defines, extra=("-arch=sm_90",))
+
+
+@pytest.mark.parametrize(
+    "seed,stream", [(0, 0), (2**40 + 17, 6), (2**64 - 1, 0xFFFFFFFF)], ids=["zero", "seed-hi-word", "max-wrap"]
+)
+def test_sr_block_draw_host_replay_matches_reference(sr_replay, seed, stream, tmp_path):
+    """encode_block<true> of nvfp4.cu (one Philox call per 16-element block, words x0..x3 to elements 0-3, 4-7, 8-11,
+    12-15) on the host, both copies of X (the columnwise one read through strides, stream + 1 mod 2^32), against
+    reference.quantize with SR, codes and scales bit for bit."""
+    cfg = QuantConfig("nvfp4", stochastic=True)
+    for i, (m, k) in enumerate([(48, 64), (32, 80)]):
+        x = _sr_inputs(i, m, k)
+        q = quantize(x, cfg, rowwise=True, colwise=True, rng=(seed, stream))
+        fin = tmp_path / "in"
+        fin.write_bytes(x.contiguous().numpy().tobytes())
+        for orientation, (rows, cols, rs, cs), s in (("rowwise", (m, k, k, 1), stream),
+                                                     ("colwise", (k, m, 1, k), (stream + 1) & 0xFFFFFFFF)):  # fmt: skip
+            fout = tmp_path / f"out_{orientation}"
+            r = subprocess.run([str(sr_replay), str(fin), str(fout), str(rows), str(cols), str(rs), str(cs), str(seed),
+                                str(s)], capture_output=True)  # fmt: skip
+            assert r.returncode == 0, r.stderr
+            raw = np.frombuffer(fout.read_bytes(), dtype=np.uint8)
+            data = torch.from_numpy(raw[: rows * cols // 2].reshape(rows, cols // 2).copy())
+            scale = torch.from_numpy(raw[rows * cols // 2 :].reshape(rows, cols // 16).copy())
+            where = f"{orientation} {m}x{k} seed={seed:#x} stream={s:#x}"
+            assert torch.equal(scale, getattr(q, f"{orientation}_scale")[:rows, : cols // 16]), where
+            assert torch.equal(data, getattr(q, f"{orientation}_data")), where

@@ -353,14 +353,15 @@ def test_sr_16x16_scales_transpose_and_colwise_bits_follow_the_contract():
     q = quantize(x, cfg, rowwise=True, colwise=True, rng=(seed, stream))
     # same tile amax and A_g: the colwise scales are the rowwise ones transposed (§5.5)
     assert torch.equal(q.rowwise_scale[:32, :3][::16].t(), q.colwise_scale[:48, :2][::16])
-    # colwise element [k, m]: L = k*M + m, Philox counter (L // 4, 0, stream + 1, 0), byte L mod 4 of x0
+    # colwise element [k, m]: L = k*M + m, Philox counter (L // 16, 0, stream + 1, 0), byte L mod 4 of word
+    # (L mod 16) // 4 of the call's (x0, x1, x2, x3)
     chain = ref_nvfp4.scale_chain(x, cfg, "colwise")
     codes = torch.stack([q.colwise_data & 0xF, q.colwise_data >> 4], dim=-1).reshape(48, 32)
     m_rows = 32
     for k, m in [(0, 0), (0, 1), (5, 17), (47, 31), (20, 3)]:
         lin = k * m_rows + m
-        x0 = philox.philox4x32((lin // 4, 0, stream + 1, 0), philox.seed_key(seed), x0_only=True)
-        r = torch.tensor([(x0 >> (8 * (lin % 4))) & 0xFF], dtype=torch.uint8)
+        word = philox.philox4x32((lin // 16, 0, stream + 1, 0), philox.seed_key(seed))[(lin % 16) // 4]
+        r = torch.tensor([(word >> (8 * (lin % 4))) & 0xFF], dtype=torch.uint8)
         y = chain["source"][k, m].float() * chain["f"][k, m // 16]
         assert codes[k, m].item() == stochastic.e2m1_sr(y.reshape(1), r).item(), (k, m)
     # and the rowwise copy is not the transpose of the colwise one (independent bits)

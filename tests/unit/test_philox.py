@@ -29,9 +29,14 @@ def philox_py(counter: tuple[int, int, int, int], key: tuple[int, int]) -> tuple
     return tuple(c)
 
 
-def sr_x0_py(g: int, seed: int, stream: int) -> int:
-    """x0 for group g under the docs/numerics.md §5.7 counter/key layout, by the oracle."""
-    return philox_py((g & MASK, g >> 32, stream & MASK, 0), (seed & MASK, seed >> 32))[0]
+def sr_words_py(g: int, seed: int, stream: int) -> tuple[int, int, int, int]:
+    """(x0, x1, x2, x3) for group g under the docs/numerics.md §5.7 counter/key layout, by the oracle."""
+    return philox_py((g & MASK, g >> 32, stream & MASK, 0), (seed & MASK, seed >> 32))
+
+
+def sr_byte_py(lin: int, seed: int, stream: int) -> int:
+    """docs/numerics.md §5.7: r of element L = byte L mod 4 of word floor((L mod 16) / 4) of group floor(L / 16)."""
+    return (sr_words_py(lin // 16, seed, stream)[(lin % 16) // 4] >> (8 * (lin % 4))) & 0xFF
 
 
 KNOWN = [
@@ -59,10 +64,13 @@ def test_oracle_matches_known_answers(counter, key, expected):
 
 
 def test_sr_bits_seed_42():
-    """docs/numerics.md §8: seed 42, stream 0, g = 0, 1, 2 and stream 1, g = 0."""
-    x0 = philox.x0_of_groups(torch.arange(3), 42, 0)
-    assert [int(v) for v in x0] == [0x9CEAF053, 0xFCDB2127, 0xD36C0225]
-    assert int(philox.x0_of_groups(torch.tensor([0]), 42, 1)[0]) == 0x02933769
+    """docs/numerics.md §8: seed 42, stream 0, g = 0 (all four words) and g = 1, 2 (x0); stream 1, g = 0 (x0)."""
+    w = philox.words_of_groups(torch.arange(3), 42, 0)
+    assert w.shape == (3, 4)
+    assert w[0].tolist() == [0x9CEAF053, 0x77F5493B, 0x12BF50AD, 0x5742B3D7]
+    assert w[1:, 0].tolist() == [0xFCDB2127, 0xD36C0225]
+    assert int(philox.words_of_groups(torch.tensor([0]), 42, 1)[0, 0]) == 0x02933769
+    assert [sr_words_py(g, 42, 0) for g in range(3)] == [tuple(r) for r in w.tolist()]
 
 
 def test_seed_key_split():
@@ -90,19 +98,19 @@ def test_random_counters_and_keys_match_oracle():
     [(0, 0), (42, 7), (2**64 - 1, MASK), ((3 << 32) + 11, 1)],
     ids=["seed0", "seed42-stream7", "max-seed-max-stream", "seed-hi-word"],
 )
-def test_x0_of_groups_matches_oracle(seed, stream):
+def test_words_of_groups_matches_oracle(seed, stream):
     groups = [0, 1, 2, 3, 1000, MASK, 1 << 32, (1 << 32) + 5, (1 << 40) + 3]
-    got = philox.x0_of_groups(torch.tensor(groups, dtype=torch.int64), seed, stream, chunk=4).tolist()
-    assert got == [sr_x0_py(g, seed, stream) for g in groups]
+    got = philox.words_of_groups(torch.tensor(groups, dtype=torch.int64), seed, stream, chunk=4).tolist()
+    assert got == [list(sr_words_py(g, seed, stream)) for g in groups]
 
 
-def test_x0_chunking_does_not_matter():
+def test_words_chunking_does_not_matter():
     g = torch.arange(5000, dtype=torch.int64).reshape(50, 100)
-    a = philox.x0_of_groups(g, 9, 3, chunk=1 << 16)
-    b = philox.x0_of_groups(g, 9, 3, chunk=37)
-    assert a.shape == (50, 100)
+    a = philox.words_of_groups(g, 9, 3, chunk=1 << 16)
+    b = philox.words_of_groups(g, 9, 3, chunk=37)
+    assert a.shape == (50, 100, 4)
     assert torch.equal(a, b)
-    assert a[3, 7].item() == sr_x0_py(307, 9, 3)
+    assert tuple(a[3, 7].tolist()) == sr_words_py(307, 9, 3)
 
 
 def test_in_place_xor_is_used_exactly_when_the_word_holds_the_broadcast():
