@@ -261,10 +261,15 @@ _ZYGOTE: Zygote | None = None
 
 
 def zygote(threads: int | None = None) -> Zygote:
-    """This process's zygote, forked on first use (call it early: before CUDA and threads start)."""
+    """This process's zygote, forked on first use (call it early: before CUDA and threads start).
+
+    `threads`: the CPU threads of its backend processes. Give more than 1 only where this process has run no
+    parallel torch op yet (a sweep worker at its start): a process forked after OpenMP started its pool hangs in its
+    next parallel region, so by default (a zygote of the command's process, of the pytest plugin, of a test) its
+    backend processes run one thread."""
     global _ZYGOTE
     if _ZYGOTE is None or _ZYGOTE.pid == 0:
-        _ZYGOTE = Zygote(threads or torch.get_num_threads())
+        _ZYGOTE = Zygote(threads or 1)
     return _ZYGOTE
 
 
@@ -398,18 +403,22 @@ def serve(sock: socket.socket, threads: int) -> None:
         except (EOFError, OSError):
             return
         reply = server.dispatch(req)
+        dead = None
+        if req.get("cmd") == "call":
+            from .pool import context_dead  # noqa: PLC0415
+
+            dead = context_dead(req["device"])
+            if dead is not None:  # a dead CUDA context: answer, end, and let the judge start a fresh process
+                reply["retire"] = dead
         try:
             server.reply(reply)
         except (BrokenPipeError, ConnectionResetError):
             return
         except BaseException as e:  # noqa: BLE001 - an output that cannot be read (a hostile tensor, say)
-            server.reply({"kind": "error", "reason": f"its output could not be read: {_text(e)}{_where(e)}"})
-        if req.get("cmd") == "call":
-            from .pool import context_dead  # noqa: PLC0415
-
-            dead = context_dead(req["device"])
-            if dead is not None:  # a dead CUDA context: end, and let the judge start a fresh process
-                return
+            server.reply({"kind": "error", "reason": f"its output could not be read: {_text(e)}{_where(e)}",
+                          "retire": dead})
+        if dead is not None:
+            return
 
 
 # ----------------------------------------------------------------------------------------------
@@ -582,6 +591,8 @@ class BackendProcess:
             return CallResult("error", reason="its backend process sent a malformed reply (not a reply record); "
                                               "it was killed")
         kind = reply["kind"]
+        if reply.get("retire"):  # its CUDA context died: the next call gets a fresh process
+            self.kill()
         if kind in ("skip", "error"):
             return CallResult(kind, reason=str(reply.get("reason", "")))
         if kind == "output":

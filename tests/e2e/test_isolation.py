@@ -21,7 +21,7 @@ from harness import report
 from harness.cases import parse_cases
 from tests import misbehaving
 from tests.e2e.test_faults import ROOT, finish, harness_run
-from tests.slow_import_backend import SLOW_IMPORT_ENV
+from tests.slow_import_backend import IMPORT_LOG_ENV, SEGFAULT_ENV, SLOW_IMPORT_ENV
 
 CASES = """
 [[grid]]
@@ -268,3 +268,32 @@ def test_resume_with_a_changed_adapter_file_is_refused_with_what_changed(tmp_pat
     assert line.startswith("error: ") and f"backend {spec!r} at code sha256 " in line and "this run has" in line, line
     rc, _, err, _ = run(tmp_path, spec, "--resume", "--resume-any")
     assert rc == 0, err
+
+
+@pytest.mark.slow
+def test_only_backend_processes_import_a_backend(tmp_path):
+    # The module logs "pid sid" of every process that imports it: each must be a backend process (the leader of
+    # a session of its own), never the command's process (`finish` knows its pid) nor a judge (which share the
+    # command's session).
+    log = tmp_path / "imports.log"
+    out = tmp_path / "rep"
+    f = tmp_path / "cases" / "c.toml"
+    f.parent.mkdir()
+    f.write_text(CASES)
+    from tests.e2e.test_faults import start  # noqa: PLC0415
+
+    proc = start(["-m", "harness", "run", "--cases", str(f), "--device", "cpu", "--out", str(out), "--no-progress",
+                  "--backend", "tests.slow_import_backend:slow", "--workers", "2"], ROOT,
+                 **{IMPORT_LOG_ENV: str(log)})
+    rc, _, err = finish(proc)
+    assert rc == 0, err
+    imports = [tuple(map(int, line.split())) for line in log.read_text().splitlines()]
+    assert len(imports) >= 2  # the command's backend process, and at least one worker's
+    assert all(pid == sid and pid != proc.pid and sid != proc.pid for pid, sid in imports), (proc.pid, imports)
+
+
+def test_a_backend_that_segfaults_at_import_is_one_line_and_exit_2(tmp_path):
+    rc, stdout, err, out = run(tmp_path, "tests.slow_import_backend:slow", **{SEGFAULT_ENV: "1"})
+    assert rc == 2 and err.strip().splitlines() == [
+        "error: --backend 'tests.slow_import_backend:slow' could not be loaded: crash: signal SIGSEGV (-11)"], err
+    assert not (out / "results.csv").exists()
