@@ -639,9 +639,9 @@ class BackendProcess:
             return [("error", f"{self.spec}: supports() sent {type(answers).__name__} answers", None)] * len(cases)
         out = []
         for a in answers:
-            ok, why, split = (list(a) + [None, None, None])[:3] if isinstance(a, list) else (False, "", None)
+            ok, why, split = (list(a) + [None, None, None])[:3] if isinstance(a, (list, tuple)) else (False, "", None)
             ok = ok if ok == "error" else bool(ok)
-            split = tuple(split) if isinstance(split, list) and len(split) == 2 and split[0] in (
+            split = tuple(map(str, split)) if isinstance(split, (list, tuple)) and len(split) == 2 and split[0] in (
                 "rowwise", "colwise") else None
             out.append((ok, str(why or ""), split))
         return out

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from harness import artefacts, cli, report
+from harness.backends import backend_identity
 
 TINY = """
 [[grid]]
@@ -190,7 +191,9 @@ def test_resume_refuses_another_selection_in_one_line_and_resume_any_mixes_them(
     assert rc == 0, err
     sel = json.loads((out / report.META).read_text())["selection"]
     assert sel == {"tier": None, "cases": str(f), "cases_sha256": hashlib.sha256(f.read_bytes()).hexdigest(),
-                   "filter": "e4m3", "shard": None, "golden_device": "auto", "backends": ["reference"]}
+                   "filter": "e4m3", "shard": None, "golden_device": "auto", "backends": ["reference"],
+                   "backend_code": [{"spec": "reference", "sha256": None, "version": backend_identity("reference")[
+                       "version"]}]}
     before = (out / report.RESULTS).read_bytes()
     rc, _, err = run(capsys, f, out, "--filter", "e5m2", "--resume")
     assert rc == 2 and err == (f"error: --resume: the report at {out} was made with --filter 'e4m3', this run has "

@@ -411,6 +411,24 @@ def test_format_examples_shows_up_to_n_per_class_taking_the_patterns_in_turn():
     assert format_examples({}) == format_examples("") == format_examples(None) == []
 
 
+class ThreeInjected:
+    """The golden with three injected differences: two codes one step up, a NaN where the golden is finite."""
+
+    name = "injected"
+
+    def supports(self, op, config, device):
+        return True, ""
+
+    def quantize(self, x, config, *, rowwise=True, colwise=False, rng=None, state=None):
+        q = reference.quantize(x, config)
+        d = q.rowwise_data.clone()
+        d[0, 0] = (d[0, 0] & 0x80) | ((d[0, 0] & 0x7F) + 1)  # one step up
+        d[1, 2] = (d[1, 2] & 0x80) | ((d[1, 2] & 0x7F) + 1)
+        d[4, 5] = 0x7F  # NaN where the golden is finite
+        q.rowwise_data = d
+        return q
+
+
 def test_failure_message_and_repro_show_the_examples_of_every_class(capsys):
     """A candidate with three injected differences (two codes one step up, a NaN where the golden is
     finite): the pytest failure text and `harness repro` both list each class with its count and the
@@ -420,23 +438,7 @@ def test_failure_message_and_repro_show_the_examples_of_every_class(capsys):
     from harness.pytest_plugin import failure_message
 
     case = Case("quantize", Q("fp8_current"), (32, 64), "float32", "normal", 0, "rowwise")
-
-    class Injected:
-        name = "injected"
-
-        def supports(self, op, config, device):
-            return True, ""
-
-        def quantize(self, x, config, *, rowwise=True, colwise=False, rng=None, state=None):
-            q = reference.quantize(x, config)
-            d = q.rowwise_data.clone()
-            d[0, 0] = (d[0, 0] & 0x80) | ((d[0, 0] & 0x7F) + 1)  # one step up
-            d[1, 2] = (d[1, 2] & 0x80) | ((d[1, 2] & 0x7F) + 1)
-            d[4, 5] = 0x7F  # NaN where the golden is finite
-            q.rowwise_data = d
-            return q
-
-    rows = runner.run_case(case, Injected(), "cpu")
+    rows = runner.run_case(case, ThreeInjected(), "cpu")
     data = next(r for r in rows if r["tensor"] == "rowwise_data")
     classes = data["mismatch_classes"]
     assert sum(classes.values()) == 3
@@ -448,18 +450,10 @@ def test_failure_message_and_repro_show_the_examples_of_every_class(capsys):
         assert idx in msg
     assert msg.index("mismatch examples") < msg.index("repro: ")
 
-    import sys
-    import types
-
-    mod = types.ModuleType("v3_injected_backend")
-    mod.backend = Injected()
-    sys.modules["v3_injected_backend"] = mod
-    try:
-        capsys.readouterr()
-        rc = cli.main(["repro", case.id, "--backend", "v3_injected_backend:backend", "--device", "cpu"])
-        text = capsys.readouterr().out
-    finally:
-        del sys.modules["v3_injected_backend"]
+    # repro runs the backend in a process of its own (docs/design.md §9): it is loaded there by its spec
+    capsys.readouterr()
+    rc = cli.main(["repro", case.id, "--backend", "tests.unit.test_classify:ThreeInjected", "--device", "cpu"])
+    text = capsys.readouterr().out
     assert rc == 1
     assert "        mismatch examples (up to 3 per class):" in text
     for cls, n in classes.items():

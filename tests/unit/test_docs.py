@@ -163,7 +163,7 @@ def test_resolution_rules():
     assert not resolves("numerics", "0.2.9", None)
     assert not resolves("numerics", "5.11", None)
     assert resolves("numerics", "7", 29) and not resolves("numerics", "7", 30)
-    assert not resolves("design", "9", None)
+    assert resolves("design", "9", None) and not resolves("design", "10", None)
 
 
 # ---- the contract's numbering is stable --------------------------------------------------------------------
