@@ -295,3 +295,19 @@ garbage = Garbage()
 same_name_a = Misbehaving("twin", lambda x: None)
 same_name_b = Misbehaving("twin", lambda x: None)
 named_reference = Misbehaving("reference", lambda x: None)
+# A message built to damage a report: NUL, a terminal escape, a lone surrogate, a spreadsheet formula.
+HOSTILE = "=HYPERLINK(\"http://x\")\x00\x1b[2J\x1b[31mred\ud800 end"
+hostile = Raises("hostile", RuntimeError(HOSTILE))
+
+
+class HostileSkip(Misbehaving):
+    """Declines every case with HOSTILE as its reason (a skip row's reason is the backend's text, verbatim)."""
+
+    def __init__(self):
+        super().__init__("hostile_skip", lambda x: None)
+
+    def supports(self, op, config, device):
+        return False, HOSTILE
+
+
+hostile_skip = HostileSkip()

@@ -297,3 +297,23 @@ def test_a_backend_that_segfaults_at_import_is_one_line_and_exit_2(tmp_path):
     assert rc == 2 and err.strip().splitlines() == [
         "error: --backend 'tests.slow_import_backend:slow' could not be loaded: crash: signal SIGSEGV (-11)"], err
     assert not (out / "results.csv").exists()
+
+
+@pytest.mark.slow
+def test_hostile_text_from_a_backend_is_stored_and_shown_escaped(tmp_path):
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    one = CASES.replace("[[8, 32], [24, 32], [40, 32]]", "[[8, 32]]")
+    rc, _, err, out = run(tmp_path, "tests.misbehaving:hostile,tests.misbehaving:hostile_skip", cases=one)
+    assert rc == 1, err
+    escaped = '=HYPERLINK("http://x")\\x00\\x1b[2J\\x1b[31mred\\ud800 end'
+    (row,) = pair_rows(out, "hostile").itertuples(index=False)
+    assert row.status == "error" and row.reason.startswith(f"RuntimeError: {escaped} (at misbehaving.py:"), row.reason
+    (row,) = pair_rows(out, "hostile_skip").itertuples(index=False)
+    assert (row.status, row.reason) == ("skip", "'" + escaped)  # a formula cell is quoted
+    raw = (out / "results.csv").read_bytes()
+    assert b"\x00" not in raw and b"\x1b" not in raw and b",=HYPERLINK" not in raw
+    shown = subprocess.run([sys.executable, "-m", "harness", "report", str(out), "--no-plots"], cwd=ROOT,
+                           capture_output=True, text=True, errors="strict")
+    assert shown.returncode == 0 and "\x1b" not in shown.stdout + shown.stderr
