@@ -355,6 +355,9 @@ def cmd_run(args) -> int:
         raise UsageError("--resume and --force exclude each other (--force replaces the report --resume continues)")
     if args.resume_any and not args.resume:
         raise UsageError("--resume-any goes with --resume (it lets --resume continue a report of another selection)")
+    from .report import accept_policy  # noqa: PLC0415
+
+    accept_policy(args.accept)  # a bad --accept (or project accept) stops here, before any case runs
     out = _out_dir(args)
     device = _device(args.device)
     zygote()  # backend processes fork from it: before this process starts threads (the workers' start, below)
@@ -465,6 +468,20 @@ def _sweep(args, out: Path, device: str, workers, env, cases, backends) -> int:
             print(f"  {repro_command(r.case_id, specs.get(r.backend, r.backend))}")
         if len(bad) > 10:
             print(f"  ... and {len(bad) - 10} more")
+    return _accept_exit(df, args.accept)
+
+
+def _accept_exit(df, flag: str | None, *, policy_required: bool = False) -> int:
+    """Print the CI policy's line (harness.report.unaccepted) and return the exit status it gives: 1 when a
+    (case, backend) pair is outside `--accept` (or the project file's `accept`, or the default), else 0. With
+    `policy_required` (harness report), no flag and no project setting means exit 0, as before."""
+    from . import report  # noqa: PLC0415
+
+    accept, source = report.accept_policy(flag)
+    if policy_required and source == "default":
+        return 0
+    bad = report.unaccepted(df, accept)
+    print(report.format_accept(bad, accept, source))
     return 1 if len(bad) else 0
 
 
@@ -577,8 +594,13 @@ def cmd_repro(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from . import report  # noqa: PLC0415
+    from . import (
+        report,  # noqa: PLC0415
+        report_formats,  # noqa: PLC0415
+    )
 
+    accept, source = report.accept_policy(args.accept)  # a bad --accept is an error before anything is printed
+    formats = report_formats.parse_formats(args.format)
     try:
         df = report.read_results(args.dir)
     except FileNotFoundError as e:
@@ -591,6 +613,7 @@ def cmd_report(args) -> int:
     for r in bad.drop_duplicates(["case_id", "backend"]).head(args.show).itertuples(index=False):
         line = f"  {r.status:5s} {r.case_id} [{r.backend}] {r.tensor}: {r.reason}"
         print(report.escape_text(line))  # a report written before the sanitizer may hold raw escapes
+    written = []
     if not args.no_plots:
         from . import plots  # noqa: PLC0415
 
@@ -600,7 +623,10 @@ def cmd_report(args) -> int:
             print(message)
         for p in written:
             print(f"plot: {p}")
-    return 0
+    report_dir = report.results_path(args.dir).parent
+    for p in report_formats.write_formats(df, report_dir, formats, accept=accept, source=source, plots=written):
+        print(f"wrote: {p}")
+    return _accept_exit(df, args.accept, policy_required=True)
 
 
 def cmd_diff(args) -> int:
@@ -693,6 +719,13 @@ def _golden(p: argparse.ArgumentParser) -> None:
                         "same: always on the backend's device, cpu: always on the cpu")
 
 
+def _accept(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--accept", default=None, metavar="WORDS",
+                   help="CI policy: exit 0 when every (case, backend) pair is skipped or within this comma list of "
+                        "pass, exact, convention, equivalent, degraded, broken (default: [tool.numerics-harness] "
+                        "accept in ./pyproject.toml, else pass: fail and error pairs fail; docs/numerics.md §11)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m harness", description="Low-precision numerics verification harness")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -717,6 +750,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --resume: continue a report made with another selection (tier, cases file, filter, "
                         "shard, golden device, backends), which --resume refuses")
     _golden(p)
+    _accept(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--progress", dest="progress", action="store_true", default=None, help="force the progress bar")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -744,6 +778,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--plots-dir", default=None, help="where to write PNGs (default DIR/plots)")
     p.add_argument("--show", type=int, default=20, help="failing cases to list")
+    p.add_argument("--format", default="html,md,junit", metavar="LIST",
+                   help="files written into DIR: html (report.html), md (summary.md), junit (junit.xml), a comma "
+                        "list, or none (default: all three)")
+    _accept(p)
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("diff", help="regressions from OLD to NEW (exit 1 if any)")
