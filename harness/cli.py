@@ -430,7 +430,8 @@ def _sweep(args, out: Path, device: str, workers, env, cases, backends) -> int:
                 PoolSweep(cases, specs, args.workers,
                           device=args.device if args.device not in (None, "auto") else None, writer=writer,
                           out_dir=out, progress=progress, golden=args.golden_device,
-                          case_timeout=args.case_timeout, import_timeout=args.import_timeout, workers=workers).run()
+                          case_timeout=args.case_timeout, import_timeout=args.import_timeout, workers=workers,
+                          keep_outputs=args.keep_outputs).run()
             except KeyboardInterrupt:
                 stopped = ("interrupted", 130)
             except Terminated as e:
@@ -636,6 +637,10 @@ def cmd_diff(args) -> int:
         old, new = report.read_results(args.old), report.read_results(args.new)
     except FileNotFoundError as e:
         raise UsageError(str(e)) from e
+    if args.bitwise and not args.pair:
+        raise UsageError("--bitwise goes with --pair A:B (the two backends whose saved outputs are compared)")
+    if args.pair:
+        return _pair_diff(args, old, new)
     regressions, notes = report.diff(old, new, sqnr_drop_db=args.sqnr_db)
     for n in notes:
         print(f"note: {n}")
@@ -643,6 +648,24 @@ def cmd_diff(args) -> int:
         print(f"REGRESSION: {r}")
     print(f"{len(regressions)} regression(s) between {args.old} and {args.new}")
     return 1 if regressions else 0
+
+
+def _pair_diff(args, old, new) -> int:
+    """diff --pair A:B [--bitwise]: exit 1 when the two backends differ (verdicts, or bytes with --bitwise)."""
+    from . import report  # noqa: PLC0415
+
+    a, b = report.parse_pair(args.pair)
+    if args.bitwise:
+        diffs, notes = report.bitwise_diff(args.old, args.new, a, b)
+    else:
+        diffs, notes = report.pair_diff(old, new, a, b)
+    for n in notes:
+        print(f"note: {n}")
+    for d in diffs:
+        print(f"DIFFERS: {d}")
+    what = "case(s) whose bytes differ" if args.bitwise else "difference(s)"
+    print(f"{len(diffs)} {what} between {a} ({args.old}) and {b} ({args.new})")
+    return 1 if diffs else 0
 
 
 def cmd_merge(args) -> int:
@@ -751,6 +774,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "shard, golden device, backends), which --resume refuses")
     _golden(p)
     _accept(p)
+    p.add_argument("--keep-outputs", action="store_true",
+                   help="save each candidate's output tensors as DIR/outputs/<case>/<backend>.pt (for diff --bitwise)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--progress", dest="progress", action="store_true", default=None, help="force the progress bar")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -788,6 +813,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("old")
     p.add_argument("new")
     p.add_argument("--sqnr-db", type=float, default=0.5, help="SQNR drop counted as a regression (dB)")
+    p.add_argument("--pair", default=None, metavar="A:B",
+                   help="compare backend A's rows in OLD with backend B's in NEW case by case (OLD and NEW may be "
+                        "one report); exit 1 if their verdicts or mismatch counts differ")
+    p.add_argument("--bitwise", action="store_true",
+                   help="with --pair: compare the saved output bytes (run --keep-outputs) and list every case whose "
+                        "bytes differ, with counts of differing elements per tensor")
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("merge", help="join shard reports into OUT")

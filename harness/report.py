@@ -455,6 +455,7 @@ class ReportWriter:
             if self.path.exists():
                 self.path.unlink()
             shutil.rmtree(self.out_dir / FAILURES, ignore_errors=True)
+            shutil.rmtree(self.out_dir / "outputs", ignore_errors=True)  # harness.artefacts.OUTPUTS
         if previous_meta is not None:
             meta["resumed"] = int(previous_meta.get("resumed", 0) or 0) + 1
             meta["resumed_with_cases"] = len(self.completed)
@@ -974,6 +975,82 @@ def diff(old: pd.DataFrame, new: pd.DataFrame, sqnr_drop_db: float = SQNR_DROP_D
                 f"{r.case_id} [{r.backend}] {r.tensor}"
             )
     return [escape_text(t) for t in regressions], [escape_text(t) for t in notes]
+
+
+def parse_pair(text: str) -> tuple[str, str]:
+    """`A:B` (or `A,B`) -> (A, B): backend A's rows in OLD against backend B's in NEW."""
+    parts = re.split(r"[:,]", str(text), maxsplit=1)
+    if len(parts) != 2 or not all(p.strip() for p in parts):
+        raise ReportError(f"--pair {escape_text(str(text))!r}: expected A:B, two backend names")
+    return parts[0].strip(), parts[1].strip()
+
+
+def pair_diff(old: pd.DataFrame, new: pd.DataFrame, a: str, b: str) -> tuple[list[str], list[str]]:
+    """(differences, notes): backend `a`'s rows of OLD against backend `b`'s of NEW, case by case (OLD and NEW may
+    be one report). A difference: a case whose status or severity differs, or a (case, tensor) whose n_mismatch
+    differs; notes: cases only one side ran."""
+    po, pn = pair_severity(old[old["backend"] == a]), pair_severity(new[new["backend"] == b])
+    diffs: list[str] = []
+    notes: list[str] = []
+    m = po.merge(pn, on="case_id", how="outer", suffixes=("_a", "_b"), indicator="where")
+    for r in m.itertuples(index=False):
+        if r.where != "both":
+            notes.append(f"only {a if r.where == 'left_only' else b} ran {r.case_id}")
+        elif (r.status_a, r.severity_a) != (r.status_b, r.severity_b):
+            diffs.append(f"{r.case_id}: {a} {r.status_a}/{r.severity_a or '-'}, {b} {r.status_b}/{r.severity_b or '-'}")
+    rows = old[old["backend"] == a][["case_id", "tensor", "n_mismatch"]].merge(
+        new[new["backend"] == b][["case_id", "tensor", "n_mismatch"]], on=["case_id", "tensor"], suffixes=("_a", "_b"))
+    for r in rows.itertuples(index=False):
+        if pd.notna(r.n_mismatch_a) and pd.notna(r.n_mismatch_b) and r.n_mismatch_a != r.n_mismatch_b:
+            diffs.append(f"{r.case_id} {r.tensor}: mismatches vs golden {a} {int(r.n_mismatch_a)}, "
+                         f"{b} {int(r.n_mismatch_b)}")
+    return [escape_text(t) for t in diffs], [escape_text(t) for t in notes]
+
+
+def _differing(x, y) -> int:
+    """Elements of two same-shape, same-dtype tensors whose bytes differ."""
+    import torch  # noqa: PLC0415
+
+    if x.dtype.is_floating_point or x.dtype.is_complex:
+        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+        x, y = x.contiguous().view(width), y.contiguous().view(width)
+    return int((x != y).sum())
+
+
+def bitwise_diff(old_dir: str | os.PathLike, new_dir: str | os.PathLike, a: str, b: str) -> tuple[list[str], list[str]]:
+    """(differences, notes): for every case with saved outputs (`run --keep-outputs`) of backend `a` in OLD and `b` in
+    NEW, whether their bytes are identical: one line per differing case naming each tensor and its count of differing
+    elements (or its shape / dtype change, or a tensor only one side has). Notes: cases only one side saved."""
+    import torch  # noqa: PLC0415
+
+    from .artefacts import OUTPUTS, safe_name  # noqa: PLC0415
+
+    ro, rn = Path(old_dir) / OUTPUTS, Path(new_dir) / OUTPUTS
+    if not ro.is_dir() or not rn.is_dir():
+        missing = ro if not ro.is_dir() else rn
+        raise ReportError(f"diff --bitwise: no {missing} (saved outputs): run with --keep-outputs")
+    fa, fb = f"{safe_name(a)}.pt", f"{safe_name(b)}.pt"
+    cases_a = {d.name for d in ro.iterdir() if (d / fa).is_file()}
+    cases_b = {d.name for d in rn.iterdir() if (d / fb).is_file()}
+    diffs, notes = [], [f"only {a} saved outputs for {c}" for c in sorted(cases_a - cases_b)]
+    notes += [f"only {b} saved outputs for {c}" for c in sorted(cases_b - cases_a)]
+    for c in sorted(cases_a & cases_b):
+        x, y = torch.load(ro / c / fa, weights_only=True), torch.load(rn / c / fb, weights_only=True)
+        found = []
+        for k in sorted(set(x) | set(y)):
+            if k not in x or k not in y:
+                found.append(f"{k} only in {a if k in x else b}")
+            elif x[k].shape != y[k].shape or x[k].dtype != y[k].dtype:
+                found.append(f"{k} {tuple(x[k].shape)} {x[k].dtype} vs {tuple(y[k].shape)} {y[k].dtype}")
+            else:
+                n = _differing(x[k], y[k])
+                if n:
+                    found.append(f"{k} {n} of {x[k].numel()} elements differ")
+        if found:
+            diffs.append(f"{c}: " + "; ".join(found))
+    if not cases_a & cases_b:
+        notes.append(f"no case has saved outputs of both {a} (OLD) and {b} (NEW)")
+    return [escape_text(t) for t in diffs], [escape_text(t) for t in notes]
 
 
 def shard_problems(shards: Sequence[tuple[str, Mapping]]) -> list[str]:

@@ -129,3 +129,39 @@ def test_plots_skip_an_empty_heatmap_and_keep_the_ulp_chart_compact(tmp_path):
     files, _ = plots.write_plots(report.read_results(d), d / "plots")
     w, h = Image.open(d / "plots" / "ulp_hist.png").size
     assert h <= 100 * (0.4 * plots.ULP_MAX_ROWS + 2) and w < 2000
+
+
+# ---- kernel against kernel (#39 item 4) -------------------------------------------------------
+
+
+def test_pair_diff_compares_backend_a_of_old_with_backend_b_of_new(tmp_path, capsys):
+    d = write_report(tmp_path / "r", [row("a"), row("a", backend="k"), row("b"),
+                                      row("b", backend="k", status="fail", severity="equivalent", n_mismatch=3)])
+    df = report.read_results(d)
+    diffs, notes = report.pair_diff(df, df, "reference", "k")
+    assert diffs == ["b: reference pass/-, k fail/equivalent", "b rowwise_data: mismatches vs golden reference 0, k 3"]
+    assert report.pair_diff(df, df, "reference", "reference") == ([], [])
+    assert cli.main(["diff", str(d), str(d), "--pair", "reference:k"]) == 1
+    assert cli.main(["diff", str(d), str(d), "--pair", "k:k"]) == 0
+    assert cli.main(["diff", str(d), str(d), "--bitwise"]) == 2  # --bitwise needs --pair
+
+
+def test_bitwise_diff_counts_differing_elements_per_tensor(tmp_path, capsys):
+    import torch
+
+    from harness.artefacts import plain_outputs, save_outputs
+
+    d = write_report(tmp_path / "r", [row("c1"), row("c1", backend="k")])
+    x = torch.arange(8, dtype=torch.uint8)
+    s = torch.tensor([0.5, -0.0])
+    save_outputs(d, "c1", "reference", plain_outputs({"q": {"data": x, "scale": s}}))
+    y = x.clone()
+    y[[1, 5]] += 1
+    save_outputs(d, "c1", "k", plain_outputs({"q": {"data": y, "scale": torch.tensor([0.5, 0.0])}}))
+    diffs, _ = report.bitwise_diff(d, d, "reference", "k")
+    assert diffs == ["c1: q.data 2 of 8 elements differ; q.scale 1 of 2 elements differ"]  # -0.0 != 0.0 in bytes
+    assert report.bitwise_diff(d, d, "k", "k") == ([], [])
+    capsys.readouterr()
+    assert cli.main(["diff", str(d), str(d), "--pair", "reference:k", "--bitwise"]) == 1
+    assert "DIFFERS: c1: q.data 2 of 8 elements differ" in capsys.readouterr().out
+    assert cli.main(["diff", str(tmp_path), str(d), "--pair", "a:b", "--bitwise"]) == 2  # no outputs/ there
