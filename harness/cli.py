@@ -606,12 +606,14 @@ def cmd_report(args) -> int:
         df = report.read_results(args.dir)
     except FileNotFoundError as e:
         raise UsageError(str(e)) from e
-    print(report.format_summary(df))
-    print(report.format_time_split(df))
+    if not args.quiet:  # run printed it already (README Quickstart: run && report --quiet)
+        print(report.format_summary(df))
+        print(report.format_time_split(df))
     cs = report.case_status(df)
-    print(f"\n{len(df)} rows, {len(cs)} (case, backend) pairs in {report.results_path(args.dir)}")
+    print(f"{'' if args.quiet else chr(10)}{len(df)} rows, {len(cs)} (case, backend) pairs in "
+          f"{report.results_path(args.dir)}")
     bad = df[df["status"].isin(["fail", "error"])]
-    for r in bad.drop_duplicates(["case_id", "backend"]).head(args.show).itertuples(index=False):
+    for r in bad.drop_duplicates(["case_id", "backend"]).head(0 if args.quiet else args.show).itertuples(index=False):
         line = f"  {r.status:5s} {r.case_id} [{r.backend}] {r.tensor}: {r.reason}"
         print(report.escape_text(line))  # a report written before the sanitizer may hold raw escapes
     written = []
@@ -803,6 +805,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--plots-dir", default=None, help="where to write PNGs (default DIR/plots)")
     p.add_argument("--show", type=int, default=20, help="failing cases to list")
+    p.add_argument("--quiet", action="store_true", help="print no summary (run printed it), only the files written")
     p.add_argument("--format", default="html,md,junit", metavar="LIST",
                    help="files written into DIR: html (report.html), md (summary.md), junit (junit.xml), a comma "
                         "list, or none (default: all three)")
