@@ -114,3 +114,50 @@ def _save_failure(d: Path, case, backend_spec: str, rows: Sequence[Mapping], inp
     script.write_text(text)
     script.chmod(0o755)
     return d
+
+
+OUTPUTS = "outputs"
+
+
+def plain_outputs(values, prefix: str = "") -> dict:
+    """A candidate's outputs (harness.ops.Output.values: tensors, QuantizedTensors, AmaxHistory, lists, dicts) as
+    {dotted name: CPU tensor}, plain tensors only (what torch.load(weights_only=True) reads back)."""
+    import dataclasses  # noqa: PLC0415
+
+    import torch  # noqa: PLC0415
+
+    out: dict = {}
+    if isinstance(values, torch.Tensor):
+        out[prefix or "out"] = values.detach().to("cpu").clone()
+    elif isinstance(values, dict):
+        for k, v in values.items():
+            out.update(plain_outputs(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(values, (list, tuple)):
+        for i, v in enumerate(values):
+            out.update(plain_outputs(v, f"{prefix}.{i}" if prefix else str(i)))
+    elif dataclasses.is_dataclass(values) and not isinstance(values, type):
+        for f in dataclasses.fields(values):
+            out.update(plain_outputs(getattr(values, f.name), f"{prefix}.{f.name}" if prefix else f.name))
+    else:
+        for name in ("scale", "history"):  # AmaxHistory and its kind: plain attributes
+            v = getattr(values, name, None)
+            if isinstance(v, torch.Tensor):
+                out[f"{prefix}.{name}" if prefix else name] = v.detach().to("cpu").clone()
+    return out
+
+
+def outputs_path(out_dir, case_id: str, backend: str) -> Path:
+    """OUT/outputs/<safe case id>/<safe backend>.pt."""
+    return Path(out_dir) / OUTPUTS / safe_name(case_id) / f"{safe_name(backend)}.pt"
+
+
+def save_outputs(out_dir, case_id: str, backend: str, outputs: dict) -> Path:
+    """torch.save of {name: tensor} for one (case, backend), written whole (a temporary file, then a rename)."""
+    import torch  # noqa: PLC0415
+
+    p = outputs_path(out_dir, case_id, backend)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".pt.tmp")
+    torch.save(dict(outputs), tmp)
+    tmp.replace(p)
+    return p

@@ -355,6 +355,9 @@ def cmd_run(args) -> int:
         raise UsageError("--resume and --force exclude each other (--force replaces the report --resume continues)")
     if args.resume_any and not args.resume:
         raise UsageError("--resume-any goes with --resume (it lets --resume continue a report of another selection)")
+    from .report import accept_policy  # noqa: PLC0415
+
+    accept_policy(args.accept)  # a bad --accept (or project accept) stops here, before any case runs
     out = _out_dir(args)
     device = _device(args.device)
     zygote()  # backend processes fork from it: before this process starts threads (the workers' start, below)
@@ -427,7 +430,8 @@ def _sweep(args, out: Path, device: str, workers, env, cases, backends) -> int:
                 PoolSweep(cases, specs, args.workers,
                           device=args.device if args.device not in (None, "auto") else None, writer=writer,
                           out_dir=out, progress=progress, golden=args.golden_device,
-                          case_timeout=args.case_timeout, import_timeout=args.import_timeout, workers=workers).run()
+                          case_timeout=args.case_timeout, import_timeout=args.import_timeout, workers=workers,
+                          keep_outputs=args.keep_outputs).run()
             except KeyboardInterrupt:
                 stopped = ("interrupted", 130)
             except Terminated as e:
@@ -465,6 +469,20 @@ def _sweep(args, out: Path, device: str, workers, env, cases, backends) -> int:
             print(f"  {repro_command(r.case_id, specs.get(r.backend, r.backend))}")
         if len(bad) > 10:
             print(f"  ... and {len(bad) - 10} more")
+    return _accept_exit(df, args.accept)
+
+
+def _accept_exit(df, flag: str | None, *, policy_required: bool = False) -> int:
+    """Print the CI policy's line (harness.report.unaccepted) and return the exit status it gives: 1 when a
+    (case, backend) pair is outside `--accept` (or the project file's `accept`, or the default), else 0. With
+    `policy_required` (harness report), no flag and no project setting means exit 0, as before."""
+    from . import report  # noqa: PLC0415
+
+    accept, source = report.accept_policy(flag)
+    if policy_required and source == "default":
+        return 0
+    bad = report.unaccepted(df, accept)
+    print(report.format_accept(bad, accept, source))
     return 1 if len(bad) else 0
 
 
@@ -577,20 +595,28 @@ def cmd_repro(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from . import report  # noqa: PLC0415
+    from . import (
+        report,  # noqa: PLC0415
+        report_formats,  # noqa: PLC0415
+    )
 
+    accept, source = report.accept_policy(args.accept)  # a bad --accept is an error before anything is printed
+    formats = report_formats.parse_formats(args.format)
     try:
         df = report.read_results(args.dir)
     except FileNotFoundError as e:
         raise UsageError(str(e)) from e
-    print(report.format_summary(df))
-    print(report.format_time_split(df))
+    if not args.quiet:  # run printed it already (README Quickstart: run && report --quiet)
+        print(report.format_summary(df))
+        print(report.format_time_split(df))
     cs = report.case_status(df)
-    print(f"\n{len(df)} rows, {len(cs)} (case, backend) pairs in {report.results_path(args.dir)}")
+    print(f"{'' if args.quiet else chr(10)}{len(df)} rows, {len(cs)} (case, backend) pairs in "
+          f"{report.results_path(args.dir)}")
     bad = df[df["status"].isin(["fail", "error"])]
-    for r in bad.drop_duplicates(["case_id", "backend"]).head(args.show).itertuples(index=False):
+    for r in bad.drop_duplicates(["case_id", "backend"]).head(0 if args.quiet else args.show).itertuples(index=False):
         line = f"  {r.status:5s} {r.case_id} [{r.backend}] {r.tensor}: {r.reason}"
         print(report.escape_text(line))  # a report written before the sanitizer may hold raw escapes
+    written = []
     if not args.no_plots:
         from . import plots  # noqa: PLC0415
 
@@ -600,7 +626,10 @@ def cmd_report(args) -> int:
             print(message)
         for p in written:
             print(f"plot: {p}")
-    return 0
+    report_dir = report.results_path(args.dir).parent
+    for p in report_formats.write_formats(df, report_dir, formats, accept=accept, source=source, plots=written):
+        print(f"wrote: {p}")
+    return _accept_exit(df, args.accept, policy_required=True)
 
 
 def cmd_diff(args) -> int:
@@ -610,6 +639,10 @@ def cmd_diff(args) -> int:
         old, new = report.read_results(args.old), report.read_results(args.new)
     except FileNotFoundError as e:
         raise UsageError(str(e)) from e
+    if args.bitwise and not args.pair:
+        raise UsageError("--bitwise goes with --pair A:B (the two backends whose saved outputs are compared)")
+    if args.pair:
+        return _pair_diff(args, old, new)
     regressions, notes = report.diff(old, new, sqnr_drop_db=args.sqnr_db)
     for n in notes:
         print(f"note: {n}")
@@ -617,6 +650,24 @@ def cmd_diff(args) -> int:
         print(f"REGRESSION: {r}")
     print(f"{len(regressions)} regression(s) between {args.old} and {args.new}")
     return 1 if regressions else 0
+
+
+def _pair_diff(args, old, new) -> int:
+    """diff --pair A:B [--bitwise]: exit 1 when the two backends differ (verdicts, or bytes with --bitwise)."""
+    from . import report  # noqa: PLC0415
+
+    a, b = report.parse_pair(args.pair)
+    if args.bitwise:
+        diffs, notes = report.bitwise_diff(args.old, args.new, a, b)
+    else:
+        diffs, notes = report.pair_diff(old, new, a, b)
+    for n in notes:
+        print(f"note: {n}")
+    for d in diffs:
+        print(f"DIFFERS: {d}")
+    what = "case(s) whose bytes differ" if args.bitwise else "difference(s)"
+    print(f"{len(diffs)} {what} between {a} ({args.old}) and {b} ({args.new})")
+    return 1 if diffs else 0
 
 
 def cmd_merge(args) -> int:
@@ -693,6 +744,13 @@ def _golden(p: argparse.ArgumentParser) -> None:
                         "same: always on the backend's device, cpu: always on the cpu")
 
 
+def _accept(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--accept", default=None, metavar="WORDS",
+                   help="CI policy: exit 0 when every (case, backend) pair is skipped or within this comma list of "
+                        "pass, exact, convention, equivalent, degraded, broken (default: [tool.numerics-harness] "
+                        "accept in ./pyproject.toml, else pass: fail and error pairs fail; docs/numerics.md §11)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m harness", description="Low-precision numerics verification harness")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -717,6 +775,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --resume: continue a report made with another selection (tier, cases file, filter, "
                         "shard, golden device, backends), which --resume refuses")
     _golden(p)
+    _accept(p)
+    p.add_argument("--keep-outputs", action="store_true",
+                   help="save each candidate's output tensors as DIR/outputs/<case>/<backend>.pt (for diff --bitwise)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--progress", dest="progress", action="store_true", default=None, help="force the progress bar")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
@@ -744,12 +805,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--plots-dir", default=None, help="where to write PNGs (default DIR/plots)")
     p.add_argument("--show", type=int, default=20, help="failing cases to list")
+    p.add_argument("--quiet", action="store_true", help="print no summary (run printed it), only the files written")
+    p.add_argument("--format", default="html,md,junit", metavar="LIST",
+                   help="files written into DIR: html (report.html), md (summary.md), junit (junit.xml), a comma "
+                        "list, or none (default: all three)")
+    _accept(p)
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("diff", help="regressions from OLD to NEW (exit 1 if any)")
     p.add_argument("old")
     p.add_argument("new")
     p.add_argument("--sqnr-db", type=float, default=0.5, help="SQNR drop counted as a regression (dB)")
+    p.add_argument("--pair", default=None, metavar="A:B",
+                   help="compare backend A's rows in OLD with backend B's in NEW case by case (OLD and NEW may be "
+                        "one report); exit 1 if their verdicts or mismatch counts differ")
+    p.add_argument("--bitwise", action="store_true",
+                   help="with --pair: compare the saved output bytes (run --keep-outputs) and list every case whose "
+                        "bytes differ, with counts of differing elements per tensor")
     p.set_defaults(func=cmd_diff)
 
     p = sub.add_parser("merge", help="join shard reports into OUT")

@@ -18,6 +18,7 @@ import pandas as pd
 NO_MATPLOTLIB = "matplotlib is not installed; skipping plots (pip install matplotlib)"
 SPECIAL_DISTRIBUTIONS = ("special",)  # inputs with NaN / Inf / subnormals: plotted apart
 _TITLE_WIDTH = 60
+ULP_MAX_ROWS = 30  # rows of the ULP chart (series with elements off the golden's bits, the most mismatched first)
 
 
 def _title(ax, text: str, fontsize: int = 10) -> None:
@@ -65,14 +66,17 @@ def _heatmap(plt, df: pd.DataFrame, path: Path) -> bool:
     conf = df[(df["kind"] == "conformance") & df["mismatch_frac"].notna()]
     if conf.empty:
         return False
+    if not (conf["mismatch_frac"] > 0).any():
+        return False  # every conformance row matches: an all-white heatmap teaches nothing (the summary says so)
     conf = conf.assign(col=conf["scheme"] + "/" + conf["backend"])
     pv = conf.pivot_table(index="shape", columns="col", values="mismatch_frac", aggfunc="max")
+    pv = pv.loc[(pv > 0).any(axis=1), (pv > 0).any(axis=0)]  # only shapes and columns with a mismatch
     fig, ax = plt.subplots(figsize=(max(4, 0.9 * pv.shape[1] + 3), max(3, 0.35 * pv.shape[0] + 2)))
     worst = float(pv.max().max())
     im = ax.imshow(pv.values.astype(float), aspect="auto", cmap="Reds", vmin=0.0, vmax=max(1e-3, worst))
     ax.set_xticks(range(pv.shape[1]), pv.columns, rotation=45, ha="right", fontsize=8)
     ax.set_yticks(range(pv.shape[0]), pv.index, fontsize=8)
-    _title(ax, "max mismatch fraction per shape (conformance rows)" + ("" if worst > 0 else ": none"))
+    _title(ax, "max mismatch fraction per shape (conformance rows; shapes and columns with a mismatch)")
     fig.colorbar(im, ax=ax)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -113,13 +117,35 @@ def _ulp_hists(plt, df: pd.DataFrame, path: Path) -> bool:
         except ValueError:
             return (2, 0.0, b)
 
-    fig, axes = plt.subplots(len(totals), 1, figsize=(7, 2.2 * len(totals)), squeeze=False)
-    for ax, (key, h) in zip(axes[:, 0], sorted(totals.items()), strict=True):
-        buckets = sorted(h, key=order)
-        ax.bar(range(len(buckets)), [h[b] for b in buckets], color="tab:blue")
-        ax.set_xticks(range(len(buckets)), buckets, fontsize=7)
-        ax.set_yscale("log")
-        _title(ax, f"ULP distance histogram: {key}", fontsize=9)
+    # One compact chart: a row per series (scheme/backend, unit) that has an element off the golden's bits, a
+    # column per bucket, each cell the fraction of that series' elements (log colour, the count written in it).
+    # Series whose elements are all at distance 0 are counted in the title, not drawn (a bar of one bucket each
+    # made a 700x9900 px column of identical panels); at most ULP_MAX_ROWS rows, the most mismatched first.
+    off = {k: h for k, h in totals.items() if any(c for b, c in h.items() if b != "0")}
+    if not off:
+        return False
+    buckets = sorted({b for h in off.values() for b in h}, key=order)
+    share = {k: sum(c for b, c in h.items() if b != "0") / max(1, sum(h.values())) for k, h in off.items()}
+    keys = sorted(off, key=lambda k: (-share[k], k))[:ULP_MAX_ROWS]
+    import numpy as np  # noqa: PLC0415
+
+    frac = np.array([[off[k].get(b, 0) / max(1, sum(off[k].values())) for b in buckets] for k in keys])
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(buckets) + 4), max(2.5, 0.4 * len(keys) + 1.5)))
+    shown = np.where(frac > 0, np.log10(np.maximum(frac, 1e-12)), np.nan)
+    im = ax.imshow(shown, aspect="auto", cmap="viridis", vmin=min(-6.0, float(np.nanmin(shown))), vmax=0.0)
+    for i, k in enumerate(keys):
+        for j, b in enumerate(buckets):
+            if off[k].get(b, 0):
+                ax.text(j, i, str(off[k][b]), ha="center", va="center", fontsize=7,
+                        color="black" if frac[i, j] > 0.1 else "white")
+    ax.set_xticks(range(len(buckets)), buckets, fontsize=8)
+    ax.set_yticks(range(len(keys)), [textwrap.shorten(k, 60) for k in keys], fontsize=8)
+    ax.set_xlabel("distance from the golden (codes or ULPs)")
+    rest = len(totals) - len(keys)
+    _title(ax, "ULP distance histogram: elements per bucket (colour: log10 fraction)"
+           + (f"; {rest} other series not drawn (all at 0, or past the first {ULP_MAX_ROWS})" if rest else ""),
+           fontsize=9)
+    fig.colorbar(im, ax=ax)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

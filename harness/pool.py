@@ -47,6 +47,7 @@ import pebble
 import torch
 
 from . import backends as backends_mod
+from .artefacts import plain_outputs
 from .forkserver import apply_heap_policy, context, heap_policy, worker_heap_env
 from .golden import InputCache, check_golden, golden_on_cpu
 from .rows import exc_text, pair_base, status_row
@@ -267,7 +268,8 @@ def context_dead(device: str) -> str | None:
 
 
 def run_items(items: Sequence[tuple[Any, list[str]]], log: str, specs: dict[str, str], golden: str,
-              limits: tuple[float, float] = (DEFAULT_CASE_TIMEOUT, DEFAULT_IMPORT_TIMEOUT)) -> None:
+              limits: tuple[float, float] = (DEFAULT_CASE_TIMEOUT, DEFAULT_IMPORT_TIMEOUT),
+              keep_outputs: bool = False) -> None:
     """Worker: run each (case, backend names) of one task, logging `start` and `rows` records. Every backend
     runs in its own process (harness.sandbox); this process draws the inputs, computes the golden and judges.
 
@@ -281,6 +283,7 @@ def run_items(items: Sequence[tuple[Any, list[str]]], log: str, specs: dict[str,
         for case, names in items:
             once = GoldenOnce(case, w.device, w.golden, cache=w.cache)
             for name in names:
+                kept: dict | None = {} if keep_outputs else None
                 try:
                     backend = w.backend(name)  # before `start`: its import is not charged to the case
                 except BackendFailed as e:
@@ -289,8 +292,10 @@ def run_items(items: Sequence[tuple[Any, list[str]]], log: str, specs: dict[str,
                                        f"worker could not load backend {w.specs[name]!r}: {e}")]
                 else:
                     _put(fd, ("start", case.id, name))
-                    rows = run_backend(case, once, backend, w.device, worker=w.name, timeout=w.case_timeout)
-                _put(fd, ("rows", case.id, name, rows))
+                    rows = run_backend(case, once, backend, w.device, worker=w.name, timeout=w.case_timeout,
+                                       keep=kept)
+                # --keep-outputs: the candidate's tensors travel with its rows (this judge rebuilt them from bytes)
+                _put(fd, ("rows", case.id, name, rows, plain_outputs(kept.pop("values")) if kept else None))
                 dead = context_dead(w.device)
                 if dead is not None:
                     _put(fd, ("retire", dead))
@@ -422,8 +427,9 @@ class PoolSweep:
     def __init__(self, cases: Sequence, specs: Sequence[str] | Mapping[str, str], n_workers: int, *,
                  device: str | None = None, writer=None, out_dir=None, progress=None, golden: str = "same",
                  case_timeout: float = DEFAULT_CASE_TIMEOUT, import_timeout: float = DEFAULT_IMPORT_TIMEOUT,
-                 workers: WorkerPool | None = None):
+                 workers: WorkerPool | None = None, keep_outputs: bool = False):
         check_golden(golden)  # before any worker starts
+        self.keep_outputs = keep_outputs
         if workers is not None and workers.n_workers != n_workers:
             raise ValueError(f"n_workers={n_workers} but the given WorkerPool has {workers.n_workers} workers")
         self.workers = workers if workers is not None else WorkerPool(n_workers, device)
@@ -443,9 +449,9 @@ class PoolSweep:
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
-    def _record(self, case_id: str, name: str, rows: list) -> None:
+    def _record(self, case_id: str, name: str, rows: list, outputs: dict | None = None) -> None:
         record(self.by_id[case_id], name, rows, self.specs.get(name, name), self.writer, self.out_dir,
-               self.progress, self.result)
+               self.progress, self.result, outputs)
 
     def _error(self, case_id: str, name: str, reason: str) -> None:
         base = pair_base(self.by_id[case_id], name, self.device, "?")
@@ -455,7 +461,7 @@ class PoolSweep:
         self._n += 1
         t = _Task(items, self._tmp / f"task{self._n}.log", deaths)
         t.future = pool.schedule(run_items, args=(items, str(t.log), self.specs, self.golden,
-                                                  (self.case_timeout, self.import_timeout)))
+                                                  (self.case_timeout, self.import_timeout), self.keep_outputs))
         return t
 
     def _harvest(self, t: _Task) -> None:
@@ -480,7 +486,7 @@ class PoolSweep:
             elif (rec[1], rec[2]) not in t.done:
                 t.done.add((rec[1], rec[2]))
                 t.current = None
-                self._record(rec[1], rec[2], rec[3])
+                self._record(rec[1], rec[2], rec[3], rec[4] if len(rec) > 4 else None)
         t.offset += pos
 
     def _finish(self, pool, t: _Task) -> list[_Task]:

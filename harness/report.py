@@ -100,6 +100,9 @@ _NUMERIC = frozenset(NUMERIC_COLUMNS)
 CELL_LIMIT = 100_000
 # diff: an SQNR drop larger than this (dB) is a regression (the issue's threshold).
 SQNR_DROP_DB = 0.5
+# Skip reasons printed by format_summary (the most frequent first) and the characters of each shown.
+SKIP_TOP = 10
+SKIP_REASON_WIDTH = 110
 
 
 def status_rank(status: str) -> int:
@@ -452,6 +455,7 @@ class ReportWriter:
             if self.path.exists():
                 self.path.unlink()
             shutil.rmtree(self.out_dir / FAILURES, ignore_errors=True)
+            shutil.rmtree(self.out_dir / "outputs", ignore_errors=True)  # harness.artefacts.OUTPUTS
         if previous_meta is not None:
             meta["resumed"] = int(previous_meta.get("resumed", 0) or 0) + 1
             meta["resumed_with_cases"] = len(self.completed)
@@ -762,17 +766,141 @@ def skip_reasons(df: pd.DataFrame) -> pd.DataFrame:
     return g.sort_values("count", ascending=False, kind="stable")[cols].reset_index(drop=True)
 
 
+def skip_groups(df: pd.DataFrame, top: int | None = SKIP_TOP) -> tuple[pd.DataFrame, int]:
+    """(the `top` most frequent skip reasons: count, reason, the backends giving it; how many distinct reasons
+    there are in all). A reason is counted over every backend that gives it (its backend's name first, as
+    `torch: ...`, is part of it), most frequent first."""
+    cols = ["count", "reason", "backends"]
+    sk = df[df["status"] == "skip"] if not df.empty else df
+    if sk.empty:
+        return pd.DataFrame(columns=cols), 0
+    g = sk.groupby("reason", sort=False).agg(count=("case_id", "size"),
+                                              backends=("backend", lambda b: ",".join(sorted(set(b)))))
+    g = g.reset_index().sort_values("count", ascending=False, kind="stable")[cols].reset_index(drop=True)
+    return (g if top is None else g.head(top)), len(g)
+
+
+def _short(text: str, width: int = SKIP_REASON_WIDTH) -> str:
+    """`text` cut in the middle to `width` characters (a reason's start and end both tell reasons apart)."""
+    if len(text) <= width:
+        return text
+    head = (width - 5) // 2
+    return text[:head] + " ... " + text[len(text) - (width - 5 - head):]
+
+
+def format_skips(df: pd.DataFrame, top: int = SKIP_TOP) -> str:
+    """The skip reasons, grouped: `count  reason` lines (the top `top`, reasons cut at SKIP_REASON_WIDTH), with one
+    line saying how many more there are; '' without skips."""
+    g, total = skip_groups(df, top)
+    if not total:
+        return ""
+    n = int((df["status"] == "skip").sum())
+    head = f"skip reasons: {n} skipped rows, {total} distinct reasons" + (f" (the {top} most frequent)" if total > top else "")
+    g = g.assign(reason=[_short(r) for r in g["reason"]])
+    lines = [head, format_table(g[["count", "reason"]])]
+    if total > top:
+        lines.append(f"... and {total - top} more reasons (harness.report.skip_reasons lists them all)")
+    return "\n".join(lines)
+
+
 def format_summary(df: pd.DataFrame) -> str:
-    """The summary table, the grouped non-exact verdicts and the skip reasons, as text."""
+    """The summary table, the grouped non-exact verdicts, then the skip reasons grouped and short (format_skips),
+    as text: the verdict first, never pushed off the screen by skips."""
     ps = pair_severity(df)  # once for both tables
     parts = [format_table(summary(df, ps))]
     groups = verdict_groups(df, ps)
     if len(groups):
         parts += ["", "non-exact cases by severity x class x input distribution:", format_table(groups)]
-    skips = skip_reasons(df)
-    if len(skips):
-        parts += ["", "skip reasons:", format_table(skips)]
+    skips = format_skips(df)
+    if skips:
+        parts += ["", skips]
     return "\n".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------
+# CI policy: which severities pass (`--accept`, `[tool.numerics-harness] accept`)
+# ----------------------------------------------------------------------------------------------
+
+# `pass`: a pair whose status is pass (its conformance rows pass the byte comparison or the GEMM tolerance); a
+# severity: a pair of that severity (docs/numerics.md §11). A skip never fails; an error is always `broken`.
+ACCEPT_TOKENS = ("pass", *SEVERITIES)
+# The default keeps the exit status of every earlier release: fail and error pairs fail the run, so a
+# `convention` or `equivalent` quantizer (status fail) fails, and a GEMM inside the tolerance passes.
+DEFAULT_ACCEPT = ("pass",)
+PROJECT_FILE = "pyproject.toml"
+PROJECT_TABLE = "numerics-harness"
+
+
+def parse_accept(value, source: str = "--accept") -> tuple[str, ...]:
+    """The accept list from a comma string or a list of strings; ReportError (one line, naming `source`) for an
+    unknown word or an empty list."""
+    if isinstance(value, str):
+        words = [w.strip() for w in value.split(",")]
+    elif isinstance(value, (list, tuple)) and all(isinstance(w, str) for w in value):
+        words = [w.strip() for w in value]
+    else:
+        raise ReportError(f"{source}: expected a list of words from {', '.join(ACCEPT_TOKENS)}, got {value!r}")
+    words = [w for w in words if w]
+    bad = [w for w in words if w not in ACCEPT_TOKENS]
+    if bad:
+        hint = " (skips never fail: no word is needed for them)" if "skip" in bad else ""
+        raise ReportError(f"{source}: {escape_text(', '.join(bad))} is not one of {', '.join(ACCEPT_TOKENS)}{hint}")
+    if not words:
+        raise ReportError(f"{source}: empty; give at least one of {', '.join(ACCEPT_TOKENS)}")
+    return tuple(dict.fromkeys(words))
+
+
+def project_accept(directory: str | os.PathLike = ".") -> tuple[str, ...] | None:
+    """`accept` of `[tool.numerics-harness]` in `directory`/pyproject.toml, or None when it is not set there."""
+    p = Path(directory) / PROJECT_FILE
+    if not p.is_file():
+        return None
+    try:
+        import tomllib  # noqa: PLC0415
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # noqa: PLC0415
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (ValueError, OSError, UnicodeDecodeError) as e:
+        raise ReportError(f"{p}: cannot read it ({escape_text(str(e))})") from None
+    table = data.get("tool", {}).get(PROJECT_TABLE, {})
+    if not isinstance(table, dict) or "accept" not in table:
+        return None
+    return parse_accept(table["accept"], f"{p} [tool.{PROJECT_TABLE}] accept")
+
+
+def accept_policy(flag: str | None, directory: str | os.PathLike = ".") -> tuple[tuple[str, ...], str]:
+    """(accept list, where it came from): the --accept flag, else the project file, else DEFAULT_ACCEPT."""
+    if flag is not None:
+        return parse_accept(flag), "--accept"
+    from_project = project_accept(directory)
+    if from_project is not None:
+        return from_project, str(Path(directory) / PROJECT_FILE)
+    return DEFAULT_ACCEPT, "default"
+
+
+def unaccepted(df: pd.DataFrame, accept: Sequence[str], ps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The (case, backend) pairs (pair_severity rows) outside `accept`: not skipped, and neither of status pass with
+    `pass` accepted nor of an accepted severity (an error pair's severity is `broken`, whatever its rows say; a
+    pair with no severity and status pass, nothing judged, is accepted)."""
+    ps = pair_severity(df) if ps is None else ps
+    if ps.empty:
+        return ps
+    sev = ps["severity"].where(ps["status"] != "error", "broken")
+    ok = (ps["status"] == "skip") | sev.isin(list(accept))
+    if "pass" in accept:
+        ok |= ps["status"] == "pass"
+    ok |= (sev == "") & (ps["status"] == "pass")
+    return ps[~ok].assign(severity=sev[~ok]).reset_index(drop=True)
+
+
+def format_accept(bad: pd.DataFrame, accept: Sequence[str], source: str) -> str:
+    """One line: the policy and how many pairs are outside it, by severity."""
+    head = f"accept {','.join(accept)} ({source}): "
+    if bad.empty:
+        return head + "every (case, backend) pair within it"
+    by = bad["severity"].replace("", "-").value_counts()
+    return head + f"{len(bad)} (case, backend) pair(s) outside it (" + ", ".join(f"{k} {v}" for k, v in by.items()) + ")"
 
 
 def time_split(df: pd.DataFrame) -> dict[str, float]:
@@ -847,6 +975,82 @@ def diff(old: pd.DataFrame, new: pd.DataFrame, sqnr_drop_db: float = SQNR_DROP_D
                 f"{r.case_id} [{r.backend}] {r.tensor}"
             )
     return [escape_text(t) for t in regressions], [escape_text(t) for t in notes]
+
+
+def parse_pair(text: str) -> tuple[str, str]:
+    """`A:B` (or `A,B`) -> (A, B): backend A's rows in OLD against backend B's in NEW."""
+    parts = re.split(r"[:,]", str(text), maxsplit=1)
+    if len(parts) != 2 or not all(p.strip() for p in parts):
+        raise ReportError(f"--pair {escape_text(str(text))!r}: expected A:B, two backend names")
+    return parts[0].strip(), parts[1].strip()
+
+
+def pair_diff(old: pd.DataFrame, new: pd.DataFrame, a: str, b: str) -> tuple[list[str], list[str]]:
+    """(differences, notes): backend `a`'s rows of OLD against backend `b`'s of NEW, case by case (OLD and NEW may
+    be one report). A difference: a case whose status or severity differs, or a (case, tensor) whose n_mismatch
+    differs; notes: cases only one side ran."""
+    po, pn = pair_severity(old[old["backend"] == a]), pair_severity(new[new["backend"] == b])
+    diffs: list[str] = []
+    notes: list[str] = []
+    m = po.merge(pn, on="case_id", how="outer", suffixes=("_a", "_b"), indicator="where")
+    for r in m.itertuples(index=False):
+        if r.where != "both":
+            notes.append(f"only {a if r.where == 'left_only' else b} ran {r.case_id}")
+        elif (r.status_a, r.severity_a) != (r.status_b, r.severity_b):
+            diffs.append(f"{r.case_id}: {a} {r.status_a}/{r.severity_a or '-'}, {b} {r.status_b}/{r.severity_b or '-'}")
+    rows = old[old["backend"] == a][["case_id", "tensor", "n_mismatch"]].merge(
+        new[new["backend"] == b][["case_id", "tensor", "n_mismatch"]], on=["case_id", "tensor"], suffixes=("_a", "_b"))
+    for r in rows.itertuples(index=False):
+        if pd.notna(r.n_mismatch_a) and pd.notna(r.n_mismatch_b) and r.n_mismatch_a != r.n_mismatch_b:
+            diffs.append(f"{r.case_id} {r.tensor}: mismatches vs golden {a} {int(r.n_mismatch_a)}, "
+                         f"{b} {int(r.n_mismatch_b)}")
+    return [escape_text(t) for t in diffs], [escape_text(t) for t in notes]
+
+
+def _differing(x, y) -> int:
+    """Elements of two same-shape, same-dtype tensors whose bytes differ."""
+    import torch  # noqa: PLC0415
+
+    if x.dtype.is_floating_point or x.dtype.is_complex:
+        width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()]
+        x, y = x.contiguous().view(width), y.contiguous().view(width)
+    return int((x != y).sum())
+
+
+def bitwise_diff(old_dir: str | os.PathLike, new_dir: str | os.PathLike, a: str, b: str) -> tuple[list[str], list[str]]:
+    """(differences, notes): for every case with saved outputs (`run --keep-outputs`) of backend `a` in OLD and `b` in
+    NEW, whether their bytes are identical: one line per differing case naming each tensor and its count of differing
+    elements (or its shape / dtype change, or a tensor only one side has). Notes: cases only one side saved."""
+    import torch  # noqa: PLC0415
+
+    from .artefacts import OUTPUTS, safe_name  # noqa: PLC0415
+
+    ro, rn = Path(old_dir) / OUTPUTS, Path(new_dir) / OUTPUTS
+    if not ro.is_dir() or not rn.is_dir():
+        missing = ro if not ro.is_dir() else rn
+        raise ReportError(f"diff --bitwise: no {missing} (saved outputs): run with --keep-outputs")
+    fa, fb = f"{safe_name(a)}.pt", f"{safe_name(b)}.pt"
+    cases_a = {d.name for d in ro.iterdir() if (d / fa).is_file()}
+    cases_b = {d.name for d in rn.iterdir() if (d / fb).is_file()}
+    diffs, notes = [], [f"only {a} saved outputs for {c}" for c in sorted(cases_a - cases_b)]
+    notes += [f"only {b} saved outputs for {c}" for c in sorted(cases_b - cases_a)]
+    for c in sorted(cases_a & cases_b):
+        x, y = torch.load(ro / c / fa, weights_only=True), torch.load(rn / c / fb, weights_only=True)
+        found = []
+        for k in sorted(set(x) | set(y)):
+            if k not in x or k not in y:
+                found.append(f"{k} only in {a if k in x else b}")
+            elif x[k].shape != y[k].shape or x[k].dtype != y[k].dtype:
+                found.append(f"{k} {tuple(x[k].shape)} {x[k].dtype} vs {tuple(y[k].shape)} {y[k].dtype}")
+            else:
+                n = _differing(x[k], y[k])
+                if n:
+                    found.append(f"{k} {n} of {x[k].numel()} elements differ")
+        if found:
+            diffs.append(f"{c}: " + "; ".join(found))
+    if not cases_a & cases_b:
+        notes.append(f"no case has saved outputs of both {a} (OLD) and {b} (NEW)")
+    return [escape_text(t) for t in diffs], [escape_text(t) for t in notes]
 
 
 def shard_problems(shards: Sequence[tuple[str, Mapping]]) -> list[str]:

@@ -60,13 +60,14 @@ def crash_reason(e: BaseException) -> str:
 
 
 def run_backend(case, golden: Golden | Callable[[], Golden], backend, device, *, worker: str = "",
-                timeout: float | None = None) -> list[Row]:
+                timeout: float | None = None, keep: dict | None = None) -> list[Row]:
     """All rows of `backend` on `case`; never raises for a backend failure (error/skip rows instead).
 
     `golden` may be a zero-argument callable, called only when the backend supports the case. `backend` is
     a harness.sandbox.BackendProcess (its code runs in its own process; `timeout` seconds, golden included,
     bound its call) or, through the API, an object run in this process.
     Rows carry the timing columns: inputs_ms and golden_ms from the golden, check_ms for the rest.
+    `keep`: a dict that receives the candidate's outputs as `keep["values"]` (harness run --keep-outputs).
     """
     t0 = time.perf_counter()
     deadline = None if not timeout else time.monotonic() + timeout
@@ -81,7 +82,7 @@ def run_backend(case, golden: Golden | Callable[[], Golden], backend, device, *,
     base = pair_base(case, backend.name, str(device), worker)
     state = numerics_state.snapshot()
     try:
-        rows = _backend_rows(case, timed_golden, backend, device, base, deadline, timeout)
+        rows = _backend_rows(case, timed_golden, backend, device, base, deadline, timeout, keep)
     finally:
         changed = numerics_state.changes(state)
         numerics_state.restore(state)
@@ -110,7 +111,7 @@ def _implements(backend, method: str) -> bool:
 
 
 def _backend_rows(case, golden: Callable[[], Golden], backend, device, base: Row, deadline: float | None,
-                  timeout: float | None = None) -> list[Row]:
+                  timeout: float | None = None, keep: dict | None = None) -> list[Row]:
     """run_backend's rows, before the timing columns."""
     try:
         ok, why, split = _support(backend, case, device)
@@ -135,9 +136,9 @@ def _backend_rows(case, golden: Callable[[], Golden], backend, device, base: Row
         case, g = dataclasses.replace(case, orientation=orientation), _one_copy_golden(g, orientation)
         skipped = [status_row(base, "skip", f"{other} copy: {other_why or 'not supported'}", tensor=f"{other}_copy")]
     if getattr(backend, "isolated", False):
-        return _run_isolated(case, g, backend, device, base, deadline, timeout) + skipped
+        return _run_isolated(case, g, backend, device, base, deadline, timeout, keep) + skipped
     try:
-        return _run_candidate(case, g, backend, device, base) + skipped
+        return _run_candidate(case, g, backend, device, base, keep) + skipped
     except Unsupported as e:
         return [status_row(base, "skip", backends_mod.skip_reason(backend, e))]
     except SystemExit as e:  # a backend calling sys.exit must not end the sweep
@@ -157,7 +158,7 @@ def _one_copy_golden(g: Golden, orientation: str) -> Golden:
     return dataclasses.replace(g, quantized=q, dequantized={k: v for k, v in g.dequantized.items() if k == orientation})
 
 
-def _run_candidate(case, golden: Golden, backend, device, base: Row) -> list[Row]:
+def _run_candidate(case, golden: Golden, backend, device, base: Row, keep: dict | None = None) -> list[Row]:
     """Rows of one backend on one case (golden already computed), through harness.ops, with their verdict."""
     op = op_for(case)
     dev = golden_device(device)
@@ -172,12 +173,14 @@ def _run_candidate(case, golden: Golden, backend, device, base: Row) -> list[Row
         mutated = [k for k, (copy, original) in handed.items() if not _same(copy, original)]
         if mutated:
             return [status_row(base, "error", f"{backend.name} mutated its input ({', '.join(mutated)})")]
+    if keep is not None:
+        keep["values"] = out.values
     base = Row(**base, wall_ms=out.wall_ms)
     return [Row(**r) for r in judge(op.compare(case, golden, out, base), out.evidence)]
 
 
 def _run_isolated(case, golden: Golden, backend, device, base: Row, deadline: float | None,
-                  timeout: float | None) -> list[Row]:
+                  timeout: float | None, keep: dict | None = None) -> list[Row]:
     """Rows of a backend run in its own process (harness.sandbox): its inputs go out as bytes, its outputs come
     back as bytes rebuilt into plain tensors here, and only this process compares and grades them."""
     op = op_for(case)
@@ -198,6 +201,8 @@ def _run_isolated(case, golden: Golden, backend, device, base: Row, deadline: fl
             return [status_row(base, "error", f"{backend.name}: {problem}")]
         out = Output(place(r.values, device), r.wall_ms)
         out.evidence.preferred = declared_conventions(backend)  # tried first (docs/adapters.md §4)
+    if keep is not None:
+        keep["values"] = out.values
     base = Row(**base, wall_ms=out.wall_ms)
     return [Row(**r) for r in judge(op.compare(case, golden, out, base), out.evidence)]
 
@@ -293,10 +298,16 @@ class SweepResult:
         return not self.failures
 
 
-def record(case, name: str, rows: Sequence[Mapping], spec: str, writer, out_dir, progress, result: SweepResult) -> None:
-    """Write one (case, backend)'s rows first, then count them, save a failure, advance the bar."""
+def record(case, name: str, rows: Sequence[Mapping], spec: str, writer, out_dir, progress, result: SweepResult,
+           outputs: Mapping | None = None) -> None:
+    """Write one (case, backend)'s rows first, then count them, save a failure, advance the bar; `outputs`
+    (plain tensors, harness.artefacts.plain_outputs) go to OUT/outputs/ (harness run --keep-outputs)."""
     if writer is not None:
         writer.write(rows)  # recorded before anything else looks at them
+    if outputs and out_dir is not None:
+        from .artefacts import save_outputs  # noqa: PLC0415
+
+        save_outputs(out_dir, case.id, name, outputs)
     v = result.add(case.id, name, rows)
     if v in ("fail", "error") and out_dir is not None:
         save_failure(out_dir, case, spec, rows)

@@ -330,3 +330,21 @@ def test_an_empty_selection_names_the_grid_values_the_spec_rules_excluded(tmp_pa
     rc, _, err = main(capsys, "list", "--cases", str(t))
     assert rc == 0 and err == (f"0 cases: {t}: the spec rules excluded all 2 grid combinations "
                                "(config.tile 2 (scheme=mxfp8, tile=1x16|1x8))\n"), err
+
+
+def test_keep_outputs_accept_and_bitwise_diff_from_the_cli(ids, tmp_path, capsys):
+    """run --keep-outputs saves each candidate's tensors; --accept sets the exit status; diff --pair --bitwise."""
+    fp8 = [i for i in ids if "fp8_current" in i and i.startswith("quantize")][:2]
+    out = tmp_path / "k"
+    args = ["run", "--tier", "smoke", "--backend", "reference,examples.my_kernel_adapter:backend", "--filter",
+            id_filter(fp8), "--out", str(out), "--device", "cpu", "--no-progress", "--keep-outputs"]
+    rc, text, err = main(capsys, *args, "--accept", "exact")
+    assert rc == 0, text + err
+    assert "accept exact (--accept): every (case, backend) pair within it" in text
+    assert len(list((out / "outputs").glob("*/*.pt"))) == 2 * len(fp8)
+    rc, text, _ = main(capsys, "diff", str(out), str(out), "--pair", "reference:my_kernel", "--bitwise")
+    assert rc == 0 and "0 case(s) whose bytes differ" in text, text
+    rc, _, err = main(capsys, *args, "--force", "--accept", "nope")
+    assert rc == 2 and "nope is not one of" in err
+    rc, text, _ = main(capsys, "report", str(out), "--no-plots", "--accept", "degraded")
+    assert rc == 1 and (out / "junit.xml").exists() and (out / "summary.md").exists() and (out / "report.html").exists()
