@@ -56,7 +56,11 @@ class CompressedTensors:
             return False, "compressed_tensors: not installed (pip install 'compressed-tensors==0.20.*')"
         if case.op != "quantize":
             return False, f"compressed_tensors: only quantize is adapted, not {case.op}"
-        return self._supports_config(case.config)
+        ok, why = self._supports_config(case.config)
+        c, (m, k) = case.config, (case.shape[0] if len(case.shape) == 2 else -1, case.shape[-1])
+        if ok and c.scheme == "fp8_block" and (k % 128 or (case.orientation != "rowwise" and m % 128)):
+            return False, f"compressed_tensors: GROUP/BLOCK 128 needs the blocked dims to be multiples of 128, not {case.shape}"
+        return ok, why
 
     def _supports_config(self, c) -> tuple[bool, str]:
         if c.convention != "te":
@@ -65,8 +69,8 @@ class CompressedTensors:
             return False, f"compressed_tensors: 8-bit float is e4m3 only; not {c.id}"
         if c.scheme in ("fp8_current", "fp8_block") and (c.pow2_scales or c.eps):
             return False, f"compressed_tensors: FP8 scale is amax/448 (no pow2, no eps); not {c.id}"
-        if c.scheme == "mxfp8" and c.tile != (1, 32):
-            return False, f"compressed_tensors: MXFP8 is 1x32 groups only; not {c.id}"
+        if c.scheme == "mxfp8" and (c.tile != (1, 32) or c.e8m0_rule != "ceil"):
+            return False, f"compressed_tensors: MXFP8 is 1x32 groups, its own rounded exponent (run as ceil); not {c.id}"
         if c.scheme == "nvfp4" and (c.tile != (1, 16) or c.rht or c.stochastic or c.variant is not None):
             return False, f"compressed_tensors: NVFP4 is 1x16 round-to-nearest, no RHT/variant; not {c.id}"
         if c.scheme == "fp8_delayed":

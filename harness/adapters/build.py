@@ -247,8 +247,8 @@ def global_amax(*, amax: torch.Tensor | None = None, global_scale: torch.Tensor 
     - `global_scale` (TE's / ModelOpt's / compressed-tensors' "global_scale", S = 2688 / A_g), or
     - `decode_scale` (A_g / 2688: torchao's per_tensor_scale, ModelOpt's weights_scaling_factor_2).
 
-    The last two are not injective: many fp32 amaxes round to one S (RN(2688/A) maps about two fp32
-    inputs to each output), so A_g is returned only where exactly one fp32 A near the quotient maps to
+    The last two are not injective: two fp32 amaxes can round to one value (RN(A/2688) often does, e.g.
+    A = 1.5 and nextafter(1.5); RN(2688/A) less often), so A_g is returned only where exactly one fp32 A near the quotient maps to
     the given value under `forward` (default: the fp32 true division RN(2688 / A), resp. RN(A / 2688);
     pass the library's own expression if it computes it otherwise, e.g. `lambda a: 2688 * (1 / a)`).
     `amax_dtype` restricts the candidates to that dtype's values (an amax the library took in bf16),
