@@ -31,7 +31,8 @@ import importlib.util
 import torch
 
 from reference import QuantConfig, QuantizedTensor, Unsupported
-from reference.layouts import scale_padded_shape
+
+from . import build
 
 PACKAGE = "torchao"
 _FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -53,21 +54,6 @@ def _need_torchao(name: str) -> tuple[bool, str]:
     if version() is None:
         return False, f"{name}: torchao is not installed (pip install 'numerics-harness[torchao]')"
     return True, ""
-
-
-def _two_d(x: torch.Tensor) -> torch.Tensor:
-    return x.reshape(-1, x.shape[-1]).contiguous()
-
-
-def _empty(config: QuantConfig, x: torch.Tensor) -> QuantizedTensor:
-    return QuantizedTensor(config=config, shape=tuple(x.shape), hp_dtype=str(x.dtype).removeprefix("torch."))
-
-
-def _padded(config: QuantConfig, orientation: str, m: int, k: int, valid: torch.Tensor) -> torch.Tensor:
-    """Scales `valid` [r, c] (uint8) written into the zero-filled padded compact shape of that copy."""
-    out = torch.zeros(scale_padded_shape(config, orientation, m, k), dtype=torch.uint8, device=valid.device)
-    out[: valid.shape[0], : valid.shape[1]] = valid
-    return out
 
 
 class _Adapter:
@@ -160,23 +146,17 @@ class TorchaoMX(_Adapter):
         from torchao.prototype.mx_formats.config import ScaleCalculationMode
         from torchao.prototype.mx_formats.mx_tensor import MXTensor
 
-        x2d = _two_d(x)
-        m, k = x2d.shape
+        x2d = build.two_d(x)
         mode = ScaleCalculationMode(self.mode_for(config))
-        q = _empty(config, x)
+        q = build.empty(config, x)
         q.extra["torchao"] = {"scale_mode": mode.value}
-        if rowwise:
-            t = MXTensor.to_mx(x2d, _FP8[config.element], 32, mode)
-            s = t.scale.view(torch.uint8)  # (M, K/32)
-            q.rowwise_data = t.qdata.view(torch.uint8).reshape(m, k)
-            q.rowwise_scale = _padded(config, "rowwise", m, k, s)
-            q.extra["torchao"]["rowwise_scale"] = s
-        if colwise:
-            t = MXTensor.to_mx(x2d.t().contiguous(), _FP8[config.element], 32, mode)  # blocks along M
-            s = t.scale.view(torch.uint8)  # (K, M/32)
-            q.colwise_data = t.qdata.view(torch.uint8).reshape(k, m).t().contiguous()  # back to [M, K]
-            q.colwise_scale = _padded(config, "colwise", m, k, s.t())  # S_c [M/32, K]
-            q.extra["torchao"]["colwise_scale"] = s
+        for orientation, src in (("rowwise", x2d), ("colwise", x2d.t().contiguous())):  # colwise: blocks along M
+            if not (rowwise if orientation == "rowwise" else colwise):
+                continue
+            t = MXTensor.to_mx(src, _FP8[config.element], 32, mode)
+            s = t.scale.view(torch.uint8)  # (rows, cols/32) of src; build orients MXFP8's colwise copy to [M, K]
+            build.put_copy(q, orientation, data=t.qdata.reshape(src.shape), scale=s)
+            q.extra["torchao"][f"{orientation}_scale"] = s
         return q
 
 
@@ -197,20 +177,18 @@ class TorchaoNVFP4(_Adapter):
         self._check(config, x)
         from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, per_tensor_amax_to_scale
 
-        x2d = _two_d(x)
-        m, k = x2d.shape
+        x2d = build.two_d(x)
         a_g = torch.max(torch.abs(x2d))  # as torchao's NVFP4 workflows compute the tensor amax
         pts = per_tensor_amax_to_scale(a_g)
-        q = _empty(config, x)
+        q = build.empty(config, x)
         q.extra["torchao"] = {"per_tensor_scale": pts}
         for orientation, src in (("rowwise", x2d), ("colwise", x2d.t().contiguous())):
             if not (rowwise if orientation == "rowwise" else colwise):
                 continue
             t = NVFP4Tensor.to_nvfp4(src, block_size=16, per_tensor_scale=pts)
-            s = t.scale.view(torch.uint8)  # (rows, cols/16)
-            setattr(q, f"{orientation}_data", t.qdata.view(torch.uint8))
-            setattr(q, f"{orientation}_scale", _padded(config, orientation, m, k, s))
-            setattr(q, f"{orientation}_amax", a_g.to(torch.float32).reshape(1))
+            # packed [rows, cols/2] (even element low, as ours) and E4M3 scales (rows, cols/16) of src;
+            # pts = RN(A_g / 2688) does not determine A_g, so the copy's amax is the A_g passed in
+            build.put_copy(q, orientation, data=t.qdata, scale=t.scale, amax=a_g)
         return q
 
 
@@ -233,17 +211,15 @@ class TorchaoFloat8(_Adapter):
         from torchao.float8.float8_training_tensor import LinearMMConfig
         from torchao.float8.float8_utils import tensor_to_amax
 
-        x2d = x.reshape(-1, x.shape[-1]).contiguous()
+        x2d = build.two_d(x)
         t = hp_tensor_to_float8_dynamic(x2d, _FP8[config.element], LinearMMConfig())
-        codes = t._data.view(torch.uint8)
-        sinv = torch.reciprocal(t._scale.to(torch.float32).reshape(1))  # torchao stores s; ours stores RN(1/s)
-        amax = tensor_to_amax(x2d).to(torch.float32).reshape(1)
-        q = _empty(config, x)
+        amax = tensor_to_amax(x2d)
+        q = build.empty(config, x)
         q.extra["torchao"] = {"scale": t._scale}
-        if rowwise:
-            q.rowwise_data, q.rowwise_scale, q.rowwise_amax = codes, sinv, amax
-        if colwise:
-            q.colwise_data, q.colwise_scale, q.colwise_amax = codes.t().contiguous(), sinv.clone(), amax.clone()
+        for orientation in ("rowwise", "colwise"):
+            if rowwise if orientation == "rowwise" else colwise:
+                # torchao stores the encode scale s; ours stores RN(1/s). The colwise copy is the transposed codes.
+                build.put_copy(q, orientation, data=t._data, scale=t._scale, kind="encode", amax=amax, by="logical")
         return q
 
 

@@ -217,3 +217,55 @@ def test_mx_adapter_through_harness_run(tmp_path):
     # The special-value case fails on a NaN block: torchao writes scale 0xFF where te ignores the NaN.
     fail = df[(df.status == "fail") & (df.tensor == "rowwise_scale")].first_mismatch.iloc[0]
     assert '"candidate":"0xFF"' in fail
+
+
+# ---- the example adapters of real libraries (examples/*_adapter.py): skipped without the library ----------
+
+
+def _library_case(spec, case):
+    rows = runner.run_case(case, get_backend(f"{ROOT}/examples/{spec}"), "cpu")
+    return {r["tensor"]: r for r in rows if r["status"] in ("pass", "fail", "error")}
+
+
+def test_modelopt_adapter_known_findings():
+    pytest.importorskip("modelopt.torch.quantization.qtensor", reason="nvidia-modelopt 0.47 is not installed")
+    ok = _library_case("modelopt_adapter.py:backend",
+                       Case("quantize", QuantConfig("nvfp4"), (256, 256), "bfloat16", "normal", 0, "both"))
+    assert {r["severity"] for r in ok.values()} == {"exact"}
+    # A scale computed in bf16 from a bf16 input (amax / 448 in the input dtype): not exact.
+    bf16 = _library_case("modelopt_adapter.py:backend",
+                         Case("quantize", QuantConfig("fp8_current"), (1024, 16), "bfloat16", "uniform", 0, "rowwise"))
+    assert bf16["rowwise_scale"]["status"] == "fail" and bf16["rowwise_scale"]["severity"] != "exact"
+    # Inf/NaN input: ModelOpt's scale goes non-finite, the codes NaN.
+    special = _library_case("modelopt_adapter.py:backend",
+                            Case("quantize", QuantConfig("fp8_current"), (256, 96), "float32", "special", 0, "rowwise"))
+    assert special["rowwise_scale"]["severity"] == "broken"
+    assert "nonfinite_policy" in special["rowwise_scale"]["mismatch_classes"]
+
+
+def test_compressed_tensors_adapter_known_findings():
+    pytest.importorskip("compressed_tensors", reason="compressed-tensors 0.20 is not installed")
+    ok = _library_case("compressed_tensors_adapter.py:backend",
+                       Case("quantize", QuantConfig("mxfp8"), (256, 256), "float32", "normal", 0, "both"))
+    assert {r["severity"] for r in ok.values()} == {"exact"}
+    bf16 = _library_case("compressed_tensors_adapter.py:backend",
+                         Case("quantize", QuantConfig("fp8_current"), (1024, 16), "bfloat16", "uniform", 0, "rowwise"))
+    assert bf16["rowwise_scale"]["severity"] != "exact"
+    # A block whose amax is exactly 448 * 2^k gets exponent 127 + k + 1 (TE: 127 + k).
+    backend = get_backend(f"{ROOT}/examples/compressed_tensors_adapter.py:backend")
+    x = torch.zeros(32, 64)
+    x[0, 3], x[0, 40] = 448.0, 448.0 * 4
+    assert backend.quantize(x, QuantConfig("mxfp8")).rowwise_scale[0, :2].tolist() == [128, 130]
+    assert quantize(x, QuantConfig("mxfp8")).rowwise_scale[0, :2].tolist() == [127, 129]
+
+
+def test_fouroversix_adapter_known_findings():
+    pytest.importorskip("fouroversix", reason="fouroversix 1.0.5 is not installed")
+    ok = _library_case("fouroversix_adapter.py:backend",
+                       Case("quantize", QuantConfig("nvfp4"), (128, 128), "bfloat16", "normal", 0, "both"))
+    assert {r["severity"] for r in ok.values()} == {"exact"}
+    # Blocks whose E4M3 scale is 0 (tiny blocks): the contract saturates codes to +-6 (0x7 / 0xF),
+    # fouroversix writes zeros. The scales agree; the data row fails.
+    tiny = _library_case("fouroversix_adapter.py:backend",
+                         Case("quantize", QuantConfig("nvfp4"), (32, 512), "float32", "per_tile_scales", 0, "rowwise"))
+    assert tiny["rowwise_scale"]["status"] == "pass" and tiny["rowwise_data"]["status"] == "fail"
