@@ -46,7 +46,7 @@ def test_wheel_requires_what_the_package_imports(wheel):
     msg = email.message_from_bytes(wheel.read(meta))
     requires = msg.get_all("Requires-Dist")
     base = sorted(r for r in requires if "extra ==" not in r)
-    assert base == ["matplotlib", "numpy", "pandas", "pebble", "pytest", "pytest-timeout", "tomli; python_version < \"3.11\"",
+    assert base == ["jinja2", "matplotlib", "numpy", "pandas", "pebble", "pytest", "pytest-timeout", "tomli; python_version < \"3.11\"",
                     "torch"]
     extras = {r.split(";")[0].strip() for r in requires if "extra ==" in r}
     assert "pytest-xdist" in extras and "cupy-cuda13x" in extras
