@@ -438,18 +438,6 @@ class CallResult:
     devices: list = field(default_factory=list)  # the device of every tensor it returned
 
 
-def _tensor_devices(header_body: Any, out: list) -> None:
-    if isinstance(header_body, dict):
-        if "$tensor" in header_body:
-            out.append(str(header_body.get("device", "")))
-            return
-        for v in header_body.values():
-            _tensor_devices(v, out)
-    elif isinstance(header_body, list):
-        for v in header_body:
-            _tensor_devices(v, out)
-
-
 class BackendProcess:
     """A backend as the judge sees it: a name, what it implements, and calls answered by its own process.
 
@@ -573,7 +561,7 @@ class BackendProcess:
                                                         "process was killed")
             self.sock.settimeout(None if deadline is None else max(1.0, deadline - time.monotonic()))
             body_devices: list = []
-            reply = self._recv(limit, body_devices)
+            reply = wire.recv(self.sock, max_bytes=limit, devices=body_devices)
         except EOFError:
             return CallResult("error", reason=self._died())
         except (TimeoutError, socket.timeout):
@@ -601,29 +589,6 @@ class BackendProcess:
             return CallResult(kind, values=values if isinstance(values, dict) else {"$": values},
                               wall_ms=float(wall) if isinstance(wall, (int, float)) else None, devices=body_devices)
         return CallResult(kind, values=reply)
-
-    def _recv(self, limit: int, devices: list) -> Any:
-        """One reply; records the device of each tensor in it (`devices`)."""
-        # wire.recv decodes; the devices are read from the same header by a second, data-only walk.
-        sock = self.sock
-        (n,) = wire._LEN.unpack(bytes(wire._recv_exact(sock, wire._LEN.size)))
-        if n > wire.MAX_HEADER_BYTES:
-            raise wire.WireError(f"header of {n} bytes (limit {wire.MAX_HEADER_BYTES})")
-        header = bytes(wire._recv_exact(sock, n))
-        import json  # noqa: PLC0415
-
-        try:
-            parsed = json.loads(header)
-            sizes = parsed["sizes"]
-            if not isinstance(sizes, list) or not all(isinstance(s, int) and s >= 0 for s in sizes):
-                raise ValueError
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
-            raise wire.WireError("header has no valid buffer sizes") from None
-        if sum(sizes) > limit:
-            raise wire.WireError(f"reply of {sum(sizes)} bytes of tensors exceeds the limit of {limit}")
-        buffers = [wire._recv_exact(sock, s) if s else bytearray() for s in sizes]
-        _tensor_devices(parsed.get("body"), devices)
-        return wire.decode(header, buffers)
 
     # -- requests ------------------------------------------------------------------------------------
 

@@ -230,15 +230,30 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
-def recv(sock: socket.socket, *, max_bytes: int, trusted: bool = False) -> Any:
-    """One message; `max_bytes` bounds the tensors' bytes (a backend cannot make the judge allocate more).
+def _devices(body: Any, out: list[str]) -> None:
+    """The device each tensor record of a header's body names (as the sender saw it)."""
+    if isinstance(body, dict):
+        if "$tensor" in body:
+            out.append(str(body.get("device", "")))
+            return
+        for v in body.values():
+            _devices(v, out)
+    elif isinstance(body, list):
+        for v in body:
+            _devices(v, out)
+
+
+def recv(sock: socket.socket, *, max_bytes: int, trusted: bool = False, devices: list | None = None) -> Any:
+    """One message; `max_bytes` bounds the tensors' bytes (a backend cannot make the judge allocate more), and
+    `devices` (if given) receives the device each tensor was on in the sender's process.
     Raises EOFError when the peer is gone, socket.timeout past the socket's timeout, WireError for garbage."""
     (n,) = _LEN.unpack(bytes(_recv_exact(sock, _LEN.size)))
     if n > MAX_HEADER_BYTES:
         raise WireError(f"header of {n} bytes (limit {MAX_HEADER_BYTES})")
     header = bytes(_recv_exact(sock, n))
     try:
-        sizes = json.loads(header)["sizes"]
+        parsed = json.loads(header)
+        sizes = parsed["sizes"]
         if not isinstance(sizes, list) or not all(isinstance(s, int) and s >= 0 for s in sizes):
             raise ValueError
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
@@ -246,4 +261,6 @@ def recv(sock: socket.socket, *, max_bytes: int, trusted: bool = False) -> Any:
     if sum(sizes) > max_bytes:
         raise WireError(f"message of {sum(sizes)} bytes of tensors exceeds the limit of {max_bytes}")
     buffers = [_recv_exact(sock, s) if s else bytearray() for s in sizes]
+    if devices is not None:
+        _devices(parsed.get("body"), devices)
     return decode(header, buffers, trusted=trusted)
