@@ -242,7 +242,7 @@ def _quantize_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
 
     ev = out.evidence
     cand_g = out.values["q"].to(g.device)  # compared where the golden lives
-    results = compare_quantized(g.quantized, cand_g, g.inputs["x"])
+    results = compare_quantized(g.quantized, cand_g, g.inputs["x"], rng=g.inputs.get("rng"))
     if "sr_draws" in out.values:  # the data by statistics, scales and amaxes by bytes (docs/numerics.md §12.3)
         results = [tr for tr in results if not tr.tensor.endswith("_data")]
         results += sr_stats.check_draws(out.values["sr_draws"], g.inputs["x"], case.config)

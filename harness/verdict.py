@@ -19,6 +19,8 @@ import reference
 from reference import casts, conventions
 from reference.types import QuantizedTensor
 
+from . import causes
+
 # Best first (docs/numerics.md §11).
 SEVERITIES = ("exact", "convention", "equivalent", "degraded", "broken")
 # NUMERICS: §11 - `equivalent` needs the candidate's SQNR against the truth at most this far below the golden's.
@@ -181,7 +183,7 @@ def matching_convention(case: Any, x: torch.Tensor, candidate: QuantizedTensor, 
         if not _same_data(g, candidate):  # cheap reject before locating every mismatch
             continue
         try:
-            results = compare_quantized(g, dataclasses.replace(candidate, config=cfg), x)
+            results = compare_quantized(g, dataclasses.replace(candidate, config=cfg), x, causes=False)
         except Exception:  # noqa: BLE001
             continue
         if all(tr.status == "pass" for tr in results):
@@ -236,6 +238,11 @@ def judge(rows: Sequence[Mapping], ev: Evidence) -> list[dict]:
     convention note) in the reason of the pair's first failing conformance row."""
     sev = severity(rows, ev)
     out = [dict(r, severity=sev, matches_convention=ev.matches_convention) for r in rows]
+    for r in out:  # every failing conformance row names the causes found (docs/numerics.md §13)
+        if r.get("kind") == "conformance" and r.get("status") == "fail":
+            cn = causes.cause_note(r.get("mismatch_classes") or {}, r.get("mismatch_examples"), r.get("n_mismatch"))
+            if cn:
+                r["reason"] = f"{r['reason']}; {cn}" if r.get("reason") else cn
     note = ""
     if sev == "broken" and ev.broken:
         note = "broken: " + "; ".join(ev.broken)
