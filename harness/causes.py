@@ -34,7 +34,8 @@ from reference.formats import E2M1, E4M3, FLT_MAX, UE8M0, QuantConfig, ScalarFor
 ACCEPT_FRACTION = 0.5
 MAX_CAUSES = 3  # causes composed per copy
 # A cause must explain at least this many elements: one element (a single flipped tie, one NaN) fits several
-# causes equally, and its symptom class (tie_flip, nonfinite_policy, ...) says more.
+# causes equally, and its symptom class (tie_flip, nonfinite_policy, ...) says more. One fp32 value (a per-tensor
+# scale, an amax) reproduced bit for bit is evidence enough.
 MIN_EXPLAINED = 2
 # Above this many input elements a copy's causes are selected on a band of its rows (CROP_ROWS) and only the
 # accepted composition is re-run on the whole copy for the counts.
@@ -57,7 +58,7 @@ class Knobs:
     product: str = "fp32"  # the scaled value x*f rounded once more to: fp32 (no) | bfloat16 | float16 | input
     clamp: str = "sat"  # overflow: sat (to +-max) | none (NaN code, E5M2 Inf) | inf (E5M2 Inf code)
     nan_code: str = "canonical"  # NaN element: canonical (0x7F, E2M1 0x7) | signed (sign kept) | zero
-    inf_input: str = "saturate"  # +-Inf element: saturate | nan
+    inf_input: str = "saturate"  # +-Inf element: saturate | nan (0x7F) | nan_signed (0x7F / 0xFF)
     zero_sign: str = "keep"  # keep | positive (every zero code +0) | positive_exact (only exact +-0.0 inputs)
     ftz_out: bool = False  # subnormal element codes written as zero
     daz_in: bool = False  # subnormal inputs read as zero
@@ -151,9 +152,12 @@ def cast(y: torch.Tensor, fmt: ScalarFormat, kn: Knobs, rounding: str | None = N
             code = torch.where(over | inf, torch.full_like(code, special_code), code)
         elif kn.clamp == "inf" and fmt.inf_code is not None:
             code = torch.where(over | inf, torch.full_like(code, fmt.inf_code), code)
-        if kn.inf_input == "nan" and fmt.nan_code is not None:
-            code = torch.where(inf, torch.full_like(code, fmt.nan_code), code)
     code = code | (sign.to(torch.int64) << (fmt.bits - 1))
+    if kn.inf_input in ("nan", "nan_signed") and fmt.nan_code is not None:
+        inf_nan = torch.full_like(code, fmt.nan_code)
+        if kn.inf_input == "nan_signed":
+            inf_nan = inf_nan | (sign.to(torch.int64) << (fmt.bits - 1))
+        code = torch.where(inf, inf_nan, code)
     canonical = fmt.nan_code if fmt.nan_code is not None else fmt.max_code
     if kn.nan_code == "signed":
         nan_code = torch.full_like(code, canonical) | (torch.signbit(y).to(torch.int64) << (fmt.bits - 1))
@@ -440,6 +444,10 @@ def _fp8_element(cfg: QuantConfig, hp: str) -> bool:
     return cfg.element_format.bits == 8
 
 
+def _e4m3(cfg: QuantConfig, hp: str) -> bool:
+    return cfg.element_format.name == "e4m3"
+
+
 def _e5m2(cfg: QuantConfig, hp: str) -> bool:
     return cfg.element_format.name == "e5m2"
 
@@ -482,15 +490,12 @@ CATALOGUE: tuple[Cause, ...] = (
     Cause("round_toward_zero", "rounding", _ALL, _RERUN + "the element cast truncating (round toward zero)",
           "element codes are truncated toward zero instead of rounded to nearest, ties to even",
           ({"rounding": "rtz"},), applies=_deterministic),
-    Cause("round_away_from_zero", "rounding", _ALL, _RERUN + "the element cast rounding the magnitude up",
-          "element codes are rounded away from zero (magnitude up) instead of to nearest even",
-          ({"rounding": "away"},), applies=_deterministic),
     Cause("ties_away_from_zero", "rounding", _ALL, _RERUN + "exact midpoints rounded away from zero",
           "exact midpoints are rounded away from zero (round-half-away) instead of to the even code",
           ({"rounding": "half_away"},), applies=_deterministic),
-    Cause("double_rounding", "rounding", _ALL, _RERUN + "x*scale rounded to bf16 or fp16 before the cast",
-          "the scaled value x*scale is rounded to bf16/fp16 first and then to the element format (two roundings)",
-          ({"product": "bfloat16"}, {"product": "float16"})),
+    Cause("round_away_from_zero", "rounding", _ALL, _RERUN + "the element cast rounding the magnitude up",
+          "element codes are rounded away from zero (magnitude up) instead of to nearest even",
+          ({"rounding": "away"},), applies=_deterministic),
     # -- scale arithmetic
     Cause("scale_reciprocal_multiply", "scale", ("fp8_current", "nvfp4"),
           _RERUN + "c * RN(1/amax) in place of the true division RN(c/amax)",
@@ -513,10 +518,6 @@ CATALOGUE: tuple[Cause, ...] = (
           "the stored scale is the encode scale s (E8M0: P(e), byte 254 - e) instead of its inverse, the decode "
           "scale sinv = 1/s (D(e))",
           ({"scale_store": "encode"},)),
-    Cause("scale_one_step_off", "scale", _ALL, _RERUN + "the scale one fp32 ulp, one exponent or one E4M3 code off",
-          "the scale is one step off the contract's (fp32 s one ulp or a factor of 2 away, E8M0 e +-1, E4M3 block "
-          "scale one code): a different rounding or order in the scale computation",
-          ({"scale_ulp": 1}, {"scale_ulp": -1}, {"scale_exp": 1}, {"scale_exp": -1})),
     Cause("e8m0_floor", "scale", ("mxfp8",), _RERUN + "e = e8m0_floor(amax) (OCP MX)",
           "block exponents are floor(log2 amax) - emax_elem (OCP MX's rule) where the case asks for ceil (TE/cuBLAS)",
           ({"e8m0_rule": "floor"},), applies=lambda cfg, hp: cfg.e8m0_rule != "floor"),
@@ -544,13 +545,13 @@ CATALOGUE: tuple[Cause, ...] = (
           "an E8M0 e = 0 block is multiplied by 1.0 (TE's exp2f_rcp) or 2^126 (a clamped scale) instead of "
           "P(0) = 2^127 (docs/numerics.md §7.29)",
           ({"zero_block_factor": 1.0}, {"zero_block_factor": 2.0**126})),
-    # -- saturation
-    Cause("no_saturation", "saturation", ("fp8_current", "mxfp8"), _RERUN + "an unclamped cast (overflow to NaN/Inf)",
-          "values above the format max become NaN (E4M3) or Inf (E5M2) instead of saturating to +-max",
-          ({"clamp": "none"},), applies=_fp8_element),
-    Cause("inf_instead_of_max", "saturation", ("fp8_current", "mxfp8"), _RERUN + "overflow and Inf to the E5M2 Inf code",
-          "overflowing values and Inf inputs are written as E5M2 Inf instead of +-max",
-          ({"clamp": "inf"},), applies=_e5m2),
+    Cause("scale_one_step_off", "scale", _ALL, _RERUN + "the scale one fp32 ulp, one exponent or one E4M3 code off",
+          "the scale is one step off the contract's (fp32 s one ulp or a factor of 2 away, E8M0 e +-1, E4M3 block "
+          "scale one code): a different rounding or order in the scale computation",
+          ({"scale_ulp": 1}, {"scale_ulp": -1}, {"scale_exp": 1}, {"scale_exp": -1})),
+    Cause("double_rounding", "rounding", _ALL, _RERUN + "x*scale rounded to bf16 or fp16 before the cast",
+          "the scaled value x*scale is rounded to bf16/fp16 first and then to the element format (two roundings)",
+          ({"product": "bfloat16"}, {"product": "float16"})),
     # -- special values
     Cause("nan_propagated", "special", _ALL, _RERUN + "a NaN-propagating amax",
           "a NaN input propagates through the amax into the scale, making its whole block (or tensor) NaN, where the "
@@ -565,7 +566,7 @@ CATALOGUE: tuple[Cause, ...] = (
           ({"nan_code": "zero"},), applies=_deterministic),
     Cause("inf_as_nan", "special", ("fp8_current", "mxfp8"), _RERUN + "Inf elements written as NaN",
           "Inf inputs become NaN codes instead of saturating to +-max",
-          ({"inf_input": "nan"},), applies=_fp8_element),
+          ({"inf_input": "nan"}, {"inf_input": "nan_signed"}), applies=_fp8_element),
     Cause("inf_amax_zero_scale", "special", ("fp8_current", "nvfp4"), _RERUN + "scale = c / inf = 0 for an Inf amax",
           "an Inf amax gives scale 0 (c / inf, unguarded; TE's fused RHT kernel's S_enc, docs/numerics.md §7.8) instead "
           "of 1",
@@ -574,6 +575,13 @@ CATALOGUE: tuple[Cause, ...] = (
           "-0.0 (and negatives that round to zero) are written as +0 (0x00 / E2M1 0x0) where the contract keeps "
           "the sign (docs/numerics.md §7.7)",
           ({"zero_sign": "positive"}, {"zero_sign": "positive_exact"}), applies=_deterministic),
+    # -- saturation
+    Cause("no_saturation", "saturation", ("fp8_current", "mxfp8"), _RERUN + "an unclamped E4M3 cast (overflow to NaN)",
+          "E4M3 values above the format max become NaN (an unclamped cast) instead of saturating to +-max",
+          ({"clamp": "none"},), applies=_e4m3),
+    Cause("inf_instead_of_max", "saturation", ("fp8_current", "mxfp8"), _RERUN + "overflow and Inf to the E5M2 Inf code",
+          "overflowing values and Inf inputs are written as E5M2 Inf instead of +-max",
+          ({"clamp": "inf"},), applies=_e5m2),
     # -- denormals
     Cause("subnormal_flush", "denormal", _ALL, _RERUN + "subnormal outputs and/or inputs flushed to zero",
           "subnormal values are flushed to zero (FTZ on the element codes, DAZ on the inputs), where the contract "
@@ -679,6 +687,7 @@ class Field:
     candidate: torch.Tensor | None  # None: the candidate's field has another shape
     cand_full: torch.Tensor | None  # the candidate's whole field (keys), for a shape mismatch
     mism: torch.Tensor  # bool, where the candidate differs (all True when shapes differ)
+    decisive: bool = False  # an fp32 value (per-tensor scale, amax): one bit-exact match names a cause
 
 
 @dataclass
@@ -717,10 +726,11 @@ def _fields(golden, candidate, orientation: str, valid: tuple[int, ...], codes) 
         else:
             g, c = g.reshape(-1), c.reshape(-1)
         gk, ck = _keys(g), _keys(c)
+        decisive = g.is_floating_point() and g.numel() <= 1
         if ck.shape == gk.shape:
-            out.append(Field(name, gk, ck, None, gk != ck))
+            out.append(Field(name, gk, ck, None, gk != ck, decisive))
         else:
-            out.append(Field(name, gk, None, ck, torch.ones(gk.shape, dtype=torch.bool)))
+            out.append(Field(name, gk, None, ck, torch.ones(gk.shape, dtype=torch.bool), decisive))
     return out
 
 
@@ -836,7 +846,7 @@ def _cropped(flds: list[Field], cfg: QuantConfig, r0: int, r1: int) -> list[Fiel
         if sl is None:
             out.append(f)
         else:
-            out.append(Field(f.name, f.golden[sl], f.candidate[sl], None, f.mism[sl]))
+            out.append(Field(f.name, f.golden[sl], f.candidate[sl], None, f.mism[sl], f.decisive))
     return out
 
 
@@ -864,13 +874,15 @@ def _search(flds: list[Field], keys_of: Callable[[Knobs], dict | None], cands: l
             gain = sum(int((per[n] & ~done[n]).sum()) for n in per)
             if gain > 0:
                 explains.add(cause.id)
-            if gain < (MIN_EXPLAINED if not accepted else 1):
+            decisive = any(f.decisive and bool((per[f.name] & ~done[f.name]).any()) for f in flds)
+            if gain < (1 if accepted or decisive else MIN_EXPLAINED):
                 continue
             changed, agree = _changed(flds, mk, base)
             if changed and agree < ACCEPT_FRACTION * changed:
                 continue
-            if best is None or gain > best[0]:
-                best = (gain, cause, merged, mk, per)
+            key = (gain, agree / changed if changed else 1.0)  # then catalogue order (more specific first)
+            if best is None or key > best[0]:
+                best = (key, cause, merged, mk, per)
         useful = explains if useful is None else useful
         if best is None:
             break

@@ -843,7 +843,13 @@ def _is_swizzled(g_full: torch.Tensor, g: torch.Tensor, c_full: torch.Tensor, cp
         return False
     t = _unswizzle(c_full.to(g_full.dtype), t_shape)
     s = t.t() if cp.geom.swizzle_transposed else t  # NUMERICS: §3 - MXFP8 colwise swizzles S_c^T
-    return torch.equal(as_bits(s[: g.shape[0], : g.shape[1]]), as_bits(g))
+    if not torch.equal(as_bits(s[: g.shape[0], : g.shape[1]]), as_bits(g)):
+        return False
+    # NUMERICS: §3 Layouts - swizzled padding is 0: a compact tensor with a few entries off (most of a small
+    # tensor's padded scales are zero) must not read as swizzled.
+    pad = torch.ones(s.shape, dtype=torch.bool)
+    pad[: g.shape[0], : g.shape[1]] = False
+    return not bool((as_bits(s)[pad] != 0).any())
 
 
 def _compare_scale(golden, candidate, name, cp: _Copy, strict_padding: bool,
@@ -866,9 +872,11 @@ def _compare_scale(golden, candidate, name, cp: _Copy, strict_padding: bool,
         if _is_swizzled(g_full, g, c_full, cp, as_bits):  # e.g. a flat [R*C] swizzled tensor
             why = (f"candidate shape {tuple(c_full.shape)} holds the golden's scales in cuBLASLt's swizzled order "
                    f"(golden compact {tuple(g_full.shape)})")
+            ex = causes_mod.annotate(classify.whole("layout_transposition", n, "shape", {"reason": why}),
+                                     {"layout_transposition": "scales_swizzled"})
             return TensorResult(name, "fail", n, n, {"layout_transposition": n}, {"field": name, "reason": why},
                                 detail={"reason": why, "layout": "golden swizzled (128x4 tiles)"}, layout=SWIZZLED,
-                                examples=classify.whole("layout_transposition", n, "shape", {"reason": why}))
+                                examples=ex)
         swap = None
         if c_full.dim() == 2 and g.dim() == 2 and c_full.shape[0] >= g.shape[1] and c_full.shape[1] >= g.shape[0]:
             if torch.equal(c_full[: g.shape[1], : g.shape[0]], g.t()):
@@ -973,6 +981,9 @@ def _compare_scale(golden, candidate, name, cp: _Copy, strict_padding: bool,
             idx = [int(t) for t in torch.unravel_index(pos, g.shape)]
             first = {"field": name, "class": MISMATCH_CLASSES[int(cls_t.reshape(-1)[pos])], "index": idx}
             first.update(_scale_context(golden, candidate, cp, cp.src, idx, g, c, sfmt))
+    if first_pad is not None:  # the padding's own example (docs/numerics.md §13 cause `padding`)
+        ex = {**ex, **causes_mod.annotate(classify.whole("padding", classes["padding"], "padding",
+                                                         {k: first_pad[k] for k in ("index", "note")}))}
     return _result(name, n, classes, first or first_pad, met, hist, detail, ex, layout)
 
 

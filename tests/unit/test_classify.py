@@ -328,17 +328,21 @@ def test_every_class_is_documented(cls):
     assert f"| `{cls}` |" in text
 
 
-def test_amax_nan_propagated_vs_inf_is_nonfinite_policy():
-    # te's amax ignores NaN (§7.2): an Inf input gives +Inf; a NaN-propagating candidate stores NaN.
+def test_amax_nan_propagated_vs_inf_is_named_nan_propagated():
+    # te's amax ignores NaN (§7.2): an Inf input gives +Inf; a NaN-propagating candidate stores NaN. The symptom is
+    # nonfinite_policy; re-running the golden with a NaN-propagating amax gives the candidate's amax bit for bit
+    # (one fp32 value is evidence enough, harness.causes.MIN_EXPLAINED), so the cause names it.
     x = torch.tensor([[1.0, float("inf"), float("nan"), 3.0]])
     g = reference.quantize(x, Q("fp8_current"))
     assert float(g.rowwise_amax.reshape(-1)[0]) == math.inf
     cand = _clone(g)
     cand.rowwise_amax = torch.full_like(g.rowwise_amax, float("nan"))
     tr = _by_name(compare_quantized(g, cand, x))["rowwise_amax"]
-    assert tr.mismatch_classes == {"nonfinite_policy": 1}
-    (ex,) = _examples(tr, "nonfinite_policy")
+    assert tr.mismatch_classes == {"nan_propagated": 1}
+    (ex,) = _examples(tr, "nan_propagated")
     assert ex["golden_bits"] == "0x7F800000" and math.isnan(ex["candidate"])
+    assert _by_name(compare_quantized(g, cand, x, causes=False))["rowwise_amax"].mismatch_classes == {
+        "nonfinite_policy": 1}
 
 
 def test_torchao_nvfp4_encode_factor_order_is_not_a_tie_flip():
@@ -357,10 +361,13 @@ def test_torchao_nvfp4_encode_factor_order_is_not_a_tie_flip():
     res = _by_name(compare_quantized(g, cand, x))
     assert res["rowwise_scale"].status == "pass" and res["rowwise_amax"].status == "pass"
     tr = res["rowwise_data"]
-    # torchao's factor goes through RN(1 / RN(A_g / 2688)): the golden re-run with a reciprocal-multiply global
-    # scale (harness.causes) gives these codes, so that cause names them; either way no tie is flipped.
+    # torchao's factor is RN(RN(1 / pts) / s_blk), a division by the block scale: the golden re-run with f =
+    # RN(S_enc / s_blk) (harness.causes `encode_by_division`) gives these codes, so that cause names them; either
+    # way no tie is flipped, and every example lies next to a midpoint.
     (cls,) = set(tr.mismatch_classes)
-    assert cls in ("encode_factor_rounding", "scale_reciprocal_multiply") and tr.n_mismatch > 0
+    assert cls == "encode_by_division" and tr.n_mismatch > 0
+    assert _by_name(compare_quantized(g, cand, x, causes=False))["rowwise_data"].mismatch_classes.keys() == {
+        "encode_factor_rounding"}
     e2m1 = ml_dtypes.float4_e2m1fn
     for ex in _examples(tr, cls):
         gv, cv = (float(np.array([int(ex[k], 16)], dtype=np.uint8).view(e2m1)[0]) for k in ("golden", "candidate"))
