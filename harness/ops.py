@@ -31,6 +31,8 @@ from .verdict import (
     code_step,
     delta_db,
     find_convention,
+    graded_accuracy,
+    graded_dequantize,
     nonfinite_where_finite,
     ulps_within_step,
     within_one_step,
@@ -260,19 +262,20 @@ def _quantize_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
             continue
         tensor = f"accuracy_{o}"
         truth = _accuracy_truth(case, g.on_device["x"], o)
-        g_sqnr, g_deq = golden_accuracy(g, tensor, lambda o=o: reference.dequantize(g.quantized, o, torch.float32),
+        g_sqnr, g_deq = golden_accuracy(g, tensor, lambda o=o: graded_dequantize(g.quantized, o, torch.float32),
                                         truth)
         bad = [t for t in findings if t.startswith(o)]
         if bad:  # NUMERICS: §11 - a wrong layout is reported, never dequantized as if it were right
             rows.append(_not_measured(base, tensor, f"{', '.join(bad)} not in the contract's layout"))
             continue
         try:
-            xh = reference.dequantize(cand_g, o, torch.float32)
+            xh = graded_dequantize(cand_g, o, torch.float32)
         except Exception as e:  # noqa: BLE001 - a candidate the contract cannot decode is broken, not an error
             ev.broken.append(f"{o} copy cannot be dequantized ({exc_text(e)})")
             rows.append(_not_measured(base, tensor, f"the candidate's {o} copy cannot be dequantized ({exc_text(e)})"))
             continue
         rows.append(_with_delta(accuracy_row(base, tensor, xh, truth), out, g_sqnr))
+        ev.accuracy.append((tensor, case.config.element, *graded_accuracy(g.quantized, o, g_deq, xh, truth)))
         n_bad = nonfinite_where_finite(g_deq, xh)
         if n_bad:
             ev.broken.append(f"{o}: {n_bad} non-finite values where the golden's are finite")
