@@ -34,6 +34,8 @@ Mismatch classes, in priority order for one element (the causes `other` used to 
                           encode factor rounded differently
   decode_factor_rounding  (dequantized outputs) finite and at most 2 ulps of the output dtype apart
   padding                 (scale tensors) padding differs and the candidate claims zero padding
+  <cause>                 an element explained by a cause of harness.causes (docs/numerics.md §13): re-running
+                          the golden with that deviation gives the candidate's value (outranks the classes above)
   other                   anything else
 """
 
@@ -654,6 +656,9 @@ def _classify_data(golden, candidate, cp: _Copy, src, rr, cc, gm, cm):
     nonfinite = ~torch.isfinite(x) | either | (blk_nf & diff_scale)
     g_mag, c_mag = gm & mag_mask, cm & mag_mask
     g_sub = (g_mag != 0) & ((g_mag >> fmt.man_bits) == 0)  # NUMERICS: §0.4 exponent field 0: subnormal
+    # E2M1's one "subnormal" code is 0.5, reached by rounding ordinary inputs in [0.25, 0.75): a candidate that
+    # writes 0 there rounded differently (at the 0.25 midpoint, or truncating) and flushed nothing.
+    g_sub &= fmt.man_bits > 1
     tiny = classify._TINY.get(cp.hp_dtype, classify._TINY["float32"])
     x_sub = (x.abs() > 0) & (x.abs() < tiny)
     flush = (c_mag == 0) & (g_mag != 0) & (g_sub | x_sub)

@@ -569,3 +569,28 @@ def test_e8m0_zero_block_divided_by_the_smallest_normal_is_zero_scale_factor():
     cand.rowwise_data[0, 0], cand.rowwise_data[0, 1] = int(half[0]), int(half[1])
     tr = _by_name(compare_quantized(g, cand, x))["rowwise_data"]
     assert tr.mismatch_classes == {"zero_scale_factor": 2}
+
+
+def test_nvfp4_truncation_is_named_and_never_a_subnormal_flush():
+    """Issue #39: truncating NVFP4 codes showed as `other` plus `subnormal_flush` (E2M1's code 0.5 is a subnormal
+    encoding, but ordinary inputs in [0.25, 0.75) round to it). The cause search names round_toward_zero; the
+    symptoms alone (causes=False) no longer call a 0.5 -> 0 code a flush."""
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(1))
+    g = reference.quantize(x, Q("nvfp4"))
+    codes = torch.stack([g.rowwise_data & 0xF, g.rowwise_data >> 4], -1).reshape(32, 64).to(torch.int64)
+    from reference import nvfp4
+
+    ch = nvfp4.scale_chain(x, Q("nvfp4"), "rowwise")
+    y = (ch["source"] * ch["f"].repeat_interleave(16, 1)).abs()
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    mag = codes & 7
+    down = (grid[mag] > y) & (mag > 0)  # rounded up by RNE: truncation takes the code below
+    cand_codes = torch.where(down, (mag - 1) | (codes & 8), codes).to(torch.uint8)
+    assert bool((down & (mag == 1)).any())  # some 0.5 codes become 0
+    cand = _clone(g)
+    cand.rowwise_data = cand_codes[:, 0::2] | (cand_codes[:, 1::2] << 4)
+    tr = _by_name(compare_quantized(g, cand, x))["rowwise_data"]
+    assert tr.mismatch_classes == {"round_toward_zero": int(down.sum())}
+    assert "truncated toward zero" in tr.examples["round_toward_zero"]["explanation"]
+    plain = _by_name(compare_quantized(g, cand, x, causes=False))["rowwise_data"]
+    assert "subnormal_flush" not in plain.mismatch_classes
