@@ -39,7 +39,7 @@ MAX_CAUSES = 3  # causes composed per copy
 MIN_EXPLAINED = 2
 # Above this many input elements a copy's causes are selected on a band of its rows (CROP_ROWS) and only the
 # accepted composition is re-run on the whole copy for the counts.
-FULL_SEARCH_ELEMENTS = 1 << 20
+FULL_SEARCH_ELEMENTS = 1 << 18
 CROP_ROWS = 256
 MODELLED_SCHEMES = ("fp8_current", "mxfp8", "nvfp4")
 _IN_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -110,13 +110,15 @@ def cast(y: torch.Tensor, fmt: ScalarFormat, kn: Knobs, rounding: str | None = N
     """Codes (uint8) of fp32 `y` in `fmt`: docs/numerics.md §0.5 with the deviations of `kn`.
 
     With the defaults this is sat_e4m3 / sat_e5m2 / e2m1_rn exactly (RNE on the format's grid, saturate,
-    NaN to the canonical code, the sign bit copied). Float64 arithmetic, exact for these formats."""
+    NaN to the canonical code, the sign bit copied). Exact fp32 arithmetic on the magnitude's grid position."""
     rounding = rounding or kn.rounding
     y = y.to(torch.float32)
-    a = y.to(torch.float64).abs()
+    a = y.abs()
     nan, inf = torch.isnan(a), torch.isinf(a)
     pos = torch.isfinite(a) & (a > 0)
-    safe = torch.where(pos, a, torch.ones_like(a))
+    # fp32 is exact here: a / q and its floor for a power-of-two q, once a is capped at twice the max (anything
+    # above the max saturates, or overflows, alike)
+    safe = torch.where(pos, torch.clamp(a, max=2 * fmt.max_finite), torch.ones_like(a))
     _, e = torch.frexp(safe)
     e = torch.clamp(e.to(torch.int64) - 1, min=fmt.emin)
     q = torch.ldexp(torch.ones_like(safe), (e - fmt.man_bits).to(torch.int32))
@@ -933,12 +935,12 @@ def attribute(golden, candidate, x2d: torch.Tensor, orientation: str, valid: tup
         return fl, keys_of
 
     runs = [band(r0, r1) for r0, r1 in bands]
-    for fl, keys_of in runs:  # the model must give the golden's bytes before it may name a cause
-        base = keys_of(Knobs())
-        if base is None or any(base[f.name][0] is None or not torch.equal(base[f.name][0], f.golden) for f in fl):
-            return None
     first = _first_row(flds, cfg)
     search = next(i for i, (r0, r1) in enumerate(bands) if r0 <= first < r1 or r1 == m)
+    fl, keys_of = runs[search]  # the model must give the golden's bytes (on the searched band) to name a cause
+    base = keys_of(Knobs())
+    if base is None or any(base[f.name][0] is None or not torch.equal(base[f.name][0], f.golden) for f in fl):
+        return None
     accepted = _search(*runs[search], cands)
     if not accepted:
         return None
