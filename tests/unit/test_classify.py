@@ -424,6 +424,13 @@ def test_format_examples_shows_up_to_n_per_class_taking_the_patterns_in_turn():
     lines = format_examples(json.dumps(ex))
     assert len(lines) == 2 + 3 + 1 and lines[3] == "  [finite_block/same_scale/near_midpoint] index=[0, 9] golden=0x06 candidate=0x05"
     assert format_examples({}) == format_examples("") == format_examples(None) == []
+    # A cause's class line carries its explanation; a shared class (layout) names the cause first.
+    cause = {"round_toward_zero": {"count": 2, "cause": "round_toward_zero", "explanation": "truncated",
+                                   "patterns": {"p": {"count": 2, "examples": [{"index": [0, 0]}]}}},
+             "layout_transposition": {"count": 4, "cause": "nibble_order", "explanation": "swapped",
+                                      "patterns": {"layout": {"count": 4, "examples": []}}}}
+    assert format_examples(cause)[0] == "round_toward_zero: 2 element(s) - truncated"
+    assert format_examples(cause)[2] == "layout_transposition: 4 element(s) - cause nibble_order: swapped"
 
 
 def test_failure_message_and_repro_show_the_examples_of_every_class(capsys):
