@@ -140,6 +140,8 @@ DISTRIBUTIONS = (
     "special",
     "exhaustive",
     "exact_representable",
+    "special_nan",
+    "special_inf",
 )
 DTYPE_SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 _DTYPE_ALIASES = {

@@ -230,7 +230,8 @@ def _value_text(v: Any) -> str:
 
 def format_examples(examples: Any, n: int = EXAMPLES_SHOWN, indent: str = "") -> list[str]:
     """The `mismatch_examples` of a row (its dict, or its JSON text in a report) as lines: per class its
-    count, then its first `n` examples (taken from its input patterns in turn), each `[pattern] key=value ...`."""
+    count (and, for a cause, its explanation), then its first `n` examples (taken from its input patterns in
+    turn), each `[pattern] key=value ...`."""
     import json  # noqa: PLC0415
 
     if isinstance(examples, str):
@@ -245,8 +246,12 @@ def format_examples(examples: Any, n: int = EXAMPLES_SHOWN, indent: str = "") ->
         if not isinstance(entry, dict):
             continue
         patterns = entry.get("patterns") or {}
+        cause = entry.get("cause")
+        why = ""
+        if entry.get("explanation"):  # a cause of harness.causes (docs/numerics.md §13)
+            why = f" - {'cause ' + cause + ': ' if cause and cause != cls else ''}{entry['explanation']}"
         lines.append(f"{indent}{cls}: {entry.get('count', '?')} element(s)"
-                     + (f" in {len(patterns)} input pattern(s)" if len(patterns) > 1 else ""))
+                     + (f" in {len(patterns)} input pattern(s)" if len(patterns) > 1 else "") + why)
         # Round-robin over the patterns: each pattern's first example before any pattern's second.
         queue = [(pat, list((p or {}).get("examples", []))) for pat, p in patterns.items()]
         shown = []

@@ -34,6 +34,8 @@ Mismatch classes, in priority order for one element (the causes `other` used to 
                           encode factor rounded differently
   decode_factor_rounding  (dequantized outputs) finite and at most 2 ulps of the output dtype apart
   padding                 (scale tensors) padding differs and the candidate claims zero padding
+  <cause>                 an element explained by a cause of harness.causes (docs/numerics.md §13): re-running
+                          the golden with that deviation gives the candidate's value (outranks the classes above)
   other                   anything else
 """
 
@@ -51,8 +53,26 @@ from reference.formats import FLT_MAX, INPUT_DTYPE_MAX, UE8M0, QuantConfig
 from reference.layouts import copy_geometry
 from reference.types import QuantizedTensor
 
+from . import causes as causes_mod
 from . import classify, tolerance
 
+# The symptom classes (what differs); the causes of harness.causes (why) add theirs, in catalogue order.
+_SYMPTOM_CLASSES = (
+    "nan_sign",
+    "layout_transposition",
+    "nonfinite_policy",
+    "scale_floor",
+    "scale_rule",
+    "block_scale_cascade",
+    "scale_off_by_one",
+    "subnormal_flush",
+    "zero_scale_factor",
+    "tie_flip",
+    "encode_factor_rounding",
+    "decode_factor_rounding",
+    "padding",
+    "other",
+)
 MISMATCH_CLASSES = (
     "nan_sign",
     "layout_transposition",
@@ -67,6 +87,7 @@ MISMATCH_CLASSES = (
     "encode_factor_rounding",
     "decode_factor_rounding",
     "padding",
+    *(c for c in causes_mod.CLASSES if c not in _SYMPTOM_CLASSES),
     "other",
 )
 # Encode factors other frameworks use for an E8M0 e = 0 block (the contract's P(0) is 2^127): TE's
@@ -503,7 +524,12 @@ def _same_field(golden: QuantizedTensor, candidate: QuantizedTensor, name: str) 
     return g.shape == c.shape and g.dtype == c.dtype and _same_bits(g, c.to(g.device))
 
 
-def _compare_data(golden, candidate, name, cp: _Copy) -> TensorResult:
+def _whole_cause(att: causes_mod.Attribution | None, name: str) -> str:
+    """The cause that explains a field of another shape as a whole ('' if none)."""
+    return (att.whole.get(name, "") if att is not None else "") or ""
+
+
+def _compare_data(golden, candidate, name, cp: _Copy, att: causes_mod.Attribution | None = None) -> TensorResult:
     cfg = golden.config
     fmt = cfg.element_format
     if _same_field(golden, candidate, name):
@@ -514,9 +540,13 @@ def _compare_data(golden, candidate, name, cp: _Copy) -> TensorResult:
     n = g.numel()
     if g.shape != c.shape:
         swap = _layout_swap(golden, candidate, name, c, g)
-        cls = "layout_transposition" if swap else "other"
+        whole = "" if swap else _whole_cause(att, name)
+        cls = "layout_transposition" if swap else (causes_mod.BY_ID[whole].mismatch_class if whole else "other")
         why = f"candidate shape {tuple(c.shape)} != golden {tuple(g.shape)}" + (f" (it equals the {swap})" if swap else "")
-        return TensorResult(name, "fail", n, n, {cls: n}, {"field": name, "reason": why}, detail={"reason": why})
+        ex = classify.whole(cls, n, "shape", {"reason": why})
+        causes_mod.annotate(ex, {cls: _layout_cause(cfg, name, swap)} if swap else ({cls: whole} if whole else None))
+        return TensorResult(name, "fail", n, n, {cls: n}, {"field": name, "reason": why}, detail={"reason": why},
+                            examples=ex)
     detail = {} if c.dtype == g.dtype else {"dtype": f"candidate {c.dtype} != golden {g.dtype}"}
     if not detail and torch.equal(g, c):
         return _result(name, n, {}, None, *_identical(n), {})
@@ -533,12 +563,15 @@ def _compare_data(golden, candidate, name, cp: _Copy) -> TensorResult:
     src = cp.src
     if fmt.bits == 4 and classify.nibbles_swapped(getattr(golden, name).to("cpu"), getattr(candidate, name).to("cpu")):
         swap = "golden with its nibbles swapped (element 2j in the high nibble; NUMERICS: §5.4 puts it low)"
+    swap = swap or _flat_swap(golden, name, c, g)
     if swap:
         first = _locate(golden, candidate, name, cp, src, int(rr[0]), int(cc[0]), "layout_transposition", None)
         detail["layout"] = detail["reason"] = f"candidate equals the {swap}"
         ex = classify.whole("layout_transposition", n_mis, "layout", {k: first[k] for k in ("index", "golden", "candidate")})
+        causes_mod.annotate(ex, {"layout_transposition": _layout_cause(cfg, name, swap)})
         return _result(name, n, {"layout_transposition": n_mis}, first, met, hist, detail, ex, f"data is the {swap}")
     cls, pat, pat_names, y, rules = _classify_data(golden, candidate, cp, src, rr, cc, gm, cm)
+    cls = _apply_causes(cls, att, name, (rr, cc))
     counts = torch.bincount(cls, minlength=len(MISMATCH_CLASSES))
     classes = {k: int(counts[i]) for i, k in enumerate(MISMATCH_CLASSES)}
     first = _locate(golden, candidate, name, cp, src, int(rr[0]), int(cc[0]), MISMATCH_CLASSES[int(cls[0])], float(y[0]))
@@ -555,8 +588,25 @@ def _compare_data(golden, candidate, name, cp: _Copy) -> TensorResult:
             ex["candidate_reported_chain"] = reported
         return ex
 
-    ex = classify.examples(cls, MISMATCH_CLASSES, pat, pat_names, example)
+    ex = causes_mod.annotate(classify.examples(cls, MISMATCH_CLASSES, pat, pat_names, example))
     return _result(name, n, classes, first, met, hist, detail, ex)
+
+
+def _flat_swap(golden, name: str, c: torch.Tensor, g: torch.Tensor) -> str | None:
+    """Whether the candidate, of the golden's shape, holds in row-major order the bytes of the golden transposed
+    or of the other orientation's copy (or its transpose): a copy stored without its transpose."""
+    if c.dim() != 2 or torch.equal(c, g):
+        return None
+    other = name.replace("rowwise", "@").replace("colwise", "rowwise").replace("@", "colwise")
+    refs = [("golden transposed", g.t())]
+    if getattr(golden, other, None) is not None:
+        og = _codes(golden, other) if name.endswith("_data") else getattr(golden, other).to("cpu")
+        refs += [(f"golden {other}", og), (f"golden {other} transposed", og.t() if og.dim() == 2 else og)]
+    flat = c.reshape(-1)
+    for what, ref in refs:
+        if ref.numel() == flat.numel() and torch.equal(ref.contiguous().reshape(-1), flat):
+            return f"{what} in row-major order, stored untransposed in the golden's shape {tuple(g.shape)}"
+    return None
 
 
 def _by_priority(shape, ranked: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
@@ -606,6 +656,9 @@ def _classify_data(golden, candidate, cp: _Copy, src, rr, cc, gm, cm):
     nonfinite = ~torch.isfinite(x) | either | (blk_nf & diff_scale)
     g_mag, c_mag = gm & mag_mask, cm & mag_mask
     g_sub = (g_mag != 0) & ((g_mag >> fmt.man_bits) == 0)  # NUMERICS: §0.4 exponent field 0: subnormal
+    # E2M1's one "subnormal" code is 0.5, reached by rounding ordinary inputs in [0.25, 0.75): a candidate that
+    # writes 0 there rounded differently (at the 0.25 midpoint, or truncating) and flushed nothing.
+    g_sub &= fmt.man_bits > 1
     tiny = classify._TINY.get(cp.hp_dtype, classify._TINY["float32"])
     x_sub = (x.abs() > 0) & (x.abs() < tiny)
     flush = (c_mag == 0) & (g_mag != 0) & (g_sub | x_sub)
@@ -770,6 +823,7 @@ def _scale_step_apart(g: torch.Tensor, c: torch.Tensor, sfmt) -> torch.Tensor:
 
 
 SWIZZLED = "scales are the golden's swizzled (128x4 tiles)"
+UNPADDED = "scales are the golden's packed without the padding of their rows"
 
 
 def _unswizzle(flat: torch.Tensor, t_shape: tuple[int, int]) -> torch.Tensor:
@@ -794,10 +848,17 @@ def _is_swizzled(g_full: torch.Tensor, g: torch.Tensor, c_full: torch.Tensor, cp
         return False
     t = _unswizzle(c_full.to(g_full.dtype), t_shape)
     s = t.t() if cp.geom.swizzle_transposed else t  # NUMERICS: §3 - MXFP8 colwise swizzles S_c^T
-    return torch.equal(as_bits(s[: g.shape[0], : g.shape[1]]), as_bits(g))
+    if not torch.equal(as_bits(s[: g.shape[0], : g.shape[1]]), as_bits(g)):
+        return False
+    # NUMERICS: §3 Layouts - swizzled padding is 0: a compact tensor with a few entries off (most of a small
+    # tensor's padded scales are zero) must not read as swizzled.
+    pad = torch.ones(s.shape, dtype=torch.bool)
+    pad[: g.shape[0], : g.shape[1]] = False
+    return not bool((as_bits(s)[pad] != 0).any())
 
 
-def _compare_scale(golden, candidate, name, cp: _Copy, strict_padding: bool) -> TensorResult:
+def _compare_scale(golden, candidate, name, cp: _Copy, strict_padding: bool,
+                   att: causes_mod.Attribution | None = None) -> TensorResult:
     cfg = golden.config
     sfmt = _scale_format(cfg)
     valid = _valid_shape(cfg, cp.o, cp.m, cp.k)
@@ -816,20 +877,35 @@ def _compare_scale(golden, candidate, name, cp: _Copy, strict_padding: bool) -> 
         if _is_swizzled(g_full, g, c_full, cp, as_bits):  # e.g. a flat [R*C] swizzled tensor
             why = (f"candidate shape {tuple(c_full.shape)} holds the golden's scales in cuBLASLt's swizzled order "
                    f"(golden compact {tuple(g_full.shape)})")
+            ex = causes_mod.annotate(classify.whole("layout_transposition", n, "shape", {"reason": why}),
+                                     {"layout_transposition": "scales_swizzled"})
             return TensorResult(name, "fail", n, n, {"layout_transposition": n}, {"field": name, "reason": why},
                                 detail={"reason": why, "layout": "golden swizzled (128x4 tiles)"}, layout=SWIZZLED,
-                                examples=classify.whole("layout_transposition", n, "shape", {"reason": why}))
+                                examples=ex)
         swap = None
         if c_full.dim() == 2 and g.dim() == 2 and c_full.shape[0] >= g.shape[1] and c_full.shape[1] >= g.shape[0]:
             if torch.equal(c_full[: g.shape[1], : g.shape[0]], g.t()):
                 swap = "golden transposed"
-        cls = "layout_transposition" if swap else "other"
+        other = name.replace("rowwise", "@").replace("colwise", "rowwise").replace("@", "colwise")
+        og = getattr(golden, other, None)
+        if swap is None and og is not None and og.shape == c_full.shape and torch.equal(og.to("cpu"), c_full):
+            swap = f"golden {other}"  # e.g. MXFP8 colwise scales computed along the rowwise blocks
+        whole = "" if swap else _whole_cause(att, name)
+        cls = "layout_transposition" if swap else (causes_mod.BY_ID[whole].mismatch_class if whole else "other")
         why = f"candidate shape {tuple(c_full.shape)} does not cover the valid region {valid} (golden padded {tuple(g_full.shape)})"
         if swap:
-            why += " (it holds the golden's scales transposed)"
-        return TensorResult(name, "fail", n, n, {cls: n}, {"field": name, "reason": why}, detail={"reason": why},
-                            examples=classify.whole(cls, n, "shape", {"reason": why}),
-                            layout="scales are the golden's transposed" if swap else None)
+            why += f" (it holds the {swap}'s scales)" if swap != "golden transposed" else \
+                " (it holds the golden's scales transposed)"
+        ex = classify.whole(cls, n, "shape", {"reason": why})
+        causes_mod.annotate(ex, {cls: _layout_cause(cfg, name, swap)} if swap else ({cls: whole} if whole else None))
+        layout = None
+        if swap:
+            layout = "scales are the golden's transposed" if swap == "golden transposed" else f"scales are the {swap}"
+        detail = {"reason": why}
+        if swap:
+            detail["layout"] = swap
+        return TensorResult(name, "fail", n, n, {cls: n}, {"field": name, "reason": why}, detail=detail,
+                            examples=ex, layout=layout)
     detail: dict[str, Any] = {"valid_shape": list(valid)}
     if c_full.dtype != g_full.dtype:
         detail["dtype"] = f"candidate {c_full.dtype} != golden {g_full.dtype}"
@@ -861,19 +937,26 @@ def _compare_scale(golden, candidate, name, cp: _Copy, strict_padding: bool) -> 
     first, ex, layout = None, {}, None
     if n_mis:
         swizzled = _is_swizzled(g_full, g, c_full, cp, as_bits)
-        if swizzled or (g.dim() == 2 and c_full.dim() == 2 and g.shape[0] != g.shape[1] and c_full.shape[0] >= g.shape[1]
-                        and c_full.shape[1] >= g.shape[0]
-                        and torch.equal(as_bits(c_full[: g.shape[1], : g.shape[0]]), as_bits(g.t()))):
+        unpadded = not swizzled and g.dim() == 2 and g.shape != g_full.shape and c_full.numel() >= n and \
+            torch.equal(as_bits(c_full.reshape(-1)[:n]), as_bits(g.reshape(-1)))
+        if swizzled or unpadded or (g.dim() == 2 and c_full.dim() == 2 and g.shape[0] != g.shape[1]
+                                    and c_full.shape[0] >= g.shape[1] and c_full.shape[1] >= g.shape[0]
+                                    and torch.equal(as_bits(c_full[: g.shape[1], : g.shape[0]]), as_bits(g.t()))):
             classes["layout_transposition"] = n_mis
             cls_t = torch.full(g.shape, MISMATCH_CLASSES.index("layout_transposition"))
-            layout = detail["reason"] = SWIZZLED if swizzled else "scales are the golden's transposed"
+            layout = detail["reason"] = SWIZZLED if swizzled else UNPADDED if unpadded else \
+                "scales are the golden's transposed"
             if swizzled:
                 detail["layout"] = "golden swizzled (128x4 tiles)"  # the row reason's words (harness.ops.layout_finding)
+            elif unpadded:
+                detail["layout"] = "golden's valid region packed without its row padding"
             pos = mism.reshape(-1).nonzero()[0, 0]
             idx = [int(t) for t in torch.unravel_index(pos, g.shape)]
             ex = classify.whole("layout_transposition", n_mis, "layout", {"index": idx})
+            causes_mod.annotate(ex, {"layout_transposition": _layout_cause(cfg, name, layout)})
         else:
             cls_t, pat_t, pat_names, rule_names = _classify_scale(golden, candidate, cp, g, c, sfmt, as_bits, dec)
+            cls_t = _apply_causes(cls_t, att, name, None)
             sel = mism.reshape(-1)
             counts = torch.bincount(cls_t.reshape(-1)[sel], minlength=len(MISMATCH_CLASSES))
             for i, k in enumerate(MISMATCH_CLASSES):
@@ -896,12 +979,16 @@ def _compare_scale(golden, candidate, name, cp: _Copy, strict_padding: bool) -> 
                     e["rule"] = rule_names[p]
                 return e
 
-            ex = classify.examples(cls_t.reshape(-1)[sel], MISMATCH_CLASSES, pat_t.reshape(-1)[sel], pat_names, example)
+            ex = causes_mod.annotate(classify.examples(cls_t.reshape(-1)[sel], MISMATCH_CLASSES, pat_t.reshape(-1)[sel],
+                                                       pat_names, example))
             pos = flat[0]
         if first is None:
             idx = [int(t) for t in torch.unravel_index(pos, g.shape)]
             first = {"field": name, "class": MISMATCH_CLASSES[int(cls_t.reshape(-1)[pos])], "index": idx}
             first.update(_scale_context(golden, candidate, cp, cp.src, idx, g, c, sfmt))
+    if first_pad is not None:  # the padding's own example (docs/numerics.md §13 cause `padding`)
+        ex = {**ex, **causes_mod.annotate(classify.whole("padding", classes["padding"], "padding",
+                                                         {k: first_pad[k] for k in ("index", "note")}))}
     return _result(name, n, classes, first or first_pad, met, hist, detail, ex, layout)
 
 
@@ -974,7 +1061,7 @@ def _scale_context(golden, candidate, cp: _Copy, src, idx, g, c, sfmt) -> dict:
     return out
 
 
-def _compare_amax(golden, candidate, name) -> TensorResult:
+def _compare_amax(golden, candidate, name, att: causes_mod.Attribution | None = None) -> TensorResult:
     g, c = getattr(golden, name).to("cpu").reshape(-1), getattr(candidate, name).to("cpu").reshape(-1)
     n = g.numel()
     if g.shape != c.shape:
@@ -988,6 +1075,7 @@ def _compare_amax(golden, candidate, name) -> TensorResult:
         nan_both = torch.isnan(g) & torch.isnan(c)
         nonfinite = ~nan_both & (~torch.isfinite(g) | ~torch.isfinite(c))  # NaN/Inf propagated vs ignored
         cls = _by_priority(g.shape, [("nan_sign", nan_both), ("nonfinite_policy", nonfinite)])
+        cls = _apply_causes(cls, att, name, None)
         counts = torch.bincount(cls[mism], minlength=len(MISMATCH_CLASSES))
         classes = {k: int(counts[i]) for i, k in enumerate(MISMATCH_CLASSES) if int(counts[i])}
         pos = mism.nonzero().reshape(-1)
@@ -1000,19 +1088,21 @@ def _compare_amax(golden, candidate, name) -> TensorResult:
         i = int(pos[0])
         first = {"field": name, "class": MISMATCH_CLASSES[int(cls[i])], **example(0)}
         pat = torch.zeros(pos.shape, dtype=torch.int64)
-        ex = classify.examples(cls[pos], MISMATCH_CLASSES, pat, ["amax"], example)
+        ex = causes_mod.annotate(classify.examples(cls[pos], MISMATCH_CLASSES, pat, ["amax"], example))
     return _result(name, n, classes, first, metrics(c, g, count_nonfinite=True),
                    ulp_hist_float(g.to(torch.float32), c.to(torch.float32)), {}, ex)
 
 
 def compare_quantized(golden: QuantizedTensor, candidate: QuantizedTensor, x: torch.Tensor, *,
-                      strict_padding: bool | None = None) -> list[TensorResult]:
+                      strict_padding: bool | None = None, rng=None, causes: bool = True) -> list[TensorResult]:
     """One TensorResult per field the golden QuantizedTensor has (data, scale, amax per orientation).
 
     Data bytes are compared exactly (FP4 nibble by nibble), scales on the valid region, amax by
     bits. `x` is the high-precision input both were quantized from. Padding mismatches are
     counted in `detail["padding_mismatches"]`; they fail only with strict_padding (default: the
-    candidate's `extra["zero_fills_padding"]`).
+    candidate's `extra["zero_fills_padding"]`). With `causes`, the mismatches of a failing copy are
+    attributed to the causes of harness.causes (docs/numerics.md §13; `rng` is the case's SR (seed,
+    stream), needed for a stochastic copy's causes): each explained element gets its cause's class.
     """
     if strict_padding is None:
         strict_padding = bool(candidate.extra.get("zero_fills_padding", False))
@@ -1022,6 +1112,7 @@ def compare_quantized(golden: QuantizedTensor, candidate: QuantizedTensor, x: to
         if getattr(golden, f"{o}_data") is None:
             continue
         cp = _Copy(golden.config, o, x2d, golden.hp_dtype)
+        att = _attribution(golden, candidate, cp, rng) if causes else None
         for kind in ("data", "scale", "amax"):
             name = f"{o}_{kind}"
             if getattr(golden, name) is None:
@@ -1030,12 +1121,59 @@ def compare_quantized(golden: QuantizedTensor, candidate: QuantizedTensor, x: to
                 out.append(_missing(name, f"the candidate has no {name}", getattr(golden, name).numel()))
                 continue
             if kind == "data":
-                out.append(_compare_data(golden, candidate, name, cp))
+                out.append(_compare_data(golden, candidate, name, cp, att))
             elif kind == "scale":
-                out.append(_compare_scale(golden, candidate, name, cp, strict_padding))
+                out.append(_compare_scale(golden, candidate, name, cp, strict_padding, att))
             else:
-                out.append(_compare_amax(golden, candidate, name))
+                out.append(_compare_amax(golden, candidate, name, att))
     return out
+
+
+def _attribution(golden, candidate, cp: _Copy, rng) -> causes_mod.Attribution | None:
+    """harness.causes.attribute for copy cp.o, run only when one of its fields differs from the golden's."""
+    names = [f"{cp.o}_{k}" for k in ("data", "scale", "amax")]
+    pairs = [n for n in names if getattr(golden, n) is not None and getattr(candidate, n) is not None]
+    if all(_same_field(golden, candidate, n) for n in pairs):
+        return None
+
+    def codes(t: torch.Tensor) -> torch.Tensor:
+        return casts.unpack_nibbles(t) if golden.config.element_format.bits == 4 else t
+
+    try:
+        return causes_mod.attribute(golden, candidate, cp.x2d, cp.o, _valid_shape(cp.cfg, cp.o, cp.m, cp.k), codes,
+                                    rng)
+    except Exception:  # noqa: BLE001 - diagnostics only: a cause search that fails names no cause
+        return None
+
+
+def _apply_causes(cls: torch.Tensor, att: causes_mod.Attribution | None, name: str, where) -> torch.Tensor:
+    """`cls` (MISMATCH_CLASSES indices of the elements selected by `where` from the field's attribution map)
+    with each element a cause explains given that cause's class."""
+    if att is None or name not in att.index:
+        return cls
+    idx = att.index[name]
+    sel = (idx[where] if where is not None else idx).to(torch.int64)
+    mapped = torch.tensor([MISMATCH_CLASSES.index(c.mismatch_class) for c in causes_mod.CATALOGUE] + [-1],
+                          dtype=torch.int64)[sel]  # -1 (no cause) picks the appended -1
+    return torch.where(sel >= 0, mapped, cls)
+
+
+def _layout_cause(cfg: QuantConfig, name: str, what: str) -> str:
+    """The catalogue cause (harness.causes) of a layout finding `what` on field `name`."""
+    if "nibbles" in what:
+        return "nibble_order"
+    if "swizzled" in what:
+        return "scales_swizzled"
+    if "padding" in what:
+        return "scale_padding_missing"
+    if "untransposed" in what:
+        return "layout_untransposed"
+    other = "colwise" if name.startswith("rowwise") else "rowwise"
+    if f"golden {other}" in what:
+        if cfg.scheme in ("mxfp8", "nvfp4") and (cfg.scheme == "mxfp8") != ("transposed" in what):
+            return "block_axis"
+        return "layout_transposed" if "transposed" in what else "layout_untransposed"
+    return "layout_transposed"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ Distributions (x = generated values; "scaled domain" = x times the scheme's enco
   subnormals, all +-max of the input dtype, tiny amax, a single non-zero per segment, all NaN,
   constant blocks (every element equals the block max). T is the block length, halved (down to 16)
   while the tensor has fewer than two tiles per pattern, so small tensors still see every pattern
-  (each pattern then fills part of a block).
+  (each pattern then fills part of a block). special_nan: the same without the Inf pattern (NaN is
+  the only non-finite value); special_inf: without the two NaN patterns (docs/numerics.md §11).
 - exhaustive: every finite code of the element format (NVFP4: every E2M1 code times every E4M3
   block scale) times a power of two, with anchors as in `ties`, so quantization reproduces the
   codes exactly (NaN and Inf codes are left to `special`).
@@ -347,18 +348,25 @@ SPECIAL_PATTERNS = (
 )
 
 
+# The NaN-only and Inf-only variants of `special` (docs/numerics.md §11): one Inf input makes an NVFP4 tensor's
+# global amax +inf, so in `special` every NVFP4 NaN case sits behind an Inf; these keep the two apart.
+SPECIAL_VARIANTS = {
+    "special": SPECIAL_PATTERNS,
+    "special_nan": tuple(p for p in SPECIAL_PATTERNS if p != "inf_sprinkled"),
+    "special_inf": tuple(p for p in SPECIAL_PATTERNS if p not in ("nan_sprinkled", "all_nan")),
+}
 SPECIAL_MIN_TILE = 16
 
 
-def _special(cfg, rows, cols, d: Draws, in_dtype, seed):
-    """(values float64, negative-NaN mask): one SPECIAL_PATTERNS entry per T x T tile."""
+def _special(cfg, rows, cols, d: Draws, in_dtype, seed, patterns: tuple[str, ...] = SPECIAL_PATTERNS):
+    """(values float64, negative-NaN mask): one `patterns` entry (SPECIAL_PATTERNS, or a variant's) per T x T tile."""
     dmax, dmin_normal, dsub = _dtype_limits(in_dtype)
     t = _block(cfg)
     # Small tensors: shrink the tile (powers of two >= 16) until every pattern gets ~2 tiles.
-    while t > SPECIAL_MIN_TILE and -(-rows // t) * -(-cols // t) < 2 * len(SPECIAL_PATTERNS):
+    while t > SPECIAL_MIN_TILE and -(-rows // t) * -(-cols // t) < 2 * len(patterns):
         t //= 2
     grid = _Grid(rows, cols, t, t, d.device)
-    pat = grid.per_tile(((grid.tile_index() + seed) % len(SPECIAL_PATTERNS)).to(torch.int8))
+    pat = grid.per_tile(((grid.tile_index() + seed) % len(patterns)).to(torch.int8))
     n = rows * cols
     base = d.normal(n)
     sign_bit = d.sign_bits(n)  # widened to +-1.0 only where a pattern uses it
@@ -388,7 +396,7 @@ def _special(cfg, rows, cols, d: Draws, in_dtype, seed):
     pat = pat.reshape(-1)
     # In place: each pattern reads `base` only at its own elements, and the patterns are disjoint.
     x = base
-    for k, name in enumerate(SPECIAL_PATTERNS):
+    for k, name in enumerate(patterns):
         if name in rule:  # "normal" keeps base
             idx = (pat == k).nonzero().squeeze(1)
             x[idx] = rule[name](idx)
@@ -559,8 +567,8 @@ def _operand(case: Case, cfg: QuantConfig, shape: tuple[int, ...], orientation: 
         x = _ties(cfg, rows, cols, d, dt)
     elif dist == "exhaustive":
         x = _exhaustive(cfg, rows, cols, d, dt)
-    elif dist == "special":
-        x, neg_nan = _special(cfg, rows, cols, d, dt, case.seed)
+    elif dist in SPECIAL_VARIANTS:
+        x, neg_nan = _special(cfg, rows, cols, d, dt, case.seed, SPECIAL_VARIANTS[dist])
     elif dist == "exact_representable":
         plan = _exact_plan(cfg, cfg, cols)["a"]
         x = _exact_klast(cfg, rows, cols, "a", plan, 0, 1.0, d)
@@ -586,7 +594,7 @@ def _config_key(distribution: str, cfg: QuantConfig, orientation: str | None) ->
     give equal bytes."""
     if distribution in CONFIG_FREE:
         return ()
-    if distribution == "special":
+    if distribution in SPECIAL_VARIANTS:
         return ("block", _block(cfg))
     if distribution == "per_tile_scales":
         return ("tiles", _scale_tiles(cfg, orientation))

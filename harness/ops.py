@@ -34,6 +34,8 @@ from .verdict import (
     code_step,
     delta_db,
     find_convention,
+    graded_accuracy,
+    graded_dequantize,
     nonfinite_where_finite,
     ulps_within_step,
     within_one_step,
@@ -245,7 +247,7 @@ def _quantize_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
 
     ev = out.evidence
     cand_g = out.values["q"].to(g.device)  # compared where the golden lives
-    results = compare_quantized(g.quantized, cand_g, g.inputs["x"])
+    results = compare_quantized(g.quantized, cand_g, g.inputs["x"], rng=g.inputs.get("rng"))
     if "sr_draws" in out.values:  # the data by statistics, scales and amaxes by bytes (docs/numerics.md §12.3)
         results = [tr for tr in results if not tr.tensor.endswith("_data")]
         results += sr_stats.check_draws(out.values["sr_draws"], g.inputs["x"], case.config)
@@ -263,19 +265,20 @@ def _quantize_compare(case, g: Golden, out: Output, base: Mapping) -> list[Row]:
             continue
         tensor = f"accuracy_{o}"
         truth = _accuracy_truth(case, g.on_device["x"], o)
-        g_sqnr, g_deq = golden_accuracy(g, tensor, lambda o=o: reference.dequantize(g.quantized, o, torch.float32),
+        g_sqnr, g_deq = golden_accuracy(g, tensor, lambda o=o: graded_dequantize(g.quantized, o, torch.float32),
                                         truth)
         bad = [t for t in findings if t.startswith(o)]
         if bad:  # NUMERICS: §11 - a wrong layout is reported, never dequantized as if it were right
             rows.append(_not_measured(base, tensor, f"{', '.join(bad)} not in the contract's layout"))
             continue
         try:
-            xh = reference.dequantize(cand_g, o, torch.float32)
+            xh = graded_dequantize(cand_g, o, torch.float32)
         except Exception as e:  # noqa: BLE001 - a candidate the contract cannot decode is broken, not an error
             ev.broken.append(f"{o} copy cannot be dequantized ({exc_text(e)})")
             rows.append(_not_measured(base, tensor, f"the candidate's {o} copy cannot be dequantized ({exc_text(e)})"))
             continue
         rows.append(_with_delta(accuracy_row(base, tensor, xh, truth), out, g_sqnr))
+        ev.accuracy.append((tensor, case.config.element, *graded_accuracy(g.quantized, o, g_deq, xh, truth)))
         n_bad = nonfinite_where_finite(g_deq, xh)
         if n_bad:
             ev.broken.append(f"{o}: {n_bad} non-finite values where the golden's are finite")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 NO_MATPLOTLIB = "matplotlib is not installed; skipping plots (pip install matplotlib)"
-SPECIAL_DISTRIBUTIONS = ("special",)  # inputs with NaN / Inf / subnormals: plotted apart
+SPECIAL_DISTRIBUTIONS = ("special", "special_nan", "special_inf")  # inputs with NaN / Inf / subnormals: plotted apart
 _TITLE_WIDTH = 60
 ULP_MAX_ROWS = 30  # rows of the ULP chart (series with elements off the golden's bits, the most mismatched first)
 

@@ -19,10 +19,20 @@ import reference
 from reference import casts, conventions
 from reference.types import QuantizedTensor
 
+from . import causes
+
 # Best first (docs/numerics.md §11).
 SEVERITIES = ("exact", "convention", "equivalent", "degraded", "broken")
 # NUMERICS: §11 - `equivalent` needs the candidate's SQNR against the truth at most this far below the golden's.
 EQUIVALENT_DB = 0.01
+# NUMERICS: §11 - SQNRs are compared capped at this ceiling: an fp32 result cannot be told from the truth beyond
+# ~146 dB (24-bit significand, 6.02 * 24 + 1.76), so a lossless golden (+inf) and a candidate at 108 dB differ by
+# 108 - 140 = -32 dB, not -inf.
+SQNR_CEILING_DB = 140.0
+# NUMERICS: §11 - a drop of more than this many dB below the golden is `broken` when the candidate is also below
+# its element format's nominal SQNR plus this margin (nominal_db): 20 dB is 100x the golden's noise power (10x its
+# RMS error, 3.3 bits, more than an E4M3 significand holds).
+BROKEN_DB = 20.0
 # ULP buckets (harness.compare.ULP_BUCKETS) that are "within one code step" of the golden.
 ONE_STEP_BUCKETS = ("0", "0*", "1")
 
@@ -37,17 +47,62 @@ class Evidence:
     matches_convention: str = ""
     ignored: list[str] = field(default_factory=list)  # `field=value` of the case the matching convention replaced
     preferred: tuple[str, ...] = ()  # the candidate's declared conventions (declared_conventions), tried first
+    # (tensor, element format, golden SQNR, candidate SQNR, elements clipped) over the elements the golden does
+    # not clip (graded_accuracy); where present the severity grades these instead of the accuracy rows
+    accuracy: list[tuple[str, str, float, float, int]] = field(default_factory=list)
 
 
 def delta_db(candidate: float | None, golden: float | None) -> float | None:
-    """candidate SQNR − golden SQNR (dB), both against the truth; 0 when equal (both +inf included)."""
+    """candidate SQNR − golden SQNR (dB), both against the truth and capped at SQNR_CEILING_DB (docs/numerics.md
+    §11); 0 when equal (both +inf included), finite whenever the candidate's SQNR is finite or +inf."""
     if candidate is None or golden is None:
         return None
     if candidate == golden or (math.isnan(candidate) and math.isnan(golden)):
         return 0.0
     if math.isnan(candidate) or math.isnan(golden):
         return None
-    return candidate - golden
+    c, g = min(candidate, SQNR_CEILING_DB), min(golden, SQNR_CEILING_DB)
+    return 0.0 if c == g else c - g
+
+
+def nominal_db(element: str | None) -> float:
+    """The SQNR of round-to-nearest with the element format's significand on a uniform relative error:
+    10 log10(3 * 4^(man_bits + 1)) = 4.77 + 6.02 (man_bits + 1) dB (E4M3 28.9, E5M2 22.8, E2M1 16.8); +inf for
+    an unknown format (docs/numerics.md §11)."""
+    from reference.formats import FORMATS  # noqa: PLC0415
+
+    fmt = FORMATS.get(str(element or ""))
+    if fmt is None:
+        return math.inf
+    return 10 * math.log10(3 * 4.0 ** (fmt.man_bits + 1))
+
+
+# ----------------------------------------------------------------------------------------------
+# Grading where the golden's dequantization is not finite (docs/numerics.md §11)
+# ----------------------------------------------------------------------------------------------
+
+
+def graded_dequantize(q: QuantizedTensor, orientation: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The dequantized copy the severity grades against the truth: reference.dequantize, except that an NVFP4 copy
+    whose global amax is +inf (any Inf input, docs/numerics.md §5.1: S_enc = 1) decodes with the encode's own
+    S_dec, x = RN(v * RN(s_blk * S_dec)), where §5.8's factor RN(s_blk * A_g) / 2688 is inf (or NaN for s_blk = 0)
+    everywhere: the golden would be infinite, so no candidate could be told from it."""
+    cfg = q.config
+    amax = getattr(q, f"{orientation}_amax")
+    if not cfg.scheme_row.global_amax or amax is None or not bool(torch.isposinf(amax.to(torch.float32)).any()):
+        return reference.dequantize(q, orientation, dtype)
+    from reference import nvfp4  # noqa: PLC0415
+    from reference.formats import E2M1, E4M3  # noqa: PLC0415
+
+    data, scale = getattr(q, f"{orientation}_data"), getattr(q, f"{orientation}_scale")
+    blk = cfg.block
+    rows, cols = data.shape[0], data.shape[1] * 2
+    a_g = amax.to(torch.float32).reshape(-1, 1) if cfg.row_scaled else amax.to(torch.float32).reshape(())
+    _, s_dec = nvfp4.global_scale(a_g.to(data.device), cfg.e4m3_max)
+    g = casts.decode(scale[:rows, : cols // blk], E4M3) * s_dec
+    v = casts.decode(casts.unpack_nibbles(data), E2M1).reshape(rows, cols // blk, blk)
+    xh = (v * g.unsqueeze(-1)).reshape(rows, cols).to(dtype)
+    return xh if orientation == "rowwise" else xh.t().contiguous()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -74,9 +129,9 @@ def code_step(q: QuantizedTensor, o: str) -> torch.Tensor:
     mag = c & ~fmt.sign_mask if fmt.signed else c
     up = torch.clamp(mag + 1, max=fmt.max_code) | sign
     down = torch.clamp(mag - 1, min=0) | sign
-    d0 = reference.dequantize(q, o, torch.float32).to(torch.float64).cpu()
-    du = reference.dequantize(_with_codes(q, o, up), o, torch.float32).to(torch.float64).cpu()
-    dd = reference.dequantize(_with_codes(q, o, down), o, torch.float32).to(torch.float64).cpu()
+    d0 = graded_dequantize(q, o, torch.float32).to(torch.float64).cpu()
+    du = graded_dequantize(_with_codes(q, o, up), o, torch.float32).to(torch.float64).cpu()
+    dd = graded_dequantize(_with_codes(q, o, down), o, torch.float32).to(torch.float64).cpu()
     return torch.maximum((du - d0).abs(), (d0 - dd).abs())
 
 
@@ -93,10 +148,12 @@ def within_one_step(golden: torch.Tensor, candidate: torch.Tensor, step: torch.T
 
 
 def nonfinite_where_finite(golden: torch.Tensor, candidate: torch.Tensor) -> int:
-    """How many positions are non-finite in `candidate` and finite in `golden` (on the golden's device)."""
+    """How many positions are non-finite in `candidate` and finite in `golden`, or NaN in `candidate` where the
+    golden is an infinity (it lost the value's sign and size: an Inf input written as NaN where the golden's
+    decode overflows), on the golden's device."""
     g = golden.detach()
     c = candidate.detach().to(g.device)
-    return int((torch.isfinite(g) & ~torch.isfinite(c)).sum())
+    return int(((torch.isfinite(g) & ~torch.isfinite(c)) | (torch.isinf(g) & torch.isnan(c))).sum())
 
 
 def ulps_within_step(ulp_hist: Mapping | None) -> bool:
@@ -181,7 +238,7 @@ def matching_convention(case: Any, x: torch.Tensor, candidate: QuantizedTensor, 
         if not _same_data(g, candidate):  # cheap reject before locating every mismatch
             continue
         try:
-            results = compare_quantized(g, dataclasses.replace(candidate, config=cfg), x)
+            results = compare_quantized(g, dataclasses.replace(candidate, config=cfg), x, causes=False)
         except Exception:  # noqa: BLE001
             continue
         if all(tr.status == "pass" for tr in results):
@@ -209,6 +266,47 @@ def convention_note(ev: Evidence) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
+def graded_accuracy(q: QuantizedTensor, o: str, golden_deq: torch.Tensor, cand_deq: torch.Tensor,
+                    truth: torch.Tensor) -> tuple[float, float, int]:
+    """(golden SQNR, candidate SQNR, elements left out) of copy `o` against the truth over the elements the golden
+    does not clip
+    (docs/numerics.md §11): an element whose golden code is the format's largest while the truth lies beyond it
+    (a saturated Inf, the input dtype's max in an NVFP4 tensor with A_g = +inf: S_enc = 1 caps values at 2688)
+    has an error set by the range, not by the rounding, and would make both SQNRs read ~0 dB, hiding every other
+    element. On the golden's device; `golden_deq` and `cand_deq` as graded_dequantize gives them, [M, K]."""
+    from reference.layouts import copy_geometry  # noqa: PLC0415
+
+    from .compare import metrics  # noqa: PLC0415
+
+    fmt = q.config.element_format
+    codes = _codes(q, o).to(golden_deq.device).to(torch.int64)
+    if copy_geometry(q.config, o, q.m, q.k).transposed:
+        codes = codes.t()
+    g, t = golden_deq.to(torch.float64), truth.to(torch.float64).reshape(golden_deq.shape)
+    # Clipped: the golden's largest code with the truth beyond that code's rounding interval (max plus half the top
+    # step); a block maximum that merely rounds to max is not clipped, nor is a zero golden value (a block whose
+    # scale underflowed to 0 saturates its codes by design, §5.3).
+    top = casts.decode(torch.tensor([fmt.max_code, fmt.max_code - 1], dtype=torch.uint8), fmt).tolist()
+    reach = 1 + (1 - top[1] / top[0]) / 2
+    clipped = ((codes & ~fmt.sign_mask) == fmt.max_code) & (t.abs() > g.abs() * reach) & (g != 0)
+    n_clipped = int(clipped.sum())
+    if not n_clipped:
+        return metrics(golden_deq, truth)["sqnr_db"], metrics(cand_deq, truth)["sqnr_db"], 0
+    keep = ~clipped
+    tk = truth.reshape(golden_deq.shape)[keep]
+    cd = cand_deq.to(golden_deq.device)
+    return metrics(golden_deq[keep], tk)["sqnr_db"], metrics(cd[keep], tk)["sqnr_db"], n_clipped
+
+
+def _accuracy(rows: Sequence[Mapping], ev: Evidence) -> list[tuple[str, float | None, float | None, str]]:
+    """(tensor, delta, candidate SQNR, element format) of each accuracy measurement the severity grades: the
+    evidence's graded_accuracy where the compare function gathered it, else the accuracy rows."""
+    if ev.accuracy:
+        return [(t, delta_db(c, g), c, el) for t, el, g, c, _ in ev.accuracy]
+    return [(r.get("tensor"), r.get("delta_sqnr_db"), r.get("sqnr_db"), r.get("element"))
+            for r in rows if r.get("kind") == "accuracy"]
+
+
 def severity(rows: Sequence[Mapping], ev: Evidence) -> str:
     """The severity of one (case, backend) from its rows and evidence (docs/numerics.md §11)."""
     statuses = {r.get("status") for r in rows}
@@ -221,14 +319,30 @@ def severity(rows: Sequence[Mapping], ev: Evidence) -> str:
         return "exact"
     if ev.matches_convention:
         return "convention"
-    if ev.broken:
+    if ev.broken or accuracy_broken(rows, ev):
         return "broken"
-    deltas = [r.get("delta_sqnr_db") for r in rows if r.get("kind") == "accuracy"]
-    deltas = [d for d in deltas if d is not None]
+    deltas = [d for _, d, _, _ in _accuracy(rows, ev) if d is not None]
     worst = min(deltas) if deltas else None
+    if worst is not None and worst >= 0:  # as accurate as the golden, or more: never degraded
+        return "equivalent"
     if ev.within_step and worst is not None and worst >= -EQUIVALENT_DB:
         return "equivalent"
     return "degraded"
+
+
+def accuracy_broken(rows: Sequence[Mapping], ev: Evidence | None = None) -> list[str]:
+    """Why the accuracy makes a candidate `broken` (docs/numerics.md §11), one phrase per measurement: its SQNR is
+    at most 0 dB (its error is as large as the signal: a zeroed tensor reads 0 dB) where the golden's is above, or
+    it is more than BROKEN_DB below the golden's and below its format's nominal SQNR + BROKEN_DB."""
+    out = []
+    for tensor, d, c, element in _accuracy(rows, ev or Evidence()):
+        if d is None or c is None or math.isnan(c) or d >= 0:
+            continue
+        if c <= 0:
+            out.append(f"{tensor}: SQNR {c:.1f} dB, no better than zeros")
+        elif d <= -BROKEN_DB and c < nominal_db(element) + BROKEN_DB:
+            out.append(f"{tensor}: SQNR {c:.1f} dB, {-d:.1f} dB below the golden's")
+    return out
 
 
 def judge(rows: Sequence[Mapping], ev: Evidence) -> list[dict]:
@@ -236,9 +350,22 @@ def judge(rows: Sequence[Mapping], ev: Evidence) -> list[dict]:
     convention note) in the reason of the pair's first failing conformance row."""
     sev = severity(rows, ev)
     out = [dict(r, severity=sev, matches_convention=ev.matches_convention) for r in rows]
+    graded = {a[0]: a[2:] for a in ev.accuracy}
+    for r in out:  # NUMERICS: §11 - the delta the severity graded, where the golden clips elements
+        if r.get("kind") == "accuracy" and r.get("delta_sqnr_db") is not None and r.get("tensor") in graded:
+            g, c, n_clipped = graded[r["tensor"]]
+            if n_clipped:
+                r["delta_sqnr_db"] = delta_db(c, g)
+                r["reason"] = (f"delta_sqnr_db over the {int(r.get('n') or 0) - n_clipped} elements the golden does "
+                               f"not clip ({n_clipped} clipped): golden {g:.2f} dB, candidate {c:.2f} dB")
+    for r in out:  # every failing conformance row names the causes found (docs/numerics.md §13)
+        if r.get("kind") == "conformance" and r.get("status") == "fail":
+            cn = causes.cause_note(r.get("mismatch_classes") or {}, r.get("mismatch_examples"), r.get("n_mismatch"))
+            if cn:
+                r["reason"] = f"{r['reason']}; {cn}" if r.get("reason") else cn
     note = ""
-    if sev == "broken" and ev.broken:
-        note = "broken: " + "; ".join(ev.broken)
+    if sev == "broken" and (ev.broken or accuracy_broken(rows, ev)):
+        note = "broken: " + "; ".join(ev.broken or accuracy_broken(rows, ev))
     elif sev == "convention":
         note = convention_note(ev)
     if note:

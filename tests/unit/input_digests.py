@@ -5,7 +5,8 @@ Source: issue #18 item 3 / #19 (inputs drawn on the GPU through a device-indepen
 c5bb808, with the harness/draws.py port of harness/inputs.py and harness/module_inputs.py), so the digests
 pin the Draws-based generator: Philox4x32-10 counters per (seed, call, element), the same bytes on CPU and
 CUDA (tests/gpu/test_draws_gpu.py). The earlier digests (torch.Generator on the CPU, base 460c2fa) are gone
-with that generator:
+with that generator. The six smoke cases of the `special_nan` / `special_inf` distributions were added later
+(branch `causes`, with `compute` on those cases alone; every earlier entry unchanged):
 
     PYTHONPATH=$PWD python -m tests.unit.input_digests      # rewrites tests/unit/data/input_digests.json
 

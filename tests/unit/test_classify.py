@@ -186,15 +186,18 @@ def test_nan_block_policy_of_ocp_mx():
     cand = reference.quantize(x, with_convention(cfg, "ocp_mx"))
     res = _by_name(compare_quantized(g, cand, x))
     sc = res["rowwise_scale"]
-    assert sc.mismatch_classes == {"nonfinite_policy": 1}
-    (ex,) = _examples(sc, "nonfinite_policy")
+    # The symptom is a non-finite policy; the cause (harness.causes) a NaN-propagating amax, named with its
+    # explanation: re-running the golden with it gives the candidate's block.
+    assert sc.mismatch_classes == {"nan_propagated": 1}
+    (ex,) = _examples(sc, "nan_propagated")
     assert ex["index"] == [5, 1] and ex["candidate"] == "0xFF" and ex["golden"] == "0x7F"
-    assert list(sc.examples["nonfinite_policy"]["patterns"]) == ["nonfinite_block"]
+    assert list(sc.examples["nan_propagated"]["patterns"]) == ["nonfinite_block"]
+    assert "NaN input propagates" in sc.examples["nan_propagated"]["explanation"]
     data = res["rowwise_data"]
-    assert data.mismatch_classes == {"nonfinite_policy": 31}  # the NaN itself is 0x7F on both sides
-    ex = _examples(data, "nonfinite_policy")[0]
+    assert data.mismatch_classes == {"nan_propagated": 31}  # the NaN itself is 0x7F on both sides
+    ex = _examples(data, "nan_propagated")[0]
     assert ex["index"] == [5, 32] and ex["candidate"] == "0x7F" and ex["golden"] == "0x7E"
-    assert set(data.examples["nonfinite_policy"]["patterns"]) <= {
+    assert set(data.examples["nan_propagated"]["patterns"]) <= {
         "nonfinite_block/diff_scale/off_midpoint", "nonfinite_block/diff_scale/near_midpoint"}
     # A failing row never reads max_abs = 0, sqnr = inf: the NaN the golden does not have counts.
     assert data.max_abs == math.inf and data.sqnr_db == -math.inf
@@ -262,7 +265,7 @@ def test_no_layout_finding_for_a_plain_mismatch():
 # ---- scale rounding rule ------------------------------------------------------------------------------
 
 
-def test_e8m0_floor_instead_of_ceil_is_scale_rule():
+def test_e8m0_floor_instead_of_ceil_is_named_on_scales_and_data():
     x = torch.linspace(-3, 3, 64 * 96).reshape(64, 96)
     g = reference.quantize(x, Q("mxfp8"))
     cand = reference.quantize(x, Q("mxfp8", e8m0_rule="floor"))
@@ -273,11 +276,13 @@ def test_e8m0_floor_instead_of_ceil_is_scale_rule():
     amax = x.abs().reshape(64, 3, 32).amax(dim=2)
     sig = amax / torch.exp2(torch.floor(torch.log2(amax)))
     differ = int((sig > 1.75).sum())
-    assert sc.mismatch_classes == {"scale_rule": differ} and differ > 0
-    for ex in _examples(sc, "scale_rule"):
+    # Re-running the golden with the floor rule gives the candidate's scales and codes (harness.causes): the
+    # scale entries (symptom scale_rule) and the codes of those blocks (symptom block_scale_cascade) name it.
+    assert sc.mismatch_classes == {"e8m0_floor": differ} and differ > 0
+    for ex in _examples(sc, "e8m0_floor"):
         assert ex["rule"] == "e8m0_rule=floor"
         assert int(ex["golden"], 16) == int(ex["candidate"], 16) + 1
-    assert res["rowwise_data"].mismatch_classes.keys() == {"block_scale_cascade"}
+    assert res["rowwise_data"].mismatch_classes.keys() == {"e8m0_floor"}
 
 
 # ---- dequantized outputs --------------------------------------------------------------------------------
@@ -323,17 +328,21 @@ def test_every_class_is_documented(cls):
     assert f"| `{cls}` |" in text
 
 
-def test_amax_nan_propagated_vs_inf_is_nonfinite_policy():
-    # te's amax ignores NaN (§7.2): an Inf input gives +Inf; a NaN-propagating candidate stores NaN.
+def test_amax_nan_propagated_vs_inf_is_named_nan_propagated():
+    # te's amax ignores NaN (§7.2): an Inf input gives +Inf; a NaN-propagating candidate stores NaN. The symptom is
+    # nonfinite_policy; re-running the golden with a NaN-propagating amax gives the candidate's amax bit for bit
+    # (one fp32 value is evidence enough, harness.causes.MIN_EXPLAINED), so the cause names it.
     x = torch.tensor([[1.0, float("inf"), float("nan"), 3.0]])
     g = reference.quantize(x, Q("fp8_current"))
     assert float(g.rowwise_amax.reshape(-1)[0]) == math.inf
     cand = _clone(g)
     cand.rowwise_amax = torch.full_like(g.rowwise_amax, float("nan"))
     tr = _by_name(compare_quantized(g, cand, x))["rowwise_amax"]
-    assert tr.mismatch_classes == {"nonfinite_policy": 1}
-    (ex,) = _examples(tr, "nonfinite_policy")
+    assert tr.mismatch_classes == {"nan_propagated": 1}
+    (ex,) = _examples(tr, "nan_propagated")
     assert ex["golden_bits"] == "0x7F800000" and math.isnan(ex["candidate"])
+    assert _by_name(compare_quantized(g, cand, x, causes=False))["rowwise_amax"].mismatch_classes == {
+        "nonfinite_policy": 1}
 
 
 def test_torchao_nvfp4_encode_factor_order_is_not_a_tie_flip():
@@ -352,9 +361,15 @@ def test_torchao_nvfp4_encode_factor_order_is_not_a_tie_flip():
     res = _by_name(compare_quantized(g, cand, x))
     assert res["rowwise_scale"].status == "pass" and res["rowwise_amax"].status == "pass"
     tr = res["rowwise_data"]
-    assert set(tr.mismatch_classes) == {"encode_factor_rounding"} and tr.n_mismatch > 0
+    # torchao's factor is RN(RN(1 / pts) / s_blk), a division by the block scale: the golden re-run with f =
+    # RN(S_enc / s_blk) (harness.causes `encode_by_division`) gives these codes, so that cause names them; either
+    # way no tie is flipped, and every example lies next to a midpoint.
+    (cls,) = set(tr.mismatch_classes)
+    assert cls == "encode_by_division" and tr.n_mismatch > 0
+    assert _by_name(compare_quantized(g, cand, x, causes=False))["rowwise_data"].mismatch_classes.keys() == {
+        "encode_factor_rounding"}
     e2m1 = ml_dtypes.float4_e2m1fn
-    for ex in _examples(tr, "encode_factor_rounding"):
+    for ex in _examples(tr, cls):
         gv, cv = (float(np.array([int(ex[k], 16)], dtype=np.uint8).view(e2m1)[0]) for k in ("golden", "candidate"))
         mid = (gv + cv) / 2
         ulp = float(np.spacing(np.float32(abs(ex["scaled"]))))
@@ -409,6 +424,13 @@ def test_format_examples_shows_up_to_n_per_class_taking_the_patterns_in_turn():
     lines = format_examples(json.dumps(ex))
     assert len(lines) == 2 + 3 + 1 and lines[3] == "  [finite_block/same_scale/near_midpoint] index=[0, 9] golden=0x06 candidate=0x05"
     assert format_examples({}) == format_examples("") == format_examples(None) == []
+    # A cause's class line carries its explanation; a shared class (layout) names the cause first.
+    cause = {"round_toward_zero": {"count": 2, "cause": "round_toward_zero", "explanation": "truncated",
+                                   "patterns": {"p": {"count": 2, "examples": [{"index": [0, 0]}]}}},
+             "layout_transposition": {"count": 4, "cause": "nibble_order", "explanation": "swapped",
+                                      "patterns": {"layout": {"count": 4, "examples": []}}}}
+    assert format_examples(cause)[0] == "round_toward_zero: 2 element(s) - truncated"
+    assert format_examples(cause)[2] == "layout_transposition: 4 element(s) - cause nibble_order: swapped"
 
 
 class ThreeInjected:
@@ -516,7 +538,8 @@ def test_a_plain_scale_mismatch_is_not_called_swizzled():
 def test_e8m0_zero_block_scaled_by_one_is_zero_scale_factor():
     """docs/numerics.md §7.29: an MXFP8 block with amax 3.08e-38 has e = 0 (§3); the contract multiplies by
     P(0) = 2^127, TE's kernels and torchao by exp2f_rcp(0) = 1.0, which casts these tiny normal inputs to 0.
-    A subnormal input flushed to zero stays a subnormal_flush (the more specific cause)."""
+    The subnormal input zeroed with them has the same cause (re-running the golden with the factor 1.0 gives all
+    three), which outranks its symptom (subnormal_flush); zeroed alone it stays a subnormal_flush."""
     x = torch.zeros(32, 32)
     x[0, 0] = 3.08e-38  # the block max: RN32(3.08e-38 / 448) < 2^-127 -> e = 0
     x[0, 1] = 1.5e-38  # normal fp32 (> 1.18e-38): golden code of 1.5e-38 * 2^127 = 2.55 -> 0x42 (E4M3 2.5)
@@ -527,10 +550,12 @@ def test_e8m0_zero_block_scaled_by_one_is_zero_scale_factor():
     cand = _clone(g)
     cand.rowwise_data[0, :3] = 0  # sat(RN(x * 1.0)) is +0 for all three
     tr = _by_name(compare_quantized(g, cand, x))["rowwise_data"]
-    assert tr.mismatch_classes == {"zero_scale_factor": 2, "subnormal_flush": 1}
+    assert tr.mismatch_classes == {"zero_scale_factor": 3}
     exs = _examples(tr, "zero_scale_factor")
-    assert [e["index"] for e in exs] == [[0, 0], [0, 1]]
-    assert [e["index"] for e in _examples(tr, "subnormal_flush")] == [[0, 2]]
+    assert [e["index"] for e in exs] == [[0, 0], [0, 1], [0, 2]]
+    assert "2^127" in tr.examples["zero_scale_factor"]["explanation"]
+    assert _by_name(compare_quantized(g, cand, x, causes=False))["rowwise_data"].mismatch_classes == {
+        "zero_scale_factor": 2, "subnormal_flush": 1}  # the symptoms alone
 
 
 def test_e8m0_zero_block_divided_by_the_smallest_normal_is_zero_scale_factor():
@@ -545,3 +570,28 @@ def test_e8m0_zero_block_divided_by_the_smallest_normal_is_zero_scale_factor():
     cand.rowwise_data[0, 0], cand.rowwise_data[0, 1] = int(half[0]), int(half[1])
     tr = _by_name(compare_quantized(g, cand, x))["rowwise_data"]
     assert tr.mismatch_classes == {"zero_scale_factor": 2}
+
+
+def test_nvfp4_truncation_is_named_and_never_a_subnormal_flush():
+    """Issue #39: truncating NVFP4 codes showed as `other` plus `subnormal_flush` (E2M1's code 0.5 is a subnormal
+    encoding, but ordinary inputs in [0.25, 0.75) round to it). The cause search names round_toward_zero; the
+    symptoms alone (causes=False) no longer call a 0.5 -> 0 code a flush."""
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(1))
+    g = reference.quantize(x, Q("nvfp4"))
+    codes = torch.stack([g.rowwise_data & 0xF, g.rowwise_data >> 4], -1).reshape(32, 64).to(torch.int64)
+    from reference import nvfp4
+
+    ch = nvfp4.scale_chain(x, Q("nvfp4"), "rowwise")
+    y = (ch["source"] * ch["f"].repeat_interleave(16, 1)).abs()
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    mag = codes & 7
+    down = (grid[mag] > y) & (mag > 0)  # rounded up by RNE: truncation takes the code below
+    cand_codes = torch.where(down, (mag - 1) | (codes & 8), codes).to(torch.uint8)
+    assert bool((down & (mag == 1)).any())  # some 0.5 codes become 0
+    cand = _clone(g)
+    cand.rowwise_data = cand_codes[:, 0::2] | (cand_codes[:, 1::2] << 4)
+    tr = _by_name(compare_quantized(g, cand, x))["rowwise_data"]
+    assert tr.mismatch_classes == {"round_toward_zero": int(down.sum())}
+    assert "truncated toward zero" in tr.examples["round_toward_zero"]["explanation"]
+    plain = _by_name(compare_quantized(g, cand, x, causes=False))["rowwise_data"]
+    assert "subnormal_flush" not in plain.mismatch_classes

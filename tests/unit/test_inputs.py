@@ -163,6 +163,28 @@ def test_per_tile_scales_span_many_binades_along_the_consumed_blocks():
 
 
 @pytest.mark.parametrize("dt", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("cfg", [Q("nvfp4"), Q("mxfp8"), Q("fp8_current")])
+def test_special_nan_and_special_inf_keep_the_non_finite_values_apart(dt, cfg):
+    """docs/numerics.md §11: special_nan has NaN (both signs) and no Inf, special_inf +-Inf and no NaN; both keep
+    the finite patterns of `special` (zeros of both signs, subnormals, the dtype's max)."""
+    from harness.inputs import SPECIAL_VARIANTS
+
+    assert set(SPECIAL_VARIANTS["special_nan"]) | {"inf_sprinkled"} == set(SPECIAL_PATTERNS)
+    assert set(SPECIAL_VARIANTS["special_inf"]) | {"nan_sprinkled", "all_nan"} == set(SPECIAL_PATTERNS)
+    nan_x = generate(Case("quantize", cfg, (128, 128), dt, "special_nan", 0))["x"]
+    inf_x = generate(Case("quantize", cfg, (128, 128), dt, "special_inf", 0))["x"]
+    assert bool(torch.isnan(nan_x).any()) and not bool(torch.isinf(nan_x).any())
+    assert bool((nan_x.to(torch.float32).view(torch.int32) < 0)[torch.isnan(nan_x)].any())  # a negative NaN
+    assert bool((inf_x == float("inf")).any()) and bool((inf_x == float("-inf")).any())
+    assert not bool(torch.isnan(inf_x).any())
+    for x in (nan_x, inf_x):
+        fi = torch.finfo(x.dtype)
+        xf = x.to(torch.float64).abs()
+        assert bool(((xf > 0) & (xf < fi.smallest_normal)).any()) and bool((xf == fi.max).any())
+        assert bool((x == 0).any())
+
+
+@pytest.mark.parametrize("dt", ["float32", "bfloat16", "float16"])
 def test_special_values_present(dt):
     cfg = Q("nvfp4")
     x = generate(Case("quantize", cfg, (128, 128), dt, "special", 0))["x"]
@@ -361,7 +383,8 @@ def test_input_key_groups_only_cases_with_identical_inputs():
     shared = {g[0].distribution for g in groups.values() if len({c.config for c in g}) > 1}
     # Shared across configs: all but exact_representable (the config-free distributions; special by
     # its pattern tile, e.g. every per-tensor and MXFP8 config, T = 32; the others by what they read).
-    assert shared == set(CONFIG_FREE) | {"special", "per_tile_scales", "ties", "exhaustive"}
+    assert shared == set(CONFIG_FREE) | {"special", "special_nan", "special_inf", "per_tile_scales", "ties",
+                                         "exhaustive"}
     checked = 0
     for g in groups.values():
         if len(g) < 2 or max(math.prod(s) for s in g[0].operand_shapes.values()) > 1 << 16:

@@ -250,9 +250,18 @@ def test_code_step_is_the_larger_gap_to_the_neighbouring_codes():
 
 def test_delta_db_is_zero_for_equal_values_including_infinities():
     assert verdict.delta_db(math.inf, math.inf) == 0.0
-    assert verdict.delta_db(30.0, math.inf) == -math.inf
     assert verdict.delta_db(30.0, 31.5) == -1.5
     assert verdict.delta_db(None, 3.0) is None
+
+
+def test_delta_db_is_capped_so_a_lossless_golden_gives_a_finite_delta():
+    """docs/numerics.md §11: both SQNRs are capped at SQNR_CEILING_DB (fp32's resolution), so a candidate at
+    108 dB against a lossless golden is 32 dB below it, not -inf; above the ceiling nothing differs."""
+    assert verdict.SQNR_CEILING_DB == 140.0
+    assert verdict.delta_db(108.0, math.inf) == 108.0 - 140.0
+    assert verdict.delta_db(30.0, math.inf) == -110.0
+    assert verdict.delta_db(150.0, math.inf) == 0.0 and verdict.delta_db(math.inf, 145.0) == 0.0
+    assert verdict.delta_db(-math.inf, 20.0) == -math.inf  # no signal left: still unbounded
 
 
 # ---- supports(case), one copy of a both-copies case, skip prefix ------------------------------------
