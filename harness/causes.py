@@ -80,7 +80,7 @@ class Knobs:
     block_round: str = "rne"  # E4M3 block scale: rne | rtz (rounded down) | away (rounded up)
     global_amax: str = "contract"  # contract | shared (the RHT copy uses amax(X)) | none (S_enc = 1)
     rht: str = "contract"  # contract | missing (the RHT copy quantizes X^T)
-    sr_bits: str = "contract"  # contract | byte_reversed | streams_swapped | per_element | x_index | off (RN)
+    sr_bits: str = "contract"  # contract | byte_reversed | streams_swapped | per_element | x0_only | x_index | off
     block: int = 0  # block length (0: the config's)
 
 
@@ -333,12 +333,17 @@ def _sr_bytes(o: str, kn: Knobs, rng, m0: int, m1: int, m: int, k: int, blk: int
         raise NotModelled("a stochastic copy needs its (seed, stream)")
     other = "colwise" if o == "rowwise" else "rowwise"
     stream = stochastic.copy_stream(seed.stream, other if kn.sr_bits == "streams_swapped" else o)
-    if kn.sr_bits == "per_element":  # one counter per element, byte 0 of its x0
+    if kn.sr_bits in ("per_element", "x0_only"):
         if o == "rowwise":
             ell = torch.arange(m0 * k, m1 * k, dtype=torch.int64).reshape(m1 - m0, k)
         else:
             ell = torch.arange(k, dtype=torch.int64)[:, None] * m + torch.arange(m0, m1, dtype=torch.int64)[None, :]
-        return (philox.x0_of_groups(ell, seed.seed, stream) & 0xFF).to(torch.uint8)
+        if kn.sr_bits == "per_element":  # one counter per element, byte 0 of its x0
+            x0 = philox.words_of_groups(ell, seed.seed, stream)[..., 0].reshape(ell.shape)
+            return (x0 & 0xFF).to(torch.uint8)
+        # x0_only: the rule before issue #44 - one call per 4 elements, byte L mod 4 of x0 only
+        x0 = philox.words_of_groups(ell // stochastic.PER_WORD, seed.seed, stream)[..., 0].reshape(ell.shape)
+        return ((x0 >> (8 * (ell % stochastic.PER_WORD))) & 0xFF).to(torch.uint8)
     if o == "rowwise" or kn.sr_bits == "x_index":  # x_index: the colwise copy indexed as X [M, K]
         if o == "rowwise" and kn.sr_bits == "x_index":
             raise NotModelled("x_index is a colwise deviation")
@@ -347,8 +352,8 @@ def _sr_bytes(o: str, kn: Knobs, rng, m0: int, m1: int, m: int, k: int, blk: int
     else:
         r = stochastic.random_bytes_blocked(m, k, m0 // blk, m1 // blk, blk, seed.seed, stream)  # (nb, K, blk)
         r = r.permute(1, 0, 2).reshape(k, m1 - m0)
-    if kn.sr_bits == "byte_reversed":  # byte 3 - i of x0 for element i of a group (groups lie along a copy row)
-        r = r.contiguous().reshape(-1, stochastic.GROUP).flip(-1).reshape(r.shape)
+    if kn.sr_bits == "byte_reversed":  # byte 3 - i of its word for element i (words lie along a copy row)
+        r = r.contiguous().reshape(-1, stochastic.PER_WORD).flip(-1).reshape(r.shape)
     return r.contiguous()
 
 
@@ -610,11 +615,12 @@ CATALOGUE: tuple[Cause, ...] = (
           ({"rht": "missing"},), applies=_rht),
     # -- stochastic rounding
     Cause("sr_bit_assignment", "sr", ("nvfp4",),
-          _RERUN + "the random bytes reversed, per element, the streams swapped or indexed by X",
-          "stochastic-rounding bytes are assigned differently from docs/numerics.md §5.7 (byte order in x0, one "
-          "counter per element, the copies' streams swapped, or the colwise copy indexed as X)",
+          _RERUN + "the random bytes reversed, per element, x0 only, the streams swapped or indexed by X",
+          "stochastic-rounding bytes are assigned differently from docs/numerics.md §5.7 (byte order within a "
+          "word, one counter per element, only word x0 of a call per 4 elements (the rule before 2026-12), the "
+          "copies' streams swapped, or the colwise copy indexed as X)",
           ({"sr_bits": "byte_reversed"}, {"sr_bits": "streams_swapped"}, {"sr_bits": "per_element"},
-           {"sr_bits": "x_index"}), applies=_sr),
+           {"sr_bits": "x0_only"}, {"sr_bits": "x_index"}), applies=_sr),
     Cause("sr_missing", "sr", ("nvfp4",), _RERUN + "round to nearest in place of SR",
           "stochastic rounding is not applied: the copy rounds to nearest even",
           ({"sr_bits": "off"},), applies=_sr),
