@@ -78,6 +78,7 @@ class Knobs:
     # nvfp4
     block_order: str = "contract"  # contract: RN(A_b * RN(S_enc * fl(1/6))) | div6: RN(RN(A_b / 6) * S_enc)
     block_round: str = "rne"  # E4M3 block scale: rne | rtz (rounded down) | away (rounded up)
+    zero_block: str = "contract"  # contract (s_blk = 0: f = FLT_MAX, codes saturate to +-6) | zeroed (codes 0)
     global_amax: str = "contract"  # contract | shared (the RHT copy uses amax(X)) | none (S_enc = 1)
     rht: str = "contract"  # contract | missing (the RHT copy quantizes X^T)
     sr_bits: str = "contract"  # contract | byte_reversed | streams_swapped | per_element | x0_only | x_index | off
@@ -415,6 +416,8 @@ def _nvfp4(x2d: torch.Tensor, cfg: QuantConfig, kn: Knobs, o: str, hp: str, rng,
         codes = stochastic.e2m1_sr(y, r8.to(torch.float32))
     else:
         codes = cast(y, E2M1, kn)
+    if kn.zero_block == "zeroed":  # a block whose stored scale is 0 written as +0 codes
+        codes = torch.where((s_blk == 0).repeat_interleave(b, 1), torch.zeros_like(codes), codes)
     scale = torch.zeros(_roundup(r, 128), _roundup(c // b, 4), dtype=torch.uint8)
     scale[:r, : c // b] = s_blk.to(torch.uint8)
     return Copy(codes, scale, a_g.clone())
@@ -552,6 +555,10 @@ CATALOGUE: tuple[Cause, ...] = (
           "an E8M0 e = 0 block is multiplied by 1.0 (TE's exp2f_rcp) or 2^126 (a clamped scale) instead of "
           "P(0) = 2^127 (docs/numerics.md §7.29)",
           ({"zero_block_factor": 1.0}, {"zero_block_factor": 2.0**126})),
+    Cause("zero_scale_block_zeroed", "scale", ("nvfp4",), _RERUN + "blocks of stored scale 0 written as +0 codes",
+          "a block whose E4M3 scale s_blk is 0 is written as +0 codes, where the contract's encode factor is "
+          "FLT_MAX and its non-zero values saturate to +-6 (0x7 / 0xF), which decode to 0 (docs/numerics.md §5.3)",
+          ({"zero_block": "zeroed"},)),
     Cause("scale_one_step_off", "scale", _ALL, _RERUN + "the scale one fp32 ulp, one exponent or one E4M3 code off",
           "the scale is one step off the contract's (fp32 s one ulp or a factor of 2 away, E8M0 e +-1, E4M3 block "
           "scale one code): a different rounding or order in the scale computation",

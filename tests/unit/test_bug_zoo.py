@@ -25,6 +25,7 @@ from harness.inputs import generate
 from reference import QuantConfig as Q
 from reference import casts, fp32, nvfp4, scaling, stochastic
 from reference.formats import E4M3, FLT_MAX
+from reference.layouts import geometry_of
 from reference.types import QuantizedTensor
 
 SHAPE = (64, 128)
@@ -520,6 +521,24 @@ def _tiny_blocks(dtype: str, shape) -> torch.Tensor:
     return _normal(dtype, shape, 1) * 1e-3
 
 
+def _zero_scale_blocks(dtype: str, shape) -> torch.Tensor:
+    """Rows of normal values with one element of 1e6 per row: A_g is 1e6, so the blocks without it have block
+    scales d = A_b * S_enc / 6 below 2^-10 and store s_blk = 0 (docs/numerics.md §5.2)."""
+    x = _normal(dtype, shape, 1).to(torch.float32)
+    x[:, 0] = 1e6
+    return x.to(getattr(torch, dtype))
+
+
+def _zeroed_zero_scale_blocks(x2d, cfg, g, rng):
+    """NVFP4 with the blocks of stored scale 0 written as +0 codes (fouroversix 1.0.5 does this)."""
+    for o in _copies(g):
+        valid = geometry_of(g, o).scale_valid_shape
+        zero = (getattr(g, f"{o}_scale")[: valid[0], : valid[1]] == 0).repeat_interleave(16, 1)
+        codes = _codes(g, o)
+        g = _with_codes(g, o, torch.where(zero, torch.zeros_like(codes), codes))
+    return g
+
+
 def _block_scale_midpoints(dtype: str, shape) -> torch.Tensor:
     """NVFP4 with A_g = 2688 (S_enc = 1) and block amaxes A_b whose RN(A_b * fl(1/6)) and RN(A_b / 6) round to
     different E4M3 block scales (fp32 values next to 6 x an E4M3 midpoint; no bf16 value does this)."""
@@ -641,6 +660,8 @@ ZOO: tuple[Entry, ...] = (
     Entry("negative_zero", FP8, _map_codes(_pos_zero), "equivalent", "special"),
     Entry("negative_zero", MX, _map_codes(_pos_zero), "equivalent", "special"),
     Entry("negative_zero", NV, _map_codes(_pos_zero), "equivalent", "special_nan"),
+    # its codes +-6 decode to 0, as the contract's do: the dequantized values are the golden's
+    Entry("zero_scale_block_zeroed", NV, _zeroed_zero_scale_blocks, "equivalent", x=_zero_scale_blocks),
     # denormals
     Entry("subnormal_flush", FP8, _map_codes(_ftz), "degraded", "heavy_tail"),
     Entry("subnormal_flush", MX, _map_codes(_ftz), "degraded", "heavy_tail"),
