@@ -240,7 +240,9 @@ def test_modelopt_adapter_known_findings():
     special = _library_case("modelopt_adapter.py:backend",
                             Case("quantize", QuantConfig("fp8_current"), (256, 96), "float32", "special", 0, "rowwise"))
     assert special["rowwise_scale"]["severity"] == "broken"
-    assert "nonfinite_policy" in special["rowwise_scale"]["mismatch_classes"]
+    # named by the cause catalogue (numerics.md §13): the NaN input propagates through the amax into the scale
+    assert special["rowwise_scale"]["mismatch_classes"] == {"nan_propagated": 1}
+    assert "cause: nan_propagated explains 1" in special["rowwise_scale"]["reason"]
 
 
 def test_compressed_tensors_adapter_known_findings():
