@@ -359,8 +359,10 @@ def cmd_run(args) -> int:
 
     accept_policy(args.accept)  # a bad --accept (or project accept) stops here, before any case runs
     out = _out_dir(args)
+    # Backend processes fork from the zygote: fork it before this process asks CUDA anything (`_device`: a process
+    # forked after the CUDA driver started in its parent cannot use CUDA) or starts threads (the workers' start).
+    zygote()
     device = _device(args.device)
-    zygote()  # backend processes fork from it: before this process starts threads (the workers' start, below)
     # The workers start first, on a thread (harness.pool.WorkerPool.start): they fork from the forkserver once it
     # has imported torch and the harness, and create their CUDA contexts, while this process selects the cases and
     # prepares the backends; every return below stops them. The environment probe (about a second of GPU
@@ -491,8 +493,8 @@ def cmd_list(args) -> int:
     from .sandbox import DEFAULT_IMPORT_TIMEOUT, zygote  # noqa: PLC0415
 
     if args.backends:
+        zygote()  # before CUDA starts here (see cmd_run)
         device = _device(args.device)
-        zygote()
         from .cases import Case  # noqa: PLC0415
 
         probe = Case("quantize", _probe_config(), (128, 128))
@@ -510,9 +512,9 @@ def cmd_list(args) -> int:
             print(f"{name:12s} {state}")
         return 0
     cases = select_cases(args.tier, args.cases, args.filter, args.shard)
-    device = _device(args.device) if args.backend else None
     if args.backend:
-        zygote()
+        zygote()  # before CUDA starts here (see cmd_run)
+    device = _device(args.device) if args.backend else None
     bes = resolve_backends(args.backend, cases, device) if args.backend else []
     try:
         marks = {be.name: _support_marks(be, cases, device) for be in bes}
@@ -550,6 +552,7 @@ def cmd_repro(args) -> int:
         case = Case.from_id(args.case_id)
     except Exception as e:  # noqa: BLE001
         raise UsageError(f"cannot parse case id {args.case_id!r}: {e}") from e
+    zygote()  # before CUDA starts here (see cmd_run)
     device = _device(args.device)
     inputs = None
     if args.inputs:
@@ -560,7 +563,6 @@ def cmd_repro(args) -> int:
         except Exception as e:  # noqa: BLE001 - not a torch.save file: one line, no traceback
             raise UsageError(f"--inputs {args.inputs!r} is not an inputs.pt saved by a run: {type(e).__name__}") from None
     worst = "pass"
-    zygote()
     for name in args.backend.split(","):
         be = _start_backend(name.strip(), device, DEFAULT_IMPORT_TIMEOUT)
         try:

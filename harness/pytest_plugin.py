@@ -128,6 +128,11 @@ def pytest_unconfigure(config):
 
 
 def pytest_configure(config):
+    from .sandbox import zygote  # noqa: PLC0415
+
+    # The backend's process forks from this process's zygote: fork it before CUDA starts here (_pin_gpu asks the
+    # driver; a process forked after that cannot use CUDA). The zygote holds one idle process until the end.
+    zygote()
     worker = _worker_id(config)
     config._harness_worker = worker
     device = config.getoption("--harness-device")
