@@ -3,7 +3,8 @@
 Without a CUDA GPU, `gpu`-marked tests are deselected at collection (they would only skip; thousands of `s`
 lines hid the real results) and the terminal summary says how many, in one line. Asking for them explicitly
 (`-m gpu`, or any `-m` naming `gpu`) keeps them collected and skipped with the reason instead. With a GPU
-nothing changes: `pytest -m gpu` collects them all.
+nothing changes: `pytest -m gpu` collects them all. A test that takes the `cuda_device` fixture is marked `gpu`
+here, so `-m gpu` runs it on a GPU machine and a CPU-only run leaves it out.
 
 Under pytest-xdist each worker gets its share of the cores as torch threads (as `harness.pool` gives its
 workers): n workers each running every core's worth of intra-op threads on small tensors spend their time
@@ -30,7 +31,11 @@ _LEFT_OUT = "gpu_tests_left_out"
 _LEFT_OUT_KEY = pytest.StashKey[int]()
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects: a test that takes `cuda_device` is a gpu test too
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "cuda_device" in getattr(item, "fixturenames", ()) and item.get_closest_marker("gpu") is None:
+            item.add_marker(pytest.mark.gpu)
     if torch.cuda.is_available():
         return
     gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
