@@ -21,7 +21,7 @@ no GPU: it checks every row's call on the CPU reference and prints the table wit
 (tests/unit/test_native_plan_bench.py). Exit code: 0; 1 with --check-goals when a
 goal is missed; 2 without a GPU.
 
-Where a quantize call's host time goes (docs/design.md §4.1, "What a call costs"): "alloc_us" is the plan's fresh
+Where a quantize call's host time goes (docs/performance.md §3.1): "alloc_us" is the plan's fresh
 output block alone (`OutputBlock.allocate` without its clear: one allocation, a view per further dtype, an
 as_strided view per QuantizedTensor field), "launch_us" the plan's launches alone into the outputs of an earlier
 call (its memset or clearing launch, then its kernels: what out= costs without its Python front), and "floor_us"

@@ -16,7 +16,7 @@ NaN); a constant move there does not count (the compiler hoists a slow path's co
 `MOV` / `IMAD.MOV` / `HFMA2.MMA -RZ, RZ` of an immediate). Each executed instruction gets a role from its opcode and
 its chain of
 inlined source functions; counts are divided by the thread's input elements per tile (both copies are
-written from them). Source: docs/design.md §4.2 (the table this prints).
+written from them). Source: docs/design.md §4.2; docs/performance.md §4 (the tables this prints).
 """
 
 from __future__ import annotations

@@ -115,15 +115,15 @@ def scheme_defines(config: QuantConfig) -> dict[str, int | float | str]:
 def quantize_ctas_per_sm(config: QuantConfig) -> int:
     """Resident quantize CTAs per SM, the quantize kernel's __launch_bounds__ minimum (NVFP4_QUANT_MIN_BLOCKS) and
     its grid per SM: 3 (<= 80 registers a thread; 37 KiB of shared memory each). With tiles drawn from a counter, 4
-    CTAs (64 registers) were no faster: the same ncu issue rate and 2.5% slower back to back on an H200 (docs/design.md
-    §4.2); SR builds need 80 anyway (their Philox path spills at 64)."""
+    CTAs (64 registers) were no faster: the same ncu issue rate and 2.5% slower back to back on an H200
+    (docs/performance.md §4.2); SR builds need 80 anyway (their Philox path spills at 64)."""
     del config  # every config: RN, SR, RHT, 2-D
     return 3
 
 
 # Resident post-RHT amax CTAs per SM (nvfp4.cu nvfp4_rht_amax's __launch_bounds__ minimum) and its grid per SM: 3
 # (80 registers, no spill; at 64 registers for 4 the kernel spills). A grid of 6 / 12 / 24 / 62 CTAs per SM was
-# slower back to back on an H200 (RHT + SR call 283 -> 285 / 288 / 293 / 310 us; docs/design.md §4.2).
+# slower back to back on an H200 (RHT + SR call 283 -> 285 / 288 / 293 / 310 us; docs/performance.md §4.4).
 RHT_AMAX_CTAS_PER_SM = 3
 
 

@@ -239,8 +239,8 @@ FILL_CONFIG = QuantConfig("fp8_current")  # the build of fp8_per_tensor.cu whose
 # A plan that zeroes slots per call (an own amax: NVFP4 in native/nvfp4.py, fp8_current; fp8_delayed) for an X of at
 # least this many bytes clears them with fill_given (programmatic) and launches its next kernel programmatically after
 # it: 1.2-3.2 us less GPU time a call than the block's cudaMemsetAsync and an ordinary launch (H200, 8192^2 bf16), for
-# ~3 us more host time (a cuLaunchKernelEx, 4.5-6 us, against a memset's 1.3-2.4: docs/design.md §4.1). Below it the
-# call's GPU work (an own-amax NVFP4 call at 4096^2 bf16, 32 MiB: ~30 us) is shorter than its host work (~35-40 us
+# ~3 us more host time (a cuLaunchKernelEx, 4.5-6 us, against a memset's 1.3-2.4: docs/performance.md §3.2). Below it
+# the call's GPU work (an own-amax NVFP4 call at 4096^2 bf16, 32 MiB: ~30 us) is shorter than its host work (~35-40 us
 # fresh), so the host sets the pace and the memset wins.
 CLEAR_LAUNCH_MIN_X_BYTES = 48 << 20
 

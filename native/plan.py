@@ -165,7 +165,7 @@ def _raw_block(nbytes: int, device: torch.device, like: dict) -> torch.Tensor:
 def empty_from(templates: dict, device: torch.device, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
     """torch.empty(shape, dtype=dtype, device=device), fresh and contiguous, as torch.empty_like of a template kept in
     `templates` (per device: one element expanded to `shape`, whose empty_like is contiguous): it skips torch.empty's
-    argument parsing (0.5 - 2.4 us less host time a call, docs/design.md §4.1). One shape and dtype per dict."""
+    argument parsing (0.5 - 2.4 us less host time a call, docs/performance.md §3.1). One shape and dtype per dict."""
     template = templates.get(device)
     if template is None:
         template = templates[device] = torch.empty(1, dtype=dtype, device=device).expand(shape)

@@ -3,7 +3,7 @@
 // evict-first priority, a pass's own lines are the next ones the L2 replaces, so the dirty outputs that the call
 // before left in the L2 (its quantize or cast pass) stay there until a later pass, which is not DRAM-bound, writes
 // them back; at normal priority this DRAM-bound pass paid for that write-back. A hint only: the values loaded are
-// the same. Measured in docs/design.md §4.2 (issue #18). Outside device code (nvcc's host pass, the host replay of
+// the same. Measured in docs/performance.md §4.6 (issue #18). Outside device code (nvcc's host pass, the host replay of
 // nvfp4.cu) a plain load.
 #pragma once
 

@@ -550,7 +550,7 @@ NVFP4_HD bool load_in(LoadItem l, int j, int rows, int cols) {
 // copy_async_wait_all and a __syncthreads. .ca (through L1), not .cg (L2 only): with .cg the L2 saw 2.76 M read
 // requests and 2.79 M repeated sector lookups for X's 4.19 M sectors at 8192^2 bf16, with .ca 1.05 M requests of
 // whole 128-byte lines and none repeated; the L2 sits at 86% of its throughput in this kernel, and the given-amax
-// pass went 76.0 -> 72.1 us on an H200 (docs/design.md §4.2).
+// pass went 76.0 -> 72.1 us on an H200 (docs/performance.md §4.4).
 __device__ __forceinline__ void copy_async16(u32* dst, const char* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"((u32)__cvta_generic_to_shared(dst)), "l"(src)
                  : "memory");
@@ -862,7 +862,7 @@ __device__ __forceinline__ void quantize_tiles(const void* __restrict__ x, i64 m
 // NUMERICS: §5.9 - both copies' scale padding (zero; a copy not requested: null scale, nothing), launched only for
 // a shape that leaves some (native/nvfp4.py scale_padding_launch). Its own launch, not the quantize kernel's tail:
 // there the padding code made the bf16 SR builds spill at the 80-register cap (ptxas -v, sm_90 / sm_100a: 1x16 SR
-// 68 / 56 bytes, 25 local loads and stores in the tile loop; docs/design.md §4.2).
+// 68 / 56 bytes, 25 local loads and stores in the tile loop; docs/performance.md §4.5).
 extern "C" __global__ void __launch_bounds__(NVFP4_THREADS)
     nvfp4_scale_padding(u8* row_scale, i64 row_stride, i64 row_scale_rows, u8* col_scale, i64 col_stride,
                         i64 col_scale_rows, i64 m_rows, i64 k_cols) {

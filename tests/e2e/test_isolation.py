@@ -1,16 +1,18 @@
 """Isolation: a backend's code runs in its own process, so nothing it does there changes a verdict, loses a row,
 outlives the run or runs in the judge (issue #38; docs/design.md §9).
 
-Each test runs `python -m harness run` as a user would, with backends from tests/misbehaving.py that patch the
-judge in their process, lie through a tensor subclass, raise BaseExceptions, return what the contract does not,
-start processes, write junk into their channel, or take a name that is not theirs, and asserts the exact rows,
-exit code and message.
+Each test runs `python -m harness run` as a user would (four share one run: `shared_run`), with backends from
+tests/misbehaving.py that patch the judge in their process, lie through a tensor subclass, raise BaseExceptions,
+return what the contract does not, start processes, write junk into their channel, or take a name that is not theirs,
+and asserts the exact rows, exit code and message.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -73,11 +75,23 @@ def pair_rows(out: Path, backend: str):
     return df[df["backend"] == backend]
 
 
+# The misbehaving backends that need only CASES and a failing verdict share one sweep, with the reference beside
+# them (each test below asserts its own backend's rows and the reference's; one that disturbed another backend's
+# verdict would show there too). Under xdist each worker that runs one of these tests runs the sweep once.
+SHARED = ("patcher", "liar", "keyboard_interrupt", "generator_exit", "custom_stop", "garbage")
+
+
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("shared"), ",".join(f"tests.misbehaving:{n}" for n in SHARED) + ",reference",
+               "--workers", "2")
+
+
 @pytest.mark.slow
-def test_a_backend_that_patches_the_judge_in_its_process_changes_no_verdict(tmp_path):
+def test_a_backend_that_patches_the_judge_in_its_process_changes_no_verdict(shared_run):
     # patcher replaces harness.compare.compare_quantized, harness.verdict.judge and reference.quantize in its own
     # process, then returns wrong codes; the reference runs in the same sweep and must still pass everywhere.
-    rc, _, err, out = run(tmp_path, "tests.misbehaving:patcher,reference", "--workers", "1")
+    rc, _, err, out = shared_run
     assert rc == 1, err
     bad = pair_rows(out, "patcher")
     data = bad[bad["tensor"] == "rowwise_data"]
@@ -88,8 +102,8 @@ def test_a_backend_that_patches_the_judge_in_its_process_changes_no_verdict(tmp_
 
 
 @pytest.mark.slow
-def test_wrong_bytes_in_a_tensor_subclass_that_says_equal_fail(tmp_path):
-    rc, _, err, out = run(tmp_path, "tests.misbehaving:liar")
+def test_wrong_bytes_in_a_tensor_subclass_that_says_equal_fail(shared_run):
+    rc, _, err, out = shared_run
     assert rc == 1, err
     data = pair_rows(out, "liar")
     data = data[data["tensor"] == "rowwise_data"]
@@ -97,10 +111,8 @@ def test_wrong_bytes_in_a_tensor_subclass_that_says_equal_fail(tmp_path):
 
 
 @pytest.mark.slow
-def test_every_base_exception_is_that_pairs_error_row_and_the_sweep_finishes(tmp_path):
-    names = ["keyboard_interrupt", "generator_exit", "custom_stop"]
-    rc, _, err, out = run(tmp_path, ",".join(f"tests.misbehaving:{n}" for n in names) + ",reference",
-                          "--workers", "2")
+def test_every_base_exception_is_that_pairs_error_row_and_the_sweep_finishes(shared_run):
+    rc, _, err, out = shared_run
     assert rc == 1, err  # not 130: only a signal to this process stops the sweep
     expected = {"keyboard_interrupt": "KeyboardInterrupt: from the kernel (at misbehaving.py:",
                 "generator_exit": "GeneratorExit: from the kernel (at misbehaving.py:",
@@ -143,8 +155,8 @@ def test_processes_a_backend_starts_end_with_the_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_junk_written_into_the_judges_channel_is_an_error_row(tmp_path):
-    rc, _, err, out = run(tmp_path, "tests.misbehaving:garbage,reference")
+def test_junk_written_into_the_judges_channel_is_an_error_row(shared_run):
+    rc, _, err, out = shared_run
     assert rc == 1, err
     rows = pair_rows(out, "garbage")
     assert len(rows) == N_CASES and (rows["status"] == "error").all()
@@ -205,14 +217,16 @@ def test_workers_are_capped_with_a_clear_message(tmp_path):
 
 
 @pytest.mark.slow
-def test_sighup_stops_like_sigterm_with_the_report_closed_and_no_leftovers(tmp_path):
+def test_sighup_stops_like_sigterm_with_the_report_closed_and_no_leftovers(tmp_path, request):
     from tests.e2e.test_faults import KILL_CASES, start  # noqa: PLC0415
 
     f = tmp_path / "cases" / "k.toml"
     f.parent.mkdir()
     f.write_text(KILL_CASES)
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    # TMPDIR short: the forkserver's AF_UNIX socket lives under it (at most 107 bytes), and tmp_path is too long for
+    # that once pytest's base directory counter has three digits (/tmp/pytest-of-root/pytest-106/popen-gw1/...).
+    tmp = Path(tempfile.mkdtemp(prefix="hup-"))
+    request.addfinalizer(lambda: shutil.rmtree(tmp, ignore_errors=True))
     out = tmp_path / "rep"
     mark = uuid.uuid4().hex
     proc = start(["-m", "harness", "run", "--cases", str(f), "--device", "cpu", "--out", str(out), "--no-progress",

@@ -2,10 +2,10 @@
 
 Source: docs/design.md §7 (citations name sections that exist), docs/numerics.md (how to cite). A citation is a
 doc name (`numerics.md`, `NUMERICS.md`, `NUMERICS`, the `# NUMERICS:` marker, `design.md`, `DESIGN.md`,
-`adapters.md`, optionally `docs/`-prefixed or as a markdown link) followed by section numbers: `§5.7`, lists and
-ranges (`§3/§5.5`, `§1, §4`, `§1-§5`) and list items (`§0.2.8`, `§7.14`, `§7 item 16`, `§2 steps 1-6`). A section
-is a heading `#... §X title` of docs/<name>.md; `§X.N` and `§X item N` also name item N of a numbered list
-under §X. Bare `§X` inside a doc refers to that doc itself.
+`adapters.md`, `performance.md`, optionally `docs/`-prefixed or as a markdown link) followed by section numbers:
+`§5.7`, lists and ranges (`§3/§5.5`, `§1, §4`, `§1-§5`) and list items (`§0.2.8`, `§7.14`, `§7 item 16`,
+`§2 steps 1-6`). A section is a heading `#... §X title` of docs/<name>.md; `§X.N` and `§X item N` also name item N
+of a numbered list under §X. Bare `§X` inside a doc refers to that doc itself.
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ DOCS = REPO / "docs"
 SELF = Path(__file__).resolve()
 CITING_SUFFIXES = (".py", ".cu", ".cuh", ".md", ".toml")
 LINKED_FILES = ("README.md", "reports/README.md", "cases/README.md")
-DOC_FILES = {"numerics": "numerics.md", "design": "design.md", "adapters": "adapters.md"}
+DOC_FILES = {"numerics": "numerics.md", "design": "design.md", "adapters": "adapters.md",
+             "performance": "performance.md"}
 
 _NUM = r"\d+(?:\.\d+)*"
 _ITEM = r"(?:\s+(?:items?|steps?)\s+\d+(?:\s*[-–]\s*\d+)?)?"
 _REF = rf"§{_NUM}{_ITEM}"  # one reference, no groups (it is repeated below)
 _SEP = r"\s*(?:,|/|-|–|\band\b|\bor\b)\s*"
-_DOC = r"(?<![\w/])(?:docs/)?(?P<doc>numerics|design|adapters)(?:\.md)?(?:\]\([^)\s]*\))?(?::|\s)\s*"
+_DOC = r"(?<![\w/])(?:docs/)?(?P<doc>numerics|design|adapters|performance)(?:\.md)?(?:\]\([^)\s]*\))?(?::|\s)\s*"
 CITATION = re.compile(rf"(?i){_DOC}(?P<refs>{_REF}(?:{_SEP}{_REF})*)")
 BARE = re.compile(rf"(?<![\w.])(?P<refs>{_REF})")
 REF = re.compile(rf"§(?P<sec>{_NUM})(?:\s+(?:items?|steps?)\s+(?P<i0>\d+)(?:\s*[-–]\s*(?P<i1>\d+))?)?")
@@ -181,6 +182,7 @@ def test_numerics_keeps_the_shared_numbering():
 def test_design_and_adapters_sections():
     assert {str(i) for i in range(1, 8)} <= doc_sections("design")[0]
     assert {str(i) for i in range(1, 7)} <= doc_sections("adapters")[0]
+    assert {"1", "2", "3", "4"} <= doc_sections("performance")[0]
 
 
 # ---- the whole repository --------------------------------------------------------------------------------

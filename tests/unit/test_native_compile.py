@@ -278,7 +278,7 @@ def test_nvcc_check_fails_on_a_broken_file(tmp_path, monkeypatch):
 @pytest.mark.parametrize("config", [QuantConfig("nvfp4"), QuantConfig("nvfp4", stochastic=True)], ids=lambda c: c.id)
 def test_the_nvfp4_quantize_kernel_does_not_spill_at_its_register_cap(config, tmp_path):
     """The tiled quantize kernel runs 3 CTAs an SM at 80 registers (quantize_ctas_per_sm); a spill puts local-memory
-    traffic into its tile loop (docs/design.md §4.2: the scales' zero padding in the kernel's tail made the bf16 SR
+    traffic into its tile loop (docs/performance.md §4.5: the scales' zero padding in the kernel's tail made the bf16 SR
     builds spill, 68 bytes on sm_90). sm_90, bf16: RN and SR (the SR build is the one closest to the cap)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from sass_count import resource_usage  # ptxas -v of the nvcc mirror of the NVRTC build

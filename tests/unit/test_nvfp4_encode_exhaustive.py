@@ -3,7 +3,7 @@ fp32 bit patterns, compiled for the CPU: equal to the per-element software path 
 the reference at both ends of every run of equal codes; its unclamped form (e2m1_rn_word_bounded, the kernels'
 path for blocks with every |y| < 7) equal to it on every word of patterns below 7 in magnitude.
 
-Source: docs/numerics.md §0.5 e2m1_rn, §5.4 (packing); docs/design.md §4.2 (why the encode changed).
+Source: docs/numerics.md §0.5 e2m1_rn, §5.4 (packing); docs/performance.md §4.7 (why the encode changed).
 tests/unit/host/nvfp4_encode_exhaustive.cpp compares the packed words of the two paths for every pattern
 (patterns 8j..8j+7 fill a word, rotated by j so each lane sees every low-bit residue; NaN lanes are fixed up by
 the kernels and masked) and writes the runs of the per-element code in pattern order. A run's code is constant
