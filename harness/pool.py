@@ -280,6 +280,9 @@ def run_items(items: Sequence[tuple[Any, list[str]]], log: str, specs: dict[str,
     w.configure(specs, golden, limits)
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
+        for name in {n for _, names in items for n in names}:  # one `supports` request per backend and task
+            with contextlib.suppress(BackendFailed):
+                w.backend(name).ask_ahead([c for c, names in items if name in names], w.device)
         for case, names in items:
             once = GoldenOnce(case, w.device, w.golden, cache=w.cache)
             for name in names:

@@ -102,7 +102,7 @@ def run_backend(case, golden: Golden | Callable[[], Golden], backend, device, *,
 def _support(backend, case, device) -> tuple[Any, str, tuple[str, str] | None]:
     """(ok, why, split) from the backend's own process (harness.sandbox) or, for an object given to the API, here."""
     if getattr(backend, "isolated", False):
-        return backend.supports_many([case], device)[0]
+        return backend.supports(case, device)
     return backends_mod.support(backend, case, device)
 
 

@@ -455,6 +455,7 @@ class BackendProcess:
         self.sock: socket.socket | None = None
         self.info: dict = {}
         self.starts = 0
+        self._answers: dict = {}  # (case id, device) -> a `supports_many` answer asked ahead (`ask_ahead`)
 
     # -- what the runner reads ---------------------------------------------------------------------
 
@@ -610,6 +611,19 @@ class BackendProcess:
                 "rowwise", "colwise") else None
             out.append((ok, str(why or ""), split))
         return out
+
+    def ask_ahead(self, cases: Sequence, device: str) -> None:
+        """Ask `supports` for every case of a task in one request (one round trip, not one a pair); `supports`
+        then answers from what came back. A failed request is not kept: each case asks again."""
+        answers = self.supports_many(cases, device)
+        if any(ok == "error" for ok, _, _ in answers):
+            return
+        self._answers = {(c.id, str(device)): a for c, a in zip(cases, answers, strict=True)}
+
+    def supports(self, case, device: str) -> tuple[Any, str, tuple[str, str] | None]:
+        """(ok, why, split) for one case: asked ahead (`ask_ahead`) or asked now."""
+        hit = self._answers.pop((case.id, str(device)), None)
+        return hit if hit is not None else self.supports_many([case], device)[0]
 
     def prepare(self, cases: Sequence, device: str) -> str | None:
         if not self.has("prepare"):
